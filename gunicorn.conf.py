@@ -1,0 +1,17 @@
+"""gunicorn settings for the lab's web app (used by `make run` and the Docker image).
+
+Threaded workers: panels poll once a second, and a control request may wait up to a few
+seconds for the lab agent; threads keep both from queuing behind each other. No Kafka client
+lives in these processes, so forking them is safe.
+"""
+import os
+
+bind = f"{os.environ.get('LAB_HOST', '127.0.0.1')}:{os.environ.get('LAB_PORT', '5000')}"
+workers = int(os.environ.get("WEB_WORKERS", "2"))
+worker_class = "gthread"
+threads = int(os.environ.get("WEB_THREADS", "8"))
+timeout = 60
+graceful_timeout = 10
+accesslog = os.environ.get("WEB_ACCESS_LOG") or None
+errorlog = "-"
+loglevel = os.environ.get("WEB_LOG_LEVEL", "warning")

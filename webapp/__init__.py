@@ -1,0 +1,27 @@
+"""Idempotency Lab: a dashboard and event-replay simulator for at-least-once messaging."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from flask import Flask
+
+from .config import load_config
+
+
+def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
+    """Build the web app: settings from defaults, then environment/.env, then ``test_config``."""
+    app = Flask(__name__, template_folder="../templates", static_folder="../static")
+    app.config.from_mapping(load_config(overrides=test_config))
+    if not app.config.get("DATABASE_URL"):
+        raise RuntimeError(
+            "DATABASE_URL is not set and no running lab was found in LAB_DATA_DIR. "
+            "Start the lab with `make run` (embedded PostgreSQL and broker), or set DATABASE_URL.")
+
+    from . import cli, db, security
+    from .web import register_blueprints
+
+    db.init_app(app)
+    security.init_app(app)
+    register_blueprints(app)
+    cli.init_app(app)
+    return app

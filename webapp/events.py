@@ -1,0 +1,143 @@
+"""The payment event: build, encode, decode, validate. Pure: no I/O.
+
+On the topic an event is UTF-8 JSON, keyed by account id:
+``{"event_id", "transaction_id", "type": "credit"|"set_status", "account_id",
+"amount_cents" | "status", "occurred_at"}``.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+
+EVENT_TYPES = ("credit", "set_status")
+STATUSES = ("ACTIVE", "BLOCKED", "PAID", "CLOSED")
+MAX_AMOUNT_CENTS = 100_000_000  # R$ 1,000,000.00: a lab, not a bank
+ACCOUNT_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+TRANSACTION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+class InvalidEvent(ValueError):
+    """A record that is not a valid payment event; ``reason`` goes to the dead-letter topic."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class PaymentEvent:
+    event_id: str
+    transaction_id: str
+    type: str
+    account_id: str
+    occurred_at: str
+    amount_cents: int | None = None
+    status: str | None = None
+
+    @property
+    def key(self) -> bytes:
+        return self.account_id.encode()
+
+    def encode(self) -> bytes:
+        fields = {k: v for k, v in asdict(self).items() if v is not None}
+        return json.dumps(fields, sort_keys=True).encode()
+
+    def as_source_duplicate(self) -> "PaymentEvent":
+        """The same business fact arriving through another path: a new event id."""
+        return replace(self, event_id=str(uuid.uuid4()))
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def new_transaction_id() -> str:
+    """A business id shaped like a PIX endToEndId (E + 31 characters)."""
+    return "E" + uuid.uuid4().hex[:31].upper()
+
+
+def credit(account_id: str, amount_cents: int, transaction_id: str | None = None) -> PaymentEvent:
+    event = PaymentEvent(event_id=str(uuid.uuid4()), transaction_id=transaction_id or new_transaction_id(),
+                         type="credit", account_id=account_id, amount_cents=amount_cents,
+                         occurred_at=_now_iso())
+    validate(event)
+    return event
+
+
+def set_status(account_id: str, status: str, transaction_id: str | None = None) -> PaymentEvent:
+    event = PaymentEvent(event_id=str(uuid.uuid4()), transaction_id=transaction_id or new_transaction_id(),
+                         type="set_status", account_id=account_id, status=status, occurred_at=_now_iso())
+    validate(event)
+    return event
+
+
+def validate(event: PaymentEvent) -> PaymentEvent:
+    """Raise InvalidEvent naming the first field that is wrong."""
+    try:
+        uuid.UUID(event.event_id)
+    except (ValueError, TypeError, AttributeError):
+        raise InvalidEvent(f"event_id is not a UUID: {event.event_id!r}") from None
+    if not isinstance(event.transaction_id, str) or not TRANSACTION_ID.match(event.transaction_id):
+        raise InvalidEvent(f"transaction_id must be 1-64 letters, digits or ._:- : {event.transaction_id!r}")
+    if event.type not in EVENT_TYPES:
+        raise InvalidEvent(f"type must be one of {', '.join(EVENT_TYPES)}: {event.type!r}")
+    if not isinstance(event.account_id, str) or not ACCOUNT_ID.match(event.account_id):
+        raise InvalidEvent(f"account_id must be 1-32 letters, digits, _ or -: {event.account_id!r}")
+    if event.type == "credit":
+        amount = event.amount_cents
+        if not isinstance(amount, int) or isinstance(amount, bool) or not 0 < amount <= MAX_AMOUNT_CENTS:
+            raise InvalidEvent(f"amount_cents must be an integer from 1 to {MAX_AMOUNT_CENTS}: {amount!r}")
+    if event.type == "set_status" and event.status not in STATUSES:
+        raise InvalidEvent(f"status must be one of {', '.join(STATUSES)}: {event.status!r}")
+    try:
+        datetime.fromisoformat(event.occurred_at)
+    except (TypeError, ValueError):
+        raise InvalidEvent(f"occurred_at is not an ISO-8601 timestamp: {event.occurred_at!r}") from None
+    return event
+
+
+def decode(value: bytes | None) -> PaymentEvent:
+    """Bytes from the topic to a valid PaymentEvent, or InvalidEvent with the reason."""
+    if value is None:
+        raise InvalidEvent("empty record (no value)")
+    try:
+        data = json.loads(value.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise InvalidEvent("value is not UTF-8") from None
+    except json.JSONDecodeError as error:
+        raise InvalidEvent(f"value is not JSON: {error.msg} at position {error.pos}") from None
+    if not isinstance(data, dict):
+        raise InvalidEvent(f"value is JSON but not an object: {type(data).__name__}")
+    known = {"event_id", "transaction_id", "type", "account_id", "occurred_at", "amount_cents", "status"}
+    missing = sorted({"event_id", "transaction_id", "type", "account_id", "occurred_at"} - data.keys())
+    if missing:
+        raise InvalidEvent(f"missing field(s): {', '.join(missing)}")
+    unknown = sorted(data.keys() - known)
+    if unknown:
+        raise InvalidEvent(f"unknown field(s): {', '.join(unknown)}")
+    return validate(PaymentEvent(**data))
+
+
+POISON_PILLS = {
+    "not-json": b"{this is not json",
+    "missing-field": b'{"type": "credit", "account_id": "acc-1", "amount_cents": 100}',
+    "negative-amount": json.dumps({
+        "event_id": "00000000-0000-4000-8000-000000000000", "transaction_id": "EPOISON",
+        "type": "credit", "account_id": "acc-1", "amount_cents": -500,
+        "occurred_at": "2026-01-01T00:00:00+00:00"}).encode(),
+    "not-utf8": b"\xff\xfe\x00garbage",
+}
+
+
+def poison_pill(kind: str = "not-json") -> bytes:
+    """Malformed bytes of a named kind, for the dead-letter exercise."""
+    if kind not in POISON_PILLS:
+        raise ValueError(f"poison pill kind must be one of {', '.join(POISON_PILLS)}")
+    return POISON_PILLS[kind]
+
+
+def to_dict(event: PaymentEvent) -> dict:
+    return {k: v for k, v in asdict(event).items() if v is not None}

@@ -1,0 +1,209 @@
+"""Typed models. Lab tables carry no schema (the session's search_path picks the lab);
+control tables, shared by every lab on one database, live in ``lab_control``.
+"""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Optional
+
+from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text, func
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import Mapped, mapped_column
+
+from .db import CONTROL_SCHEMA, db
+
+def _now():
+    return mapped_column(server_default=func.now())
+
+
+# --- the lab's business state (one copy per lab schema) -------------------------------
+
+class Account(db.Model):
+    __tablename__ = "accounts"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(80))
+    balance: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # cents
+    status: Mapped[str] = mapped_column(String(32), default="ACTIVE", server_default="ACTIVE")
+
+
+class Payment(db.Model):
+    """One row per applied credit: the effect. Never unique, so a duplicate shows as a second row."""
+    __tablename__ = "payments"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    event_id: Mapped[uuid.UUID] = mapped_column(UUID, index=True)
+    transaction_id: Mapped[str] = mapped_column(String(64), index=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    amount_cents: Mapped[int] = mapped_column(BigInteger)
+    applied_at: Mapped[datetime] = _now()
+
+
+class ProcessedEvent(db.Model):
+    __tablename__ = "processed_events"
+    event_id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True)
+    processed_at: Mapped[datetime] = _now()
+
+
+class ProcessedTransaction(db.Model):
+    __tablename__ = "processed_transactions"
+    transaction_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    processed_at: Mapped[datetime] = _now()
+
+
+class LedgerEntry(db.Model):
+    """Natural idempotency: a credit is a fact keyed by its event; the balance is derived."""
+    __tablename__ = "ledger"
+    event_id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    amount_cents: Mapped[int] = mapped_column(BigInteger)
+    recorded_at: Mapped[datetime] = _now()
+
+
+# --- what the lab produced and observed ------------------------------------------------
+
+class PublishedEvent(db.Model):
+    """The journal: every record the lab produced, with partition/offset from its delivery report."""
+    __tablename__ = "published_events"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    event_id: Mapped[Optional[uuid.UUID]] = mapped_column(UUID, index=True)
+    transaction_id: Mapped[Optional[str]] = mapped_column(String(64), index=True)
+    type: Mapped[Optional[str]] = mapped_column(String(16))
+    account_id: Mapped[Optional[str]] = mapped_column(String(32))
+    amount_cents: Mapped[Optional[int]] = mapped_column(BigInteger)
+    status: Mapped[Optional[str]] = mapped_column(String(32))
+    mode: Mapped[str] = mapped_column(String(24))  # normal | resend | source-duplicate | poison | burst
+    idempotent_producer: Mapped[bool]
+    partition: Mapped[Optional[int]] = mapped_column(Integer)
+    offset: Mapped[Optional[int]] = mapped_column(BigInteger)
+    error: Mapped[Optional[str]] = mapped_column(Text)
+    payload: Mapped[str] = mapped_column(Text)
+    published_at: Mapped[datetime] = _now()
+    __table_args__ = (Index("published_events_partition_offset", "partition", "offset"),)
+
+
+class Delivery(db.Model):
+    """The delivery ledger: every delivery of every record to a consumer, with its outcome.
+
+    The row is written in the same transaction as the effect, so it cannot disagree with it.
+    """
+    __tablename__ = "deliveries"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    group_id: Mapped[str] = mapped_column(String(128))
+    consumer: Mapped[str] = mapped_column(String(64))
+    partition: Mapped[int] = mapped_column(Integer)
+    offset: Mapped[int] = mapped_column(BigInteger)
+    generation: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer)
+    event_id: Mapped[Optional[uuid.UUID]] = mapped_column(UUID, index=True)
+    transaction_id: Mapped[Optional[str]] = mapped_column(String(64))
+    strategy: Mapped[str] = mapped_column(String(24))
+    outcome: Mapped[str] = mapped_column(String(24))  # applied | absorbed | dead-lettered
+    reason: Mapped[Optional[str]] = mapped_column(Text)
+    delivered_at: Mapped[datetime] = _now()
+    __table_args__ = (Index("deliveries_group_partition_offset", "group_id", "partition", "offset"),)
+
+
+class TimelineEntry(db.Model):
+    __tablename__ = "timeline"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    at: Mapped[datetime] = _now()
+    kind: Mapped[str] = mapped_column(String(32))
+    summary: Mapped[str] = mapped_column(Text)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default="{}")
+
+
+class ConsumerGroup(db.Model):
+    __tablename__ = "consumer_groups"
+    group_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    strategy: Mapped[str] = mapped_column(String(24))
+    # The schema the group applies its effects to: the lab's own, or a strategy lane's copy.
+    effects_schema: Mapped[str] = mapped_column(String(63))
+    created_at: Mapped[datetime] = _now()
+
+
+class GroupOffset(db.Model):
+    """Committed offsets per group and partition, as the lab agent last read them from Kafka."""
+    __tablename__ = "group_offsets"
+    group_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    committed: Mapped[Optional[int]] = mapped_column(BigInteger)
+    read_at: Mapped[datetime] = _now()
+
+
+class Setting(db.Model):
+    __tablename__ = "settings"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[Any] = mapped_column(JSONB)
+
+
+# --- control: shared by all labs on this database ---------------------------------------
+
+class Agent(db.Model):
+    """A lab agent (supervisor) process: owns consumer processes on its host, holds the Kafka clients."""
+    __tablename__ = "agents"
+    __table_args__ = {"schema": CONTROL_SCHEMA}
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)  # host:pid
+    host: Mapped[str] = mapped_column(String(128))
+    pid: Mapped[int]
+    started_at: Mapped[datetime] = _now()
+    heartbeat_at: Mapped[datetime] = _now()
+    kafka_ok: Mapped[bool] = mapped_column(default=False, server_default="false")
+    kafka_error: Mapped[Optional[str]] = mapped_column(Text)
+
+
+class Consumer(db.Model):
+    """One consumer process: what it was asked to be and what it last reported."""
+    __tablename__ = "consumers"
+    __table_args__ = {"schema": CONTROL_SCHEMA}
+    id: Mapped[int] = mapped_column(primary_key=True)
+    lab: Mapped[str] = mapped_column(String(32), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    group_id: Mapped[str] = mapped_column(String(128))
+    agent_id: Mapped[Optional[str]] = mapped_column(String(128))
+    pid: Mapped[Optional[int]]
+    state: Mapped[str] = mapped_column(String(24), default="starting", server_default="starting")
+    # Desired fault/step settings, written by the lab, read by the consumer each loop.
+    armed_point: Mapped[Optional[str]] = mapped_column(String(40))
+    armed_action: Mapped[Optional[str]] = mapped_column(String(16))  # crash | freeze
+    armed_always: Mapped[bool] = mapped_column(default=False, server_default="false")
+    step_mode: Mapped[bool] = mapped_column(default=False, server_default="false")
+    step_advance: Mapped[int] = mapped_column(default=0, server_default="0")
+    # Reported by the consumer.
+    step_at: Mapped[Optional[str]] = mapped_column(String(40))
+    assigned: Mapped[list[int]] = mapped_column(JSONB, default=list, server_default="[]")
+    positions: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default="{}")
+    applied_positions: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default="{}")
+    generation: Mapped[int] = mapped_column(default=0, server_default="0")
+    applied: Mapped[int] = mapped_column(default=0, server_default="0")
+    absorbed: Mapped[int] = mapped_column(default=0, server_default="0")
+    dead_lettered: Mapped[int] = mapped_column(default=0, server_default="0")
+    commit_failures: Mapped[int] = mapped_column(default=0, server_default="0")
+    last_error: Mapped[Optional[str]] = mapped_column(Text)
+    exit_code: Mapped[Optional[int]]
+    started_at: Mapped[datetime] = _now()
+    heartbeat_at: Mapped[Optional[datetime]]
+
+
+class Command(db.Model):
+    """A request from the web or CLI to a lab agent, carried through PostgreSQL."""
+    __tablename__ = "commands"
+    __table_args__ = {"schema": CONTROL_SCHEMA}
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    lab: Mapped[str] = mapped_column(String(32))
+    verb: Mapped[str] = mapped_column(String(32))
+    args: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default="{}")
+    # Commands about one consumer go to the agent that owns it; the rest to any agent.
+    agent_id: Mapped[Optional[str]] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16), default="pending", server_default="pending")  # pending|running|done|failed
+    result: Mapped[Optional[dict[str, Any]]] = mapped_column(JSONB)
+    error: Mapped[Optional[str]] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+    finished_at: Mapped[Optional[datetime]]
+
+
+def lab_tables():
+    return [table for table in db.metadata.sorted_tables if table.schema is None]
+
+
+def control_tables():
+    return [table for table in db.metadata.sorted_tables if table.schema == CONTROL_SCHEMA]

@@ -1,0 +1,173 @@
+"""Publishing payment events, with every record journaled from its delivery report.
+
+Lives in the lab agent (never in a web process). Modes:
+- ``normal``: one new event; ``burst``: N new events;
+- ``resend``: the same event again, same event id (an application-level retry: no producer
+  setting prevents it);
+- ``source-duplicate``: the same transaction id under a new event id (the business fact
+  arriving twice at the source);
+- ``poison``: malformed bytes, for the dead-letter topic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from confluent_kafka import KafkaError, Producer
+
+from . import events, timeline
+from .kafka import producer_config
+from .labs import Lab
+
+MODES = ("normal", "burst", "resend", "source-duplicate", "poison")
+MAX_BURST = 10_000
+FLUSH_TIMEOUT = 30.0
+
+
+class PublishError(ValueError):
+    """The publish request cannot be carried out; the message names the field."""
+
+
+@dataclass
+class Report:
+    """What the broker said about one produced record."""
+    partition: int | None
+    offset: int | None
+    error: str | None
+
+
+class Publisher:
+    """One producer per idempotence setting, created on first use and kept."""
+
+    def __init__(self, bootstrap_servers: str):
+        self.bootstrap_servers = bootstrap_servers
+        self._producers: dict[bool, Producer] = {}
+
+    def _producer(self, idempotent: bool) -> Producer:
+        if idempotent not in self._producers:
+            self._producers[idempotent] = Producer(producer_config(self.bootstrap_servers, idempotent))
+        return self._producers[idempotent]
+
+    def send(self, topic: str, records: list[tuple[bytes | None, bytes]], idempotent: bool) -> list[Report]:
+        """Produce ``(key, value)`` records and wait for every delivery report, in order."""
+        producer = self._producer(idempotent)
+        reports: list[Report | None] = [None] * len(records)
+
+        def on_delivery(index: int):
+            def callback(error: KafkaError | None, message) -> None:
+                offset = message.offset() if message is not None else None
+                reports[index] = Report(
+                    partition=message.partition() if message is not None else None,
+                    # A record the broker kept but whose ack was lost can arrive with no offset.
+                    offset=offset if offset is not None and offset >= 0 else None,
+                    error=error.str() if error is not None else None)
+            return callback
+
+        for index, (key, value) in enumerate(records):
+            while True:
+                try:
+                    producer.produce(topic, value=value, key=key, on_delivery=on_delivery(index))
+                    break
+                except BufferError:
+                    producer.poll(0.1)  # local queue full: serve delivery reports, then retry
+        remaining = producer.flush(FLUSH_TIMEOUT)
+        if remaining:
+            raise PublishError(f"{remaining} record(s) not acknowledged by Kafka within {FLUSH_TIMEOUT:.0f}s")
+        return [report or Report(None, None, "no delivery report") for report in reports]
+
+    def close(self) -> None:
+        for producer in self._producers.values():
+            producer.flush(5)
+        self._producers.clear()
+
+
+def _int(args: dict, name: str, low: int, high: int, default: int | None = None) -> int:
+    value = args.get(name, default)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise PublishError(f"{name} must be a whole number from {low} to {high}")
+    return value
+
+
+def _journal_event(conn: psycopg.Connection, event_id: str | None) -> events.PaymentEvent:
+    """The journaled event to resend or duplicate: the one named, or the newest valid one."""
+    where, params = ("event_id = %s", [event_id]) if event_id else ("event_id IS NOT NULL", [])
+    row = conn.execute(f"SELECT payload FROM published_events WHERE {where} ORDER BY id DESC LIMIT 1",
+                       params).fetchone()
+    if row is None:
+        raise PublishError(f"event_id: no published event {event_id}" if event_id
+                           else "event_id: nothing published yet to resend")
+    return events.decode(row[0].encode())
+
+
+def build_records(conn: psycopg.Connection, args: dict[str, Any]) -> tuple[str, list[tuple[events.PaymentEvent | None, bytes]]]:
+    """Turn a publish request into (mode, [(event or None for poison, bytes)]). Raises PublishError."""
+    mode = args.get("mode", "normal")
+    if mode not in MODES:
+        raise PublishError(f"mode must be one of {', '.join(MODES)}")
+    if mode == "poison":
+        try:
+            return mode, [(None, events.poison_pill(args.get("poison_kind", "not-json")))]
+        except ValueError as error:
+            raise PublishError(f"poison_kind: {error}") from None
+    if mode in ("resend", "source-duplicate"):
+        original = _journal_event(conn, args.get("event_id"))
+        event = original if mode == "resend" else original.as_source_duplicate()
+        return mode, [(event, event.encode())]
+
+    account_id = args.get("account_id")
+    exists = conn.execute("SELECT 1 FROM accounts WHERE id = %s", [account_id]).fetchone()
+    if exists is None:
+        raise PublishError(f"account_id: no account {account_id!r}")
+    count = _int(args, "count", 1, MAX_BURST, default=1) if mode == "burst" else 1
+    event_type = args.get("type", "credit")
+    built = []
+    for _ in range(count):
+        try:
+            if event_type == "credit":
+                event = events.credit(account_id, _int(args, "amount_cents", 1, events.MAX_AMOUNT_CENTS),
+                                      transaction_id=args.get("transaction_id") or None)
+            elif event_type == "set_status":
+                event = events.set_status(account_id, args.get("status"),
+                                          transaction_id=args.get("transaction_id") or None)
+            else:
+                raise PublishError(f"type must be one of {', '.join(events.EVENT_TYPES)}")
+        except events.InvalidEvent as error:
+            raise PublishError(error.reason) from None
+        built.append((event, event.encode()))
+    return mode, built
+
+
+JOURNAL_INSERT = """
+INSERT INTO published_events (event_id, transaction_id, type, account_id, amount_cents, status, mode,
+                              idempotent_producer, partition, "offset", error, payload)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+"""
+
+
+def publish(conn: psycopg.Connection, publisher: Publisher, lab: Lab, args: dict[str, Any]) -> dict[str, Any]:
+    """Validate, produce, journal. ``conn`` works in the lab's schema. Returns what was written."""
+    idempotent = bool(args.get("idempotent", True))
+    mode, built = build_records(conn, args)
+    reports = publisher.send(lab.topic, [(e.key if e else None, value) for e, value in built], idempotent)
+    rows = []
+    with conn.transaction():
+        for (event, value), report in zip(built, reports):
+            conn.execute(JOURNAL_INSERT, [
+                event.event_id if event else None, event.transaction_id if event else None,
+                event.type if event else None, event.account_id if event else None,
+                event.amount_cents if event else None, event.status if event else None,
+                mode, idempotent, report.partition, report.offset, report.error,
+                value.decode("utf-8", errors="backslashreplace")])
+            rows.append({"event_id": event.event_id if event else None, "partition": report.partition,
+                         "offset": report.offset, "error": report.error})
+        first = built[0][0]
+        summary = (f"{len(built)} {mode} event(s)" if len(built) > 1 else
+                   f"{mode} {first.type} {first.account_id} {first.amount_cents or first.status}" if first else
+                   f"poison pill ({args.get('poison_kind', 'not-json')})")
+        producer_kind = "idempotent producer" if idempotent else "plain producer"
+        timeline.record(conn.execute, "published", f"{summary} via {producer_kind}",
+                        mode=mode, records=rows[:20])
+    return {"mode": mode, "idempotent": idempotent, "records": rows}

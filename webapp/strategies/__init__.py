@@ -1,0 +1,25 @@
+"""The deduplication strategies, by name. Each module holds its SQL text and ``apply``."""
+from __future__ import annotations
+
+from . import business_key, check_then_act, eventid_atomic, eventid_split, natural, none
+from .base import POINTS, Strategy
+
+STRATEGIES: dict[str, Strategy] = {
+    module.STRATEGY.name: module.STRATEGY
+    for module in (none, check_then_act, eventid_atomic, eventid_split, business_key, natural)
+}
+NAMES = tuple(STRATEGIES)
+
+
+class UnknownStrategy(ValueError):
+    pass
+
+
+def get(name: str) -> Strategy:
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise UnknownStrategy(f"strategy must be one of {', '.join(NAMES)}: {name!r}") from None
+
+
+__all__ = ["NAMES", "POINTS", "STRATEGIES", "Strategy", "UnknownStrategy", "get"]

@@ -1,0 +1,50 @@
+"""The web layer: one blueprint per feature area. Web processes read PostgreSQL and write
+commands; they hold no Kafka client."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from flask import Flask, current_app
+from sqlalchemy.orm import Session
+
+from ..db import lab_session
+from ..labs import Lab
+
+
+def current_lab() -> Lab:
+    return Lab(current_app.config["LAB_NAME"])
+
+
+@contextmanager
+def lab_db() -> Iterator[tuple[Lab, Session]]:
+    """The current lab and a session working in its schema."""
+    lab = current_lab()
+    with lab_session(lab.schema) as session:
+        yield lab, session
+
+
+def register_blueprints(app: Flask) -> None:
+    from . import api, auth, dashboard, health
+
+    app.register_blueprint(dashboard.bp)
+    app.register_blueprint(health.bp)
+    app.register_blueprint(auth.bp)
+    app.register_blueprint(api.bp)
+    from ..security import csrf
+    csrf.exempt(api.bp)
+    register_error_pages(app)
+
+
+def register_error_pages(app: Flask) -> None:
+    """Plain, readable error pages; the API blueprint answers JSON itself."""
+    from flask import jsonify, render_template, request
+
+    def page(code: int, message: str):
+        if request.path.startswith("/api/"):
+            return jsonify(error=message), code
+        return render_template("errors/error.html", code=code, message=message), code
+
+    app.register_error_handler(404, lambda e: page(404, f"There is nothing at {request.path}."))
+    app.register_error_handler(405, lambda e: page(405, f"{request.method} is not allowed here."))
+    app.register_error_handler(500, lambda e: page(500, "Something broke in the lab; the server log says what."))

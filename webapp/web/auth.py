@@ -1,0 +1,32 @@
+"""Sign-in with LAB_TOKEN, when an instructor exposes the lab on a network."""
+from __future__ import annotations
+
+from urllib.parse import urlparse
+
+from flask import Blueprint, current_app, redirect, render_template, request, session, url_for
+
+from ..security import token_matches
+
+bp = Blueprint("auth", __name__)
+
+
+def _safe_next(target: str | None) -> str:
+    # Only same-site paths: never an open redirect.
+    if target and not urlparse(target).netloc and target.startswith("/"):
+        return target
+    return url_for("dashboard.index")
+
+
+@bp.route("/sign-in", methods=["GET", "POST"])
+def sign_in():
+    token = current_app.config.get("LAB_TOKEN")
+    if not token:
+        return redirect(url_for("dashboard.index"))
+    error = None
+    if request.method == "POST":
+        if token_matches(request.form.get("token"), token):
+            session["lab_token_ok"] = True
+            return redirect(_safe_next(request.form.get("next")))
+        error = "That token is not this lab's token."
+    return render_template("auth/sign_in.html", error=error, next=request.args.get("next", "")), (
+        401 if error else 200)
