@@ -1,0 +1,234 @@
+"""Fixtures: real PostgreSQL and Tansu started once per session, a real lab agent process, and a
+fresh lab (its own schema and topics) for every test that wants one.
+
+Nothing here is mocked: tests publish through the agent's producer, consumers are OS processes
+the agent starts, and every wait is for a condition with a deadline.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
+
+from webapp import create_app
+from webapp.db import sqlalchemy_url
+from webapp.embedded import EmbeddedBroker, EmbeddedPostgres
+from webapp.labs import Lab, ensure_control_schema
+from webapp.waits import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+@dataclass
+class Services:
+    database_url: str
+    bootstrap_servers: str
+    data_dir: Path
+    postgres: EmbeddedPostgres
+    broker: EmbeddedBroker
+
+
+@pytest.fixture(scope="session")
+def services(tmp_path_factory) -> Services:
+    """The embedded PostgreSQL and broker, on free loopback ports, for the whole session."""
+    base = tmp_path_factory.mktemp("services")
+    postgres = EmbeddedPostgres(base / "postgres")
+    broker = EmbeddedBroker(base / "tansu.log")
+    try:
+        postgres.start()
+        broker.start()
+        engine = create_engine(sqlalchemy_url(postgres.url), poolclass=NullPool)
+        with engine.begin() as conn:
+            ensure_control_schema(conn)
+        engine.dispose()
+        yield Services(postgres.url, broker.bootstrap_servers, base, postgres, broker)
+    finally:
+        broker.stop()
+        postgres.stop()
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 20) -> None:
+    """Stop a process we started, by its PID: SIGTERM, then SIGKILL."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def service_env(services: Services, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "KAFKA_", "LAB_"))}
+    env.update({"DATABASE_URL": services.database_url, "KAFKA_BOOTSTRAP_SERVERS": services.bootstrap_servers,
+                "LAB_DATA_DIR": str(services.data_dir), **extra})
+    return env
+
+
+@pytest.fixture(scope="session")
+def agent(services) -> subprocess.Popen:
+    """A real lab agent process serving every test's lab."""
+    log = open(services.data_dir / "agent.log", "ab")
+    process = subprocess.Popen([sys.executable, "-m", "webapp.supervisor"], env=service_env(services), cwd=ROOT,
+                               stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    try:
+        wait_for_agent(services.database_url, process, services.data_dir / "agent.log")
+        yield process
+    finally:
+        stop_process(process)
+
+
+def wait_for_agent(database_url: str, process: subprocess.Popen, log: Path) -> None:
+    """Wait until the agent process has reported itself in lab_control.agents."""
+    engine = create_engine(sqlalchemy_url(database_url), poolclass=NullPool)
+
+    def reported() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"the lab agent exited with {process.returncode}: {log.read_text()[-3000:]}")
+        with engine.connect() as conn:
+            return bool(conn.execute(text("SELECT count(*) FROM lab_control.agents WHERE pid = :pid"),
+                                     {"pid": process.pid}).scalar())
+    try:
+        wait_until(reported, timeout=30, message="the lab agent did not report itself")
+    finally:
+        engine.dispose()
+
+
+_lab_numbers = itertools.count(1)
+
+
+@pytest.fixture
+def lab_name(services) -> str:
+    """A lab name unique to this test run: its own schema and topics."""
+    return f"t{os.getpid() % 10000}_{next(_lab_numbers)}"
+
+
+@pytest.fixture
+def app_factory(services, tmp_path):
+    """Build apps with test settings over the session's services; their pools closed at the end."""
+    apps = []
+
+    def make(**overrides):
+        app = create_app({
+            "TESTING": True,
+            "DATABASE_URL": services.database_url,
+            "KAFKA_BOOTSTRAP_SERVERS": services.bootstrap_servers,
+            "LAB_DATA_DIR": str(tmp_path / "data"),
+            "SECRET_KEY": "test",
+            "WTF_CSRF_ENABLED": False,
+            **overrides,
+        })
+        apps.append(app)
+        return app
+    yield make
+    from webapp.db import db
+    for app in apps:
+        with app.app_context():
+            db.engine.dispose()
+
+
+@pytest.fixture
+def app(app_factory, lab_name):
+    return app_factory(LAB_NAME=lab_name)
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture
+def runner(app):
+    return app.test_cli_runner()
+
+
+class LabDriver:
+    """Drives one lab through the JSON API, as a script or a workshop would."""
+
+    def __init__(self, client, lab: Lab):
+        self.client = client
+        self.lab = lab
+
+    def post(self, path: str, body: dict | None = None, expect: int | tuple = (200, 201)) -> dict:
+        response = self.client.post(f"/api/v1{path}", json=body or {})
+        expected = (expect,) if isinstance(expect, int) else expect
+        assert response.status_code in expected, f"POST {path} -> {response.status_code}: {response.get_json()}"
+        return response.get_json()
+
+    def state(self) -> dict:
+        response = self.client.get("/api/v1/state")
+        assert response.status_code == 200, response.get_data(as_text=True)
+        return response.get_json()
+
+    # --- conveniences ---
+    def publish(self, **body) -> dict:
+        return self.post("/publish", body)
+
+    def credit(self, account_id: str = "acc-1", amount_cents: int = 1000, **extra) -> dict:
+        return self.publish(account_id=account_id, amount_cents=amount_cents, **extra)["records"][0]
+
+    def start_consumer(self, **body) -> dict:
+        return self.post("/consumers", body)
+
+    def consumer(self, consumer_id: int) -> dict:
+        return next(c for c in self.state()["consumers"] if c["id"] == consumer_id)
+
+    def account(self, account_id: str) -> dict:
+        return next(a for a in self.state()["accounts"] if a["id"] == account_id)
+
+    def verdict(self) -> dict:
+        return self.state()["verdict"]
+
+    def wait(self, condition: Callable[[dict], Any], message: str, timeout: float = 30.0) -> Any:
+        """Wait until ``condition(state)`` is truthy; fail with the message and the last state."""
+        last: dict = {}
+
+        def check():
+            last.clear()
+            last.update(self.state())
+            return condition(last)
+        return wait_until(check, timeout=timeout, interval=0.2,
+                          message=lambda: f"{message}; last state: consumers={last.get('consumers')} "
+                                          f"verdict={last.get('verdict')} accounts={last.get('accounts')}")
+
+    def wait_assigned(self, consumer_id: int, timeout: float = 30.0) -> dict:
+        return self.wait(lambda s: next((c for c in s["consumers"] if c["id"] == consumer_id
+                                         and c["state"] == "running" and c["assigned"]), None),
+                         f"consumer {consumer_id} was never assigned a partition", timeout)
+
+    def wait_state(self, consumer_id: int, *states: str, timeout: float = 30.0) -> dict:
+        return self.wait(lambda s: next((c for c in s["consumers"] if c["id"] == consumer_id
+                                         and c["state"] in states), None),
+                         f"consumer {consumer_id} never reached state {states}", timeout)
+
+    def wait_caught_up(self, timeout: float = 30.0) -> dict:
+        """Every published record applied, absorbed or dead-lettered, and committed."""
+        def caught_up(s):
+            return all(p["committed"] and all((c or 0) >= p["log_end"] for c in p["committed"].values())
+                       for p in s["partitions"] if p["log_end"]) and s
+        return self.wait(caught_up, "the group never caught up with the log end", timeout)
+
+
+@pytest.fixture
+def lab(app, client, agent, lab_name) -> LabDriver:
+    """A fresh lab (schema, topics, seed accounts, default group) and a driver for it."""
+    from webapp import commands
+    from webapp.db import db
+    with app.app_context():
+        commands.run(db.engine, lab_name, "lab.ensure", {"partitions": 3}, timeout=60)
+    driver = LabDriver(client, Lab(lab_name))
+    yield driver
+    for consumer in driver.state()["consumers"]:
+        if consumer["state"] in ("starting", "running", "frozen", "stepping"):
+            client.post(f"/api/v1/consumers/{consumer['id']}/stop", json={})

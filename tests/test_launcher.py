@@ -1,0 +1,49 @@
+"""`make run`: one command starts everything; SIGTERM leaves no process behind."""
+import os
+import signal
+import subprocess
+import urllib.request
+
+import psutil
+
+from conftest import ROOT
+from webapp.waits import free_port, wait_until
+
+
+def test_make_run_serves_the_dashboard_and_sigterm_stops_everything(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "KAFKA_", "LAB_", "MAKE"))}
+    env.update(LAB_PORT=str(port), LAB_DATA_DIR=str(tmp_path / "lab"))
+    output = open(tmp_path / "run.log", "wb")
+    make = subprocess.Popen(["make", "--no-print-directory", "run"], cwd=ROOT, env=env, stdout=output,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    tree: list[psutil.Process] = []
+    try:
+        def dashboard_up():
+            assert make.poll() is None, (tmp_path / "run.log").read_text()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+                    return response.status == 200
+            except OSError:
+                return False
+        wait_until(dashboard_up, timeout=60, interval=0.3,
+                   message=lambda: f"the lab did not become healthy: {(tmp_path / 'run.log').read_text()}")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
+            assert b"Idempotency" in response.read()
+        tree = psutil.Process(make.pid).children(recursive=True)
+        names = " ".join(" ".join(p.cmdline()) for p in tree)
+        assert "postgres -D" in names and "tansu" in names and "webapp.supervisor" in names and "gunicorn" in names
+
+        make.send_signal(signal.SIGTERM)
+        make.wait(timeout=30)
+        wait_until(lambda: not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE],
+                   timeout=45, interval=0.3,
+                   message=lambda: "still running after SIGTERM: "
+                   + ", ".join(f"{p.pid} {p.name()}" for p in tree if p.is_running()))
+        log = (tmp_path / "run.log").read_text()
+        assert "Dashboard: http://127.0.0.1:" in log and "Idempotency Lab stopped" in log
+    finally:
+        output.close()
+        for process in [*tree, psutil.Process(make.pid) if make.poll() is None else None]:
+            if process is not None and process.is_running():
+                process.kill()
