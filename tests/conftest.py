@@ -202,15 +202,18 @@ class LabDriver:
                           message=lambda: f"{message}; last state: consumers={last.get('consumers')} "
                                           f"verdict={last.get('verdict')} accounts={last.get('accounts')}")
 
+    def wait_consumer(self, consumer_id: int, predicate: Callable[[dict], Any], message: str,
+                      timeout: float = 30.0) -> dict:
+        """Wait until consumer ``consumer_id``'s reported row satisfies ``predicate``; return the row."""
+        return self.wait(lambda s: next((c for c in s["consumers"] if c["id"] == consumer_id and predicate(c)), None),
+                         f"consumer {consumer_id}: {message}", timeout)
+
     def wait_assigned(self, consumer_id: int, timeout: float = 30.0) -> dict:
-        return self.wait(lambda s: next((c for c in s["consumers"] if c["id"] == consumer_id
-                                         and c["state"] == "running" and c["assigned"]), None),
-                         f"consumer {consumer_id} was never assigned a partition", timeout)
+        return self.wait_consumer(consumer_id, lambda c: c["state"] == "running" and c["assigned"],
+                                  "never assigned a partition", timeout)
 
     def wait_state(self, consumer_id: int, *states: str, timeout: float = 30.0) -> dict:
-        return self.wait(lambda s: next((c for c in s["consumers"] if c["id"] == consumer_id
-                                         and c["state"] in states), None),
-                         f"consumer {consumer_id} never reached state {states}", timeout)
+        return self.wait_consumer(consumer_id, lambda c: c["state"] in states, f"never reached {states}", timeout)
 
     def wait_caught_up(self, timeout: float = 30.0) -> dict:
         """Every published record applied, absorbed or dead-lettered, and committed."""

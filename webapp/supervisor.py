@@ -134,12 +134,17 @@ class Supervisor:
                 raise CommandRejected(str(error)) from None
 
     def _ensure_group(self, lab: Lab, group: str, strategy: str | None) -> str:
+        """The group's id, created with ``strategy`` if new. An existing group keeps its strategy:
+        switching it is its own, visible action (every member changes behaviour)."""
         group_id = lab.group_id(group)
         with self.in_lab(lab):
             row = self.conn.execute("SELECT strategy FROM consumer_groups WHERE group_id = %s", [group_id]).fetchone()
             if row is None:
                 self.conn.execute("INSERT INTO consumer_groups (group_id, strategy, effects_schema) "
                                   "VALUES (%s, %s, %s)", [group_id, strategy or "none", lab.schema])
+            elif strategy is not None and strategy != row[0]:
+                raise CommandRejected(f"strategy: group {group_id} uses {row[0]}; switch the group's strategy "
+                                      f"first, or start the consumer in another group")
         return group_id
 
     def start_consumer(self, lab: Lab, args: dict) -> dict:

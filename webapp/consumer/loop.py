@@ -255,7 +255,8 @@ class ConsumerProcess:
         except KafkaException as error:
             # A zombie's commit: its generation is gone (UNKNOWN_MEMBER_ID / ILLEGAL_GENERATION).
             self.report.counts.commit_failures += 1
-            self.report.last_error = error.args[0].str() if error.args else str(error)
+            kafka_error = error.args[0] if error.args else None
+            self.report.last_error = f"{kafka_error.name()}: {kafka_error.str()}" if kafka_error else str(error)
             self._say("commit-failed", f"{self.name} could not commit offset {message.offset() + 1} on partition "
                       f"{message.partition()}: {self.report.last_error}",
                       partition=message.partition(), offset=message.offset())
