@@ -13,11 +13,12 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from . import commands, events, producer, strategies, timeline, ttl
+from . import commands, events, faultproxy, producer, strategies, timeline, ttl
 from .db import CONTROL_SCHEMA, lab_session
 from .kafka import OffsetReset
 from .labs import NAME, Lab, ensure_schema, lab_schemas, seed_accounts
 from .strategies.base import POINTS
+from .waits import WaitTimeout, wait_until
 
 C = CONTROL_SCHEMA
 CONSUMER_VERBS = ("kill", "freeze", "thaw", "stop", "restart")
@@ -245,7 +246,7 @@ def reset_offsets(engine: Engine, lab: Lab, group: str, body: dict) -> dict:
                 raise InvalidRequest("offsets", 'give partition: offset pairs, like {"0": 3}') from None
         if not isinstance(offsets, dict) or not offsets:
             raise InvalidRequest("offsets", 'give partition: offset pairs, like {"0": 3}')
-        args["offsets"] = {str(_whole({"p": p}, "offsets", 0, 1000)): _whole({"o": o}, "o", 0, 2**62)
+        args["offsets"] = {str(_whole({"offsets": p}, "offsets", 0, 1000)): _whole({"offsets": o}, "offsets", 0, 2**62)
                            for p, o in offsets.items()}
     elif mode == "back":
         args["back"] = _whole(body, "back", 1, 1_000_000)
@@ -309,6 +310,83 @@ def reset_lab(engine: Engine, lab: Lab, body: dict, default_partitions: int = 3)
     return _command(engine, lab, "lab.reset", {"partitions": partitions}, field="partitions")
 
 
+# --- the lost-ack fault proxy --------------------------------------------------------------
+
+FAULT_PROXY_FRESH_SECONDS = 5.0
+FAULT_PROXY_TAKE_TIMEOUT = 5.0
+MAX_DROPPED_RESPONSES = 100
+MAX_RESPONSE_DELAY_MS = 60_000
+
+
+class NoFaultProxy(commands.NoAgent):
+    """No fault proxy process answers: nothing would inject the fault."""
+
+
+def fault_proxy_state(engine: Engine, lab: Lab) -> dict:
+    """The fault proxy as it last reported: running, armed (and by which lab), counters."""
+    with engine.connect() as conn:
+        row = conn.execute(text(
+            f"SELECT *, coalesce(heartbeat_at > now() - make_interval(secs => :fresh), false) AS running, "
+            f"extract(epoch FROM now() - heartbeat_at) AS heartbeat_age FROM {C}.fault_proxies WHERE name = :name"),
+            {"fresh": FAULT_PROXY_FRESH_SECONDS, "name": faultproxy.DEFAULT_NAME}).mappings().first()
+    if row is None:
+        return {"name": faultproxy.DEFAULT_NAME, "running": False, "armed": False, "armed_by": None,
+                "armed_by_this_lab": False, "drop_produce_responses": 0, "delay_ms": 0, "listen": None,
+                "upstream": None, "connections": 0, "produce_requests": 0, "responses_dropped": 0,
+                "responses_delayed": 0, "heartbeat_age": None}
+    armed = bool(row["running"]) and (row["drop_produce_responses"] > 0 or row["delay_ms"] > 0)
+    return {"name": row["name"], "running": bool(row["running"]), "armed": armed,
+            "armed_by": row["lab"] if armed else None, "armed_by_this_lab": armed and row["lab"] == lab.name,
+            "drop_produce_responses": row["drop_produce_responses"], "delay_ms": row["delay_ms"],
+            "listen": row["listen"], "upstream": row["upstream"], "connections": row["connections"],
+            "produce_requests": row["produce_requests"], "responses_dropped": row["responses_dropped"],
+            "responses_delayed": row["responses_delayed"],
+            "heartbeat_age": float(row["heartbeat_age"]) if row["heartbeat_age"] is not None else None}
+
+
+def arm_fault_proxy(engine: Engine, lab: Lab, body: dict) -> dict:
+    """Arm the lost-ack fault proxy: drop the next ``drop_produce_responses`` Produce responses and
+    delay each Produce response by ``delay_ms``; both 0 disarms. Returns once the proxy has taken
+    the setting, so a publish right after meets it. Its faults go to this lab's timeline."""
+    if "drop_produce_responses" not in body and "delay_ms" not in body:
+        raise InvalidRequest("drop_produce_responses", "give drop_produce_responses and/or delay_ms (both 0 disarms)")
+    drops = _whole(body, "drop_produce_responses", 0, MAX_DROPPED_RESPONSES, default=0)
+    delay = _whole(body, "delay_ms", 0, MAX_RESPONSE_DELAY_MS, default=0)
+    name = faultproxy.DEFAULT_NAME
+    with engine.begin() as conn:
+        version = conn.execute(text(
+            f"UPDATE {C}.fault_proxies SET lab = :lab, drop_produce_responses = :drops, delay_ms = :delay, "
+            "version = version + 1, armed_at = now() "
+            "WHERE name = :name AND heartbeat_at > now() - make_interval(secs => :fresh) RETURNING version"),
+            {"lab": lab.name, "drops": drops, "delay": delay, "name": name,
+             "fresh": FAULT_PROXY_FRESH_SECONDS}).scalar()
+        if version is None:
+            raise NoFaultProxy("no fault proxy is running: `make run` starts one with the embedded broker; "
+                               "with docker compose, the faultproxy service (see README, \"Lost ack\")")
+        conn.execute(text("SELECT pg_notify(:channel, :name)"), {"channel": faultproxy.CHANNEL, "name": name})
+        parts = ([f"drop the next {drops} Produce response(s)"] if drops else []) + (
+            [f"delay Produce responses by {delay} ms"] if delay else [])
+        _timeline(conn, lab, "fault", "fault proxy " + ("armed: " + ", ".join(parts) if parts else "disarmed"),
+                  drop_produce_responses=drops, delay_ms=delay)
+    query = text(f"SELECT seen_version >= :version FROM {C}.fault_proxies WHERE name = :name")
+
+    def taken() -> bool:
+        with engine.connect() as conn:
+            return bool(conn.execute(query, {"version": version, "name": name}).scalar())
+    try:
+        wait_until(taken, timeout=FAULT_PROXY_TAKE_TIMEOUT, interval=0.02,
+                   message="the fault proxy did not take the new setting")
+    except WaitTimeout as error:
+        raise NoFaultProxy(f"{error}; is it running?") from None
+    return fault_proxy_state(engine, lab)
+
 def _timeline(conn, lab: Lab, kind: str, summary: str, **detail) -> None:
     conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": lab.schema})
     timeline.record(conn.exec_driver_sql, kind, summary, **detail)
+
+
+# Record and replay (webapp/scenarios/journal.py): each operation above that changes a lab is
+# appended to the lab's session log as it happens, whoever calls it (API, forms, CLI, scenarios).
+from .scenarios import journal as _journal  # noqa: E402  (it imports nothing of this module)
+
+_journal.install(globals())

@@ -42,16 +42,6 @@ def endpoint(view):
     return wrapper
 
 
-@bp.errorhandler(404)
-def not_found(error):
-    return jsonify(error=f"no such endpoint: {request.method} {request.path}"), 404
-
-
-@bp.errorhandler(405)
-def method_not_allowed(error):
-    return jsonify(error=f"{request.method} is not allowed on {request.path}"), 405
-
-
 @bp.get("/state")
 @endpoint
 def get_state(lab):
@@ -60,6 +50,7 @@ def get_state(lab):
             lab=lab.name, topic=lab.topic,
             accounts=[{**line.__dict__, "difference": line.difference} for line in state.accounts(session, lab)],
             verdict=state.verdict(session, lab).as_dict(),
+            producer_duplicates=state.producer_duplicates(session, lab),
             groups=state.groups_list(session),
             consumers=[_consumer_json(c) for c in state.consumers(session, lab)],
             partitions=[{"partition": p.partition, "log_end": p.log_end, "committed": p.committed,
@@ -154,6 +145,17 @@ def set_ttl(lab):
 def ttl_cleanup(lab):
     return jsonify(operations.ttl_cleanup(db.engine, lab, _body()))
 
+
+@bp.get("/fault-proxy")
+@endpoint
+def get_fault_proxy(lab):
+    return jsonify(operations.fault_proxy_state(db.engine, lab))
+
+
+@bp.post("/fault-proxy")
+@endpoint
+def arm_fault_proxy(lab):
+    return jsonify(operations.arm_fault_proxy(db.engine, lab, _body()))
 
 @bp.post("/lab/reset")
 @endpoint

@@ -1,0 +1,124 @@
+"""The JSON API's contract: bad bodies get 400 naming the field, unknown ids 404, JSON only."""
+import pytest
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"account_id": "acc-1", "amount": "ten"}, "amount"),
+    ({"account_id": "acc-1", "amount": "-3"}, "amount"),
+    ({"account_id": "acc-1", "amount": "1.234"}, "amount"),
+    ({"account_id": "acc-1", "amount_cents": 0}, "amount_cents"),
+    ({"account_id": "", "amount": "1"}, "account_id"),
+    ({"account_id": "acc-1", "amount": "1", "type": "debit"}, "type"),
+    ({"account_id": "acc-1", "type": "set_status", "status": "MAYBE"}, "status"),
+    ({"account_id": "acc-1", "amount": "1", "mode": "twice"}, "mode"),
+    ({"account_id": "acc-1", "amount": "1", "mode": "burst", "count": 0}, "count"),
+    ({"account_id": "acc-1", "amount": "1", "mode": "burst", "count": 10001}, "count"),
+    ({"mode": "poison", "poison_kind": "cyanide"}, "poison_kind"),
+    ({"account_id": "acc-1", "amount": "1", "idempotent": "perhaps"}, "idempotent"),
+])
+def test_publish_rejects_bad_fields_and_publishes_nothing(lab, body, field):
+    response = lab.client.post("/api/v1/publish", json=body)
+    assert response.status_code == 400
+    assert response.get_json()["field"] == field
+    assert all(p["log_end"] == 0 for p in lab.state()["partitions"])
+
+
+def test_publish_to_an_unknown_account_is_refused_by_the_agent(lab):
+    response = lab.client.post("/api/v1/publish", json={"account_id": "acc-77", "amount": "1"})
+    assert response.status_code == 400
+    assert "no account 'acc-77'" in response.get_json()["error"]
+
+
+def test_resend_with_nothing_published_is_explained(lab):
+    response = lab.client.post("/api/v1/publish", json={"mode": "resend"})
+    assert response.status_code == 400
+    assert "nothing published yet" in response.get_json()["error"]
+
+
+def test_resend_publishes_the_same_event_id_again(lab):
+    first = lab.credit("acc-1", 100)
+    again = lab.publish(mode="resend")["records"][0]
+    assert again["event_id"] == first["event_id"]
+    assert lab.state()["verdict"]["transactions"] == 1
+
+
+@pytest.mark.parametrize("path", ["/consumers/999999/kill", "/consumers/999999/arm", "/consumers/999999/step"])
+def test_unknown_consumer_is_404(lab, path):
+    response = lab.client.post(f"/api/v1{path}", json={})
+    assert response.status_code == 404
+    assert "no consumer 999999" in response.get_json()["error"]
+
+
+def test_unknown_group_is_404(lab):
+    assert lab.client.post("/api/v1/groups/nope/strategy", json={"strategy": "none"}).status_code == 404
+    assert lab.client.post("/api/v1/groups/nope/reset-offsets", json={"mode": "earliest"}).status_code == 404
+
+
+@pytest.mark.parametrize("path,body,field", [
+    ("/consumers", {"strategy": "magic"}, "strategy"),
+    ("/consumers", {"name": "Bad Name"}, "name"),
+    ("/groups", {"group": "g2", "strategy": "sometimes"}, "strategy"),
+    ("/groups/payments/strategy", {"strategy": ""}, "strategy"),
+    ("/groups/payments/reset-offsets", {"mode": "back", "back": 0}, "back"),
+    ("/groups/payments/reset-offsets", {"mode": "timestamp", "timestamp": "noon"}, "timestamp"),
+    ("/groups/payments/reset-offsets", {"mode": "offset", "offsets": "[1]"}, "offsets"),
+    ("/ttl", {"ttl_seconds": -1}, "ttl_seconds"),
+    ("/ttl/cleanup", {"ttl_seconds": "soon"}, "ttl_seconds"),
+    ("/lab/reset", {"partitions": 40}, "partitions"),
+])
+def test_other_bad_bodies_name_the_field(lab, path, body, field):
+    response = lab.client.post(f"/api/v1{path}", json=body)
+    assert response.status_code == 400, response.get_json()
+    assert response.get_json()["field"] == field
+
+
+def test_arm_rejects_an_unknown_point(lab):
+    consumer = lab.start_consumer(name="c1")["consumer_id"]
+    response = lab.client.post(f"/api/v1/consumers/{consumer}/arm", json={"point": "whenever"})
+    assert response.status_code == 400 and response.get_json()["field"] == "point"
+
+
+def test_starting_a_consumer_with_another_strategy_than_its_group_is_refused(lab):
+    response = lab.client.post("/api/v1/consumers", json={"strategy": "eventid-atomic"})
+    assert response.status_code == 400
+    assert "uses none" in response.get_json()["error"]
+
+
+@pytest.mark.parametrize("data,content_type,message", [
+    ("{not json", "application/json", "not valid JSON"),
+    ("[1, 2]", "application/json", "JSON object"),
+    ("account_id=acc-1", "application/x-www-form-urlencoded", "application/json"),
+])
+def test_body_must_be_a_json_object(lab, data, content_type, message):
+    response = lab.client.post("/api/v1/publish", data=data, content_type=content_type)
+    assert response.status_code == 400
+    assert message in response.get_json()["error"]
+
+
+def test_unknown_endpoint_and_method_answer_json(lab):
+    assert lab.client.get("/api/v1/nothing").get_json()["error"] == "There is nothing at /api/v1/nothing."
+    response = lab.client.get("/api/v1/publish")
+    assert response.status_code == 405 and "not allowed" in response.get_json()["error"]
+
+
+def test_no_agent_is_503(app_factory, services, lab_name):
+    """A database no lab agent serves: controls answer 503 with the reason, not a hang."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+    from webapp.db import sqlalchemy_url
+    from webapp.labs import ensure_control_schema
+
+    engine = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("DROP DATABASE IF EXISTS no_agent"))
+        conn.execute(text("CREATE DATABASE no_agent"))
+    engine.dispose()
+    url = services.database_url.rsplit("/", 1)[0] + "/no_agent"
+    other = create_engine(sqlalchemy_url(url), poolclass=NullPool)
+    with other.begin() as conn:
+        ensure_control_schema(conn)
+    other.dispose()
+    client = app_factory(DATABASE_URL=url, LAB_NAME=lab_name).test_client()
+    response = client.post("/api/v1/publish", json={"account_id": "acc-1", "amount": "1"})
+    assert response.status_code == 503
+    assert "no lab agent is running" in response.get_json()["error"]
