@@ -15,3 +15,20 @@ graceful_timeout = 10
 accesslog = os.environ.get("WEB_ACCESS_LOG") or None
 errorlog = "-"
 loglevel = os.environ.get("WEB_LOG_LEVEL", "warning")
+# Worker heartbeat files in memory: in a container an overlay filesystem can stall them.
+worker_tmp_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+def on_starting(server):
+    """Settle the settings once, in the master, before any worker forks.
+
+    A setting the lab refuses (a non-loopback LAB_HOST without LAB_TOKEN, say) stops gunicorn
+    here with its reason instead of in every worker, and the generated SECRET_KEY is written to
+    the data dir once, so that all workers sign sessions and CSRF tokens with the same key.
+    """
+    from webapp.config import ConfigError, load_config
+
+    try:
+        load_config()
+    except ConfigError as error:
+        raise SystemExit(f"error: {error}") from None

@@ -47,3 +47,30 @@ def test_make_run_serves_the_dashboard_and_sigterm_stops_everything(tmp_path):
         for process in [*tree, psutil.Process(make.pid) if make.poll() is None else None]:
             if process is not None and process.is_running():
                 process.kill()
+
+
+def test_with_both_variables_set_nothing_embedded_starts(services, tmp_path, lab_name):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "KAFKA_", "LAB_", "MAKE"))}
+    env.update(LAB_PORT=str(port), LAB_DATA_DIR=str(tmp_path / "lab"), LAB_NAME=lab_name,
+               DATABASE_URL=services.database_url, KAFKA_BOOTSTRAP_SERVERS=services.bootstrap_servers)
+    output = open(tmp_path / "run.log", "wb")
+    launcher = subprocess.Popen([str(ROOT / ".venv/bin/python"), "-m", "webapp.launcher"], cwd=ROOT, env=env,
+                                stdout=output, stderr=subprocess.STDOUT)
+    try:
+        def healthy():
+            assert launcher.poll() is None, (tmp_path / "run.log").read_text()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+                    return response.status == 200
+            except OSError:
+                return False
+        wait_until(healthy, timeout=60, interval=0.3, message="the lab did not become healthy")
+        commands = [" ".join(p.cmdline()) for p in psutil.Process(launcher.pid).children(recursive=True)]
+        assert not [c for c in commands if "postgres -D" in c or "tansu" in c], commands
+        log = (tmp_path / "run.log").read_text()
+        assert "from DATABASE_URL" in log and "from KAFKA_BOOTSTRAP_SERVERS" in log
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=40)
+        output.close()

@@ -59,6 +59,36 @@ def reset(partitions):
         agent.shutdown()
 
 
+@lab_cli.command("init")
+@click.option("--partitions", type=click.IntRange(1, 12), default=None, help="partitions of a new payments topic")
+def init(partitions):
+    """Create the lab if it is missing (tables, topics, seed accounts); keep it if it exists.
+
+    For deployments that start each service on its own (docker compose runs it once, before the
+    web app and the agents). When the broker lost the lab's topics but PostgreSQL kept the lab,
+    the journal would describe records the log no longer holds: the lab is reset, and says so.
+    """
+    from .labs import ensure_control_schema
+    from .supervisor import Supervisor
+
+    config = current_app.config
+    if not config["KAFKA_BOOTSTRAP_SERVERS"]:
+        raise click.UsageError("KAFKA_BOOTSTRAP_SERVERS is not set and no lab is running (start one with `make run`)")
+    with db.engine.begin() as conn:
+        ensure_control_schema(conn)
+    lab = _lab()
+    args = {"partitions": partitions or config["LAB_PARTITIONS"]}
+    agent = Supervisor(config["DATABASE_URL"], config["KAFKA_BOOTSTRAP_SERVERS"], data_dir=config["LAB_DATA_DIR"])
+    try:
+        result = agent.ensure_lab(lab, args)
+        if lab.topic in result["created_topics"] and not result["created_schema"]:
+            click.echo(f"the broker holds no {lab.topic} but PostgreSQL kept lab {lab.name}: resetting it", err=True)
+            result = {**agent.reset_lab(lab, args), "reset": True}
+    finally:
+        agent.shutdown()
+    _show({"lab": lab.name, **result})
+
+
 @lab_cli.command("agent")
 def agent():
     """Run a lab agent (supervisor) in the foreground."""
@@ -142,5 +172,16 @@ def ttl_cleanup(ttl_seconds):
     _run(operations.ttl_cleanup, {} if ttl_seconds is None else {"ttl_seconds": ttl_seconds})
 
 
+@lab_cli.command("lost-ack")
+@click.argument("count", type=click.IntRange(0, operations.MAX_DROPPED_RESPONSES))
+@click.option("--delay-ms", type=click.IntRange(0, operations.MAX_RESPONSE_DELAY_MS), default=0,
+              help="also hold every Produce response this long")
+def lost_ack(count, delay_ms):
+    """Arm the fault proxy: drop the next COUNT Produce responses (0 disarms)."""
+    _run(operations.arm_fault_proxy, {"drop_produce_responses": count, "delay_ms": delay_ms})
+
 def init_app(app: Flask) -> None:
+    from .scenarios.cli import scenario_cli
+
     app.cli.add_command(lab_cli)
+    app.cli.add_command(scenario_cli)

