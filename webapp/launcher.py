@@ -1,9 +1,10 @@
 """``make run``: the whole lab with one command.
 
 Starts what is not configured (embedded PostgreSQL when DATABASE_URL is unset, the embedded
-Tansu broker when KAFKA_BOOTSTRAP_SERVERS is unset), prepares the lab, then runs the lab agent
-and the web app (gunicorn) as child processes. Ctrl-C or SIGTERM stops them all, in order:
-web, agent (which stops its consumers), broker, database.
+Tansu broker when KAFKA_BOOTSTRAP_SERVERS is unset, with the lost-ack fault proxy in front of
+it), prepares the lab, then runs the lab agent and the web app (gunicorn) as child processes.
+Ctrl-C or SIGTERM stops them all, in order: web, agent (which stops its consumers), fault
+proxy, broker, database.
 """
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from sqlalchemy.pool import NullPool
 
 from .config import RUNNING_FILE, ConfigError, load_config
 from .db import sqlalchemy_url
-from .embedded import EmbeddedBroker, EmbeddedPostgres
+from .embedded import LOOPBACK, EmbeddedBroker, EmbeddedPostgres, die_with_parent
 from .labs import Lab, ensure_control_schema
-from .waits import port_open, wait_until
+from .waits import free_port, port_open, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,6 +40,8 @@ class Launcher:
         self.children: list[tuple[str, subprocess.Popen]] = []
         self.stopping = False
         self.parent_pid = os.getppid()
+        # With the embedded broker: the fault proxy's port, which the broker advertises.
+        self.fault_proxy_port: int | None = None
 
     def start_services(self) -> tuple[str, str, bool]:
         database_url = os.environ.get("DATABASE_URL")
@@ -52,7 +55,10 @@ class Launcher:
             say("PostgreSQL", "from DATABASE_URL")
         broker_is_fresh = False
         if not bootstrap:
-            broker = EmbeddedBroker(self.data_dir / "tansu.log").start()
+            # The broker advertises the fault proxy: after the first metadata request every client,
+            # the producer's retries included, talks to it through the proxy (README, "Lost ack").
+            self.fault_proxy_port = free_port()
+            broker = EmbeddedBroker(self.data_dir / "tansu.log").start(advertised_port=self.fault_proxy_port)
             self.services.append(broker)
             bootstrap = broker.bootstrap_servers
             broker_is_fresh = True
@@ -82,8 +88,27 @@ class Launcher:
         finally:
             agent.shutdown()
 
+    def start_fault_proxy(self, database_url: str, upstream: str) -> str:
+        """The lost-ack fault proxy in front of the embedded broker; its address once it listens."""
+        listen = f"{LOOPBACK}:{self.fault_proxy_port}"
+        log_path = self.data_dir / "faultproxy.log"
+        log = open(log_path, "ab")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "webapp.faultproxy", "--listen", listen, "--upstream", upstream],
+            env={**os.environ, "DATABASE_URL": database_url}, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=die_with_parent)
+        log.close()
+        # Started before the agent and the web, so stopped after them (stop() goes in reverse).
+        self.children.append(("fault proxy", process))
+        wait_until(lambda: port_open(LOOPBACK, self.fault_proxy_port) or process.poll() is not None, timeout=20,
+                   message=f"the fault proxy did not listen on {listen}; log {log_path}")
+        if process.poll() is not None:
+            raise RuntimeError(f"the fault proxy exited with {process.returncode}; log {log_path}")
+        say("Fault proxy (lost ack)", f"{listen} -> {upstream}, disarmed; the broker advertises it")
+        return listen
+
     def spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-        process = subprocess.Popen(argv, env=env, cwd=ROOT, start_new_session=True)
+        process = subprocess.Popen(argv, env=env, cwd=ROOT, start_new_session=True, preexec_fn=die_with_parent)
         self.children.append((name, process))
         return process
 
@@ -92,6 +117,8 @@ class Launcher:
         started = time.monotonic()
         database_url, bootstrap, fresh = self.start_services()
         running = {"DATABASE_URL": database_url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+        if self.fault_proxy_port is not None:
+            running["KAFKA_PRODUCER_BOOTSTRAP_SERVERS"] = self.start_fault_proxy(database_url, bootstrap)
         (self.data_dir / RUNNING_FILE).write_text(json.dumps(running))
         env = {**os.environ, **running, "LAB_DATA_DIR": str(self.data_dir),
                "LAB_HOST": str(self.config["LAB_HOST"]), "LAB_PORT": str(self.config["LAB_PORT"])}

@@ -41,13 +41,14 @@ class Payment(db.Model):
 class ProcessedEvent(db.Model):
     __tablename__ = "processed_events"
     event_id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True)
-    processed_at: Mapped[datetime] = _now()
+    # indexed: the TTL cleanup, the oldest key's age and the newest keys all range over it
+    processed_at: Mapped[datetime] = mapped_column(server_default=func.now(), index=True)
 
 
 class ProcessedTransaction(db.Model):
     __tablename__ = "processed_transactions"
     transaction_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    processed_at: Mapped[datetime] = _now()
+    processed_at: Mapped[datetime] = mapped_column(server_default=func.now(), index=True)
 
 
 class LedgerEntry(db.Model):
@@ -100,7 +101,11 @@ class Delivery(db.Model):
     outcome: Mapped[str] = mapped_column(String(24))  # applied | absorbed | dead-lettered
     reason: Mapped[Optional[str]] = mapped_column(Text)
     delivered_at: Mapped[datetime] = _now()
-    __table_args__ = (Index("deliveries_group_partition_offset", "group_id", "partition", "offset"),)
+    __table_args__ = (Index("deliveries_group_partition_offset", "group_id", "partition", "offset"),
+                      # the log end per partition (state.log_ends), whatever the group
+                      Index("deliveries_partition_offset", "partition", "offset"),
+                      # absorbed and dead-lettered deliveries are few: the verdict and lanes count them
+                      Index("deliveries_outcome", "outcome"))
 
 
 class TimelineEntry(db.Model):
@@ -199,6 +204,61 @@ class Command(db.Model):
     error: Mapped[Optional[str]] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
     finished_at: Mapped[Optional[datetime]]
+
+
+class FaultProxy(db.Model):
+    """The lost-ack fault proxy's control row: what the lab asks of it, and what it reports.
+
+    Written by ``operations.arm_fault_proxy`` (lab, faults, version) and read by the proxy
+    process (``python -m webapp.faultproxy``), which may run in another container.
+    """
+    __tablename__ = "fault_proxies"
+    __table_args__ = {"schema": CONTROL_SCHEMA}
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # Desired: the lab that armed it (its timeline receives every injected fault) and the faults.
+    lab: Mapped[Optional[str]] = mapped_column(String(32))
+    drop_produce_responses: Mapped[int] = mapped_column(default=0, server_default="0")  # left to drop
+    delay_ms: Mapped[int] = mapped_column(default=0, server_default="0")
+    version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # bumped by each arming
+    armed_at: Mapped[Optional[datetime]]
+    # Reported by the proxy.
+    seen_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    listen: Mapped[Optional[str]] = mapped_column(String(128))
+    upstream: Mapped[Optional[str]] = mapped_column(String(128))
+    host: Mapped[Optional[str]] = mapped_column(String(128))
+    pid: Mapped[Optional[int]]
+    started_at: Mapped[Optional[datetime]]
+    heartbeat_at: Mapped[Optional[datetime]]
+    connections: Mapped[int] = mapped_column(default=0, server_default="0")
+    produce_requests: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    responses_dropped: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    responses_delayed: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+class SessionOperation(db.Model):
+    """Record and replay: every operation performed on the lab, in order, with what the lab
+    looked like just before it (the wait a replay repeats) and what it returned."""
+    __tablename__ = "session_log"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    at: Mapped[datetime] = _now()
+    operation: Mapped[str] = mapped_column(String(40))
+    args: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default="{}")
+    before: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default="{}")
+    result: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default="{}")
+
+
+class ScenarioRun(db.Model):
+    """A guided scenario run: which step it is at and what each step observed, kept across reloads."""
+    __tablename__ = "scenario_runs"
+    __table_args__ = {"schema": CONTROL_SCHEMA}
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    scenario: Mapped[str] = mapped_column(String(120))
+    lab: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16), default="ready", server_default="ready")
+    progress: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default="{}")
+    busy: Mapped[bool] = mapped_column(default=False, server_default="false")
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
 
 
 def lab_tables():

@@ -37,6 +37,9 @@ class Cell:
     event_id: str | None
     label: str
     deliveries: int
+    # Same event id at another offset of this partition, and one of them has no delivery report:
+    # the producer's retry after a lost acknowledgement wrote it again.
+    producer_retry: bool = False
 
 
 @dataclass
@@ -70,21 +73,31 @@ delivered AS (
     FROM {effects}.deliveries WHERE partition = :partition AND group_id = :group
       AND "offset" >= :log_end - :length
     GROUP BY "offset"
-),
-twice AS (
-    SELECT transaction_id FROM {effects}.payments GROUP BY transaction_id HAVING count(*) > 1
 )
-SELECT w."offset", coalesce(j.event_id::text, d.event_id) AS event_id, j.type, j.account_id, j.amount_cents,
-       j.status, j.mode, coalesce(d.applied, 0), coalesce(d.absorbed, 0), coalesce(d.dead, 0), coalesce(d.n, 0),
-       EXISTS (SELECT 1 FROM {effects}.payments p JOIN twice t USING (transaction_id)
-               WHERE p.event_id::text = coalesce(j.event_id::text, d.event_id)) AS doubled
+SELECT w."offset", coalesce(j.event_id::text, d.event_id) AS event_id, coalesce(j.type, e.type),
+       coalesce(j.account_id, e.account_id), coalesce(j.amount_cents, e.amount_cents), coalesce(j.status, e.status),
+       coalesce(j.mode, e.mode), coalesce(d.applied, 0), coalesce(d.absorbed, 0), coalesce(d.dead, 0), coalesce(d.n, 0),
+       -- another effect row of the same transaction (index lookups: no scan of all payments)
+       EXISTS (SELECT 1 FROM {effects}.payments p JOIN {effects}.payments q
+                 ON q.transaction_id = p.transaction_id AND q.id <> p.id
+               WHERE p.event_id = CAST(coalesce(j.event_id::text, d.event_id) AS uuid)) AS doubled,
+       j."offset" IS NOT NULL AS journaled,
+       -- every offset of this partition holding the same event: from delivery reports, from consumers
+       ARRAY(SELECT p."offset" FROM published_events p WHERE p.partition = :partition AND p."offset" IS NOT NULL
+             AND p.event_id = CAST(coalesce(j.event_id::text, d.event_id) AS uuid) ORDER BY 1) AS journaled_at,
+       ARRAY(SELECT DISTINCT x."offset" FROM {effects}.deliveries x WHERE x.partition = :partition
+             AND x.event_id = CAST(coalesce(j.event_id::text, d.event_id) AS uuid) ORDER BY 1) AS delivered_at
 FROM window_ w LEFT JOIN journal j USING ("offset") LEFT JOIN delivered d USING ("offset")
+-- a record with no delivery report at its offset: describe it from the journal row of its event
+LEFT JOIN LATERAL (SELECT type, account_id, amount_cents, status, mode FROM published_events p
+                   WHERE j."offset" IS NULL AND p.event_id = CAST(d.event_id AS uuid) ORDER BY p.id LIMIT 1) e ON true
 ORDER BY w."offset"
 """
 
 
 def _cell(row) -> Cell:
-    offset, event_id, type_, account, amount, status, mode, applied, absorbed, dead, n, doubled = row
+    (offset, event_id, type_, account, amount, status, mode, applied, absorbed, dead, n, doubled,
+     journaled, journaled_at, delivered_at) = row
     if dead:
         outcome = "dead-lettered"
     elif applied > 1 or (applied and doubled):
@@ -102,16 +115,29 @@ def _cell(row) -> Cell:
     elif type_ == "set_status":
         label = f"status {account} = {status}"
     else:
-        label = "record written by a producer retry" if event_id else "record"
-    return Cell(offset=offset, outcome=outcome, event_id=event_id, label=label, deliveries=n)
+        label = "record"
+    # A lost ack without enable.idempotence: the first attempt's record has no delivery report
+    # (the journal never learned its offset), the retry's record has one. Both carry the event id.
+    copies = sorted(set(journaled_at or []) | set(delivered_at or []) | {offset})
+    producer_retry = bool(event_id) and len(copies) > 1 and any(o not in (journaled_at or []) for o in copies)
+    if producer_retry:
+        others = ", ".join(str(o) for o in copies if o != offset)
+        label += (f" · record written by a producer retry (same event at offset {others})" if journaled else
+                  f" · written by an attempt whose ack was lost; a producer retry wrote it again at offset {others}")
+    elif event_id and not journaled and type_ is not None:
+        label += " · its ack was lost: the delivery report carried no offset"
+    return Cell(offset=offset, outcome=outcome, event_id=event_id, label=label, deliveries=n,
+                producer_retry=producer_retry)
 
 
 def log_ends(session: Session, effects_schema: str) -> dict[int, int]:
+    # Two index lookups per partition (published_events and deliveries are indexed on
+    # partition, offset) instead of scanning both tables.
     rows = session.execute(text(
-        f'SELECT partition, max("offset") + 1 FROM ('
-        f'  SELECT partition, "offset" FROM published_events WHERE "offset" IS NOT NULL'
-        f'  UNION ALL SELECT partition, "offset" FROM "{effects_schema}".deliveries) o GROUP BY partition')).all()
-    return {int(p): int(end) for p, end in rows}
+        f'SELECT p, greatest((SELECT max("offset") FROM published_events WHERE partition = p),'
+        f'                   (SELECT max("offset") FROM "{effects_schema}".deliveries WHERE partition = p)) + 1'
+        f' FROM generate_series(0, :n - 1) AS p'), {"n": partition_count(session)}).all()
+    return {int(p): int(end) for p, end in rows if end is not None}
 
 
 def partitions(session: Session, lab: Lab, group_id: str | None = None) -> list[PartitionView]:
@@ -210,5 +236,283 @@ def verdict(session: Session, lab: Lab) -> verdict_module.Verdict:
     return verdict_module.verdict(session, lab.schema)
 
 
+# Records in the log whose event id is at more than one offset. The journal knows each record
+# the producer got a delivery report for; the consumers' deliveries know every record they read.
+# An event at several offsets with one of them unknown to the journal was written twice by the
+# producer's retry after a lost ack (no consumer caused it); resends are journaled each time.
+PRODUCER_DUPLICATES_SQL = """
+WITH journaled AS (
+    SELECT DISTINCT event_id, partition, "offset" FROM published_events
+    WHERE event_id IS NOT NULL AND "offset" IS NOT NULL
+),
+seen AS (
+    SELECT event_id, partition, "offset" FROM journaled
+    {deliveries}
+),
+repeated AS (
+    SELECT event_id, count(*) AS records,
+           count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM journaled j WHERE j.event_id = s.event_id
+                            AND j.partition = s.partition AND j."offset" = s."offset")) AS unreported,
+           array_agg(partition || '@' || "offset" ORDER BY partition, "offset") AS positions
+    FROM seen s GROUP BY event_id HAVING count(*) > 1
+)
+SELECT event_id::text, records, unreported, positions FROM repeated ORDER BY positions[1]
+"""
+
+
+def producer_duplicates(session: Session, lab: Lab, listed: int = 20) -> dict[str, Any]:
+    """Producer-side duplicates: records in the log with an event id seen at more than one offset.
+
+    ``producer_retry_duplicates`` counts the records written by a producer retry after a lost
+    ack (no delivery report for them); ``extra_records`` counts every record beyond the first of
+    an event, resends included. A record is seen once a consumer has read it.
+    """
+    deliveries = "".join(
+        f' UNION SELECT event_id, partition, "offset" FROM {_q(schema)}.deliveries WHERE event_id IS NOT NULL'
+        for schema in effects_schemas(session, lab))
+    rows = session.execute(text(PRODUCER_DUPLICATES_SQL.format(deliveries=deliveries))).all()
+    retried = [row for row in rows if row.unreported]
+    return {
+        "producer_retry_duplicates": sum(row.unreported for row in retried),
+        "events_at_several_offsets": len(rows),
+        "extra_records": sum(row.records - 1 for row in rows),
+        "events": [{"event_id": row.event_id, "positions": row.positions, "written_by_retry": row.unreported}
+                   for row in retried[:listed]],
+    }
+
+
 def now() -> datetime:
     return datetime.now(timezone.utc)
+
+
+# --- the live dashboard's additions: change fingerprints, lanes, chart series, drill-down ------
+
+def effects_schemas(session: Session, lab: Lab) -> list[str]:
+    """The lab's own schema first, then each strategy lane's copy of the accounts."""
+    rows = session.execute(text("SELECT DISTINCT effects_schema FROM consumer_groups")).scalars()
+    return [lab.schema] + sorted(s for s in rows if s != lab.schema and lab.owns_schema(s))
+
+
+def _q(schema: str) -> str:
+    return '"' + schema.replace('"', '""') + '"'
+
+
+FINGERPRINT_SQL = """
+SELECT
+  (SELECT oid::text FROM pg_namespace WHERE nspname = current_schema()) AS schema,
+  (SELECT coalesce(max(id), 0) FROM published_events) AS journal,
+  (SELECT coalesce(max(id), 0) FROM timeline) AS timeline,
+  (SELECT md5(coalesce(string_agg(concat_ws(':', group_id, strategy, effects_schema), ',' ORDER BY group_id), ''))
+     FROM consumer_groups) AS groups,
+  (SELECT md5(coalesce(string_agg(concat_ws(':', group_id, partition, committed), ',' ORDER BY group_id, partition), ''))
+     FROM group_offsets) AS offsets,
+  (SELECT md5(coalesce(string_agg(key || '=' || value::text, ',' ORDER BY key), '')) FROM settings) AS settings
+"""
+
+# Heartbeats land every second; only a stale one (a frozen or dead process) changes what the
+# consumers panel shows, so a fresh heartbeat does not count as a change.
+CONSUMERS_FINGERPRINT_SQL = f"""
+SELECT md5(coalesce(string_agg(concat_ws('|', id, name, group_id, pid, state, armed_point, armed_action, armed_always,
+       step_mode, step_at, assigned::text, positions::text, applied_positions::text, generation, applied, absorbed,
+       dead_lettered, commit_failures, last_error, exit_code,
+       CASE WHEN heartbeat_at IS NULL THEN 'never'
+            WHEN now() - heartbeat_at < interval '3 seconds' THEN 'fresh'
+            ELSE floor(extract(epoch FROM now() - heartbeat_at))::text END), ',' ORDER BY id), ''))
+FROM {C}.consumers WHERE lab = :lab
+"""
+
+# Effects, deliveries and dedup keys of one schema. Effects and ledger rows are written in the
+# delivery's transaction, so the newest delivery id covers them; a dedup key can be committed
+# alone (eventid-split), and TTL cleanup deletes the oldest keys, hence min and max.
+EFFECTS_FINGERPRINT_SQL = """
+SELECT concat_ws(':', (SELECT max(id) FROM {s}.deliveries), (SELECT max(id) FROM {s}.payments),
+                 (SELECT max(processed_at) FROM {s}.processed_events), (SELECT min(processed_at) FROM {s}.processed_events),
+                 (SELECT max(processed_at) FROM {s}.processed_transactions),
+                 (SELECT min(processed_at) FROM {s}.processed_transactions))
+"""
+
+
+AGENT_STALE_SECONDS = 5.0
+
+
+def fingerprint_parts(session: Session, lab: Lab) -> dict[str, Any]:
+    """Cheap facts that change whenever something a panel shows changes (a few index lookups)."""
+    parts = dict(session.execute(text(FINGERPRINT_SQL)).mappings().one())
+    parts["consumers"] = session.execute(text(CONSUMERS_FINGERPRINT_SQL), {"lab": lab.name}).scalar_one()
+    agent = agent_health(session)
+    parts["agent"] = (bool(agent) and agent["age"] is not None and float(agent["age"]) < AGENT_STALE_SECONDS,
+                      agent.get("kafka_ok"), agent.get("kafka_error"))
+    parts["effects"] = ";".join(
+        session.execute(text(EFFECTS_FINGERPRINT_SQL.format(s=_q(schema)))).scalar_one() or ""
+        for schema in effects_schemas(session, lab))
+    # The same arithmetic as dedup_tables, so the age shown and the age fingerprinted agree.
+    oldest_age = session.execute(text(
+        "SELECT extract(epoch FROM now() - least((SELECT min(processed_at) FROM processed_events),"
+        "                                        (SELECT min(processed_at) FROM processed_transactions)))")).scalar_one()
+    parts["oldest_key_age"] = float(oldest_age) if oldest_age is not None else None
+    return parts
+
+
+@dataclass
+class Lane:
+    """One copy of the accounts and the groups applying to it."""
+    schema: str
+    name: str
+    groups: list[dict[str, Any]]
+    balances: dict[str, int]  # account id -> actual cents
+    first_divergence: dict[str, Any] | None
+
+    @property
+    def strategies(self) -> str:
+        return ", ".join(sorted({g["strategy"] for g in self.groups})) or "no group"
+
+
+# The earliest effect that made this copy differ from exactly-once: the second effect row of a
+# transaction (applied twice), or a delivery absorbed while its transaction has no effect (lost).
+# Both start from what is rare (transactions with two effect rows, absorbed deliveries) and
+# reach the rest through indexes, so a lab with 100,000 events answers in milliseconds.
+FIRST_DIVERGENCE_SQL = """
+WITH ledger_effects AS MATERIALIZED (
+    SELECT j.transaction_id, l.event_id, l.recorded_at AS at, 0::bigint AS id FROM {s}.ledger l
+    JOIN LATERAL (SELECT transaction_id FROM {journal}.published_events WHERE event_id = l.event_id LIMIT 1) j ON true
+),
+doubled AS (
+    SELECT transaction_id FROM (SELECT transaction_id FROM {s}.payments
+                                UNION ALL SELECT transaction_id FROM ledger_effects) x
+    GROUP BY transaction_id HAVING count(*) > 1
+),
+twice AS (
+    SELECT e.at, e.event_id::text AS event_id, doubled.transaction_id, 'applied twice' AS what
+    FROM doubled JOIN LATERAL (
+        SELECT at, event_id, id FROM (
+            SELECT applied_at AS at, event_id, id FROM {s}.payments p WHERE p.transaction_id = doubled.transaction_id
+            UNION ALL
+            SELECT at, event_id, id FROM ledger_effects le WHERE le.transaction_id = doubled.transaction_id) u
+        ORDER BY at, id OFFSET 1 LIMIT 1) e ON true
+    ORDER BY e.at LIMIT 1
+),
+lost AS (
+    SELECT d.delivered_at AS at, d.event_id::text AS event_id, d.transaction_id, 'effect lost' AS what
+    FROM {s}.deliveries d
+    WHERE d.outcome = 'absorbed' AND d.transaction_id IS NOT NULL
+      AND EXISTS (SELECT 1 FROM {journal}.published_events j WHERE j.transaction_id = d.transaction_id
+                  AND j.type = 'credit' AND j.error IS NULL)
+      AND NOT EXISTS (SELECT 1 FROM {s}.payments p WHERE p.transaction_id = d.transaction_id)
+      AND NOT EXISTS (SELECT 1 FROM {journal}.published_events j JOIN {s}.ledger l ON l.event_id = j.event_id
+                      WHERE j.transaction_id = d.transaction_id)
+    ORDER BY d.delivered_at LIMIT 1
+),
+first AS (SELECT * FROM twice UNION ALL SELECT * FROM lost ORDER BY at LIMIT 1)
+SELECT f.at, f.event_id, f.transaction_id, f.what, d.partition, d."offset", d.consumer
+FROM first f
+LEFT JOIN LATERAL (SELECT partition, "offset", consumer FROM {s}.deliveries
+                   WHERE event_id = f.event_id::uuid ORDER BY id DESC LIMIT 1) d ON true
+"""
+
+
+def lanes(session: Session, lab: Lab) -> list[Lane]:
+    """Every copy of the accounts (the lab's own and each lane's), balances side by side."""
+    groups = groups_list(session)
+    result = []
+    for schema in effects_schemas(session, lab):
+        balances = dict(session.execute(text(
+            f"SELECT a.id, (a.balance + coalesce((SELECT sum(amount_cents) FROM {_q(schema)}.ledger l "
+            f"WHERE l.account_id = a.id), 0))::bigint FROM {_q(schema)}.accounts a ORDER BY a.id")).all())
+        first = session.execute(text(FIRST_DIVERGENCE_SQL.format(s=_q(schema), journal=_q(lab.schema)))).mappings().first()
+        name = "lab" if schema == lab.schema else schema[len(lab.schema) + 2:]
+        result.append(Lane(schema, name, [g for g in groups if g["effects_schema"] == schema], balances,
+                           dict(first) if first else None))
+    return result
+
+
+CHART_BUCKETS = 240
+
+# Cumulative credited cents over time: ``truth`` (each transaction once, at its first publish)
+# and the effects of each copy of the accounts, summed into time buckets of ``:width`` seconds.
+CHART_TRUTH_SQL = """
+SELECT floor(extract(epoch FROM at) / :width) * :width AS t, sum(amount_cents) FROM (
+    SELECT DISTINCT ON (transaction_id) published_at AS at, amount_cents FROM published_events
+    WHERE type = 'credit' AND error IS NULL ORDER BY transaction_id, id
+) truth GROUP BY 1 ORDER BY 1
+"""
+CHART_EFFECTS_SQL = """
+SELECT floor(extract(epoch FROM at) / :width) * :width AS t, sum(amount_cents) FROM (
+    SELECT applied_at AS at, amount_cents FROM {s}.payments
+    UNION ALL SELECT recorded_at, amount_cents FROM {s}.ledger
+) effects GROUP BY 1 ORDER BY 1
+"""
+# The time span, to choose the bucket width: ids grow with time, so the first and last rows by
+# id (index lookups) stand for the earliest and latest; buckets are cut from the data itself,
+# so a row just outside this span still lands in a bucket of its own.
+CHART_SPAN_SQL = """
+SELECT extract(epoch FROM least((SELECT published_at FROM published_events ORDER BY id LIMIT 1){lanes_min})),
+       extract(epoch FROM greatest((SELECT published_at FROM published_events ORDER BY id DESC LIMIT 1){lanes_max}))
+"""
+
+
+def chart_series(session: Session, lab: Lab) -> dict[str, Any]:
+    """Expected (exactly-once) vs actual credited total over time, one actual line per copy."""
+    schemas = effects_schemas(session, lab)
+    lanes_min = "".join(f", (SELECT applied_at FROM {_q(s)}.payments ORDER BY id LIMIT 1)" for s in schemas)
+    lanes_max = "".join(f", (SELECT applied_at FROM {_q(s)}.payments ORDER BY id DESC LIMIT 1)" for s in schemas)
+    low, high = session.execute(text(CHART_SPAN_SQL.format(lanes_min=lanes_min, lanes_max=lanes_max))).one()
+    if low is None:
+        return {"x": [], "series": []}
+    low, high = float(low), float(high)
+    width = max(0.05, (high - low) / CHART_BUCKETS)
+    steps = {"expected": dict(session.execute(text(CHART_TRUTH_SQL), {"width": width}).all())}
+    for schema in schemas:
+        label = "actual" if schema == lab.schema else f"actual · lane {schema[len(lab.schema) + 2:]}"
+        steps[label] = dict(session.execute(text(CHART_EFFECTS_SQL.format(s=_q(schema))), {"width": width}).all())
+    times = sorted({float(t) for amounts in steps.values() for t in amounts})
+    # One point a bucket before the first, so every line starts from zero.
+    x = [times[0] - width] + times
+    series = []
+    for label, amounts in steps.items():
+        total, values = 0, [0]
+        by_time = {float(t): int(cents) for t, cents in amounts.items()}
+        for t in times:
+            total += by_time.get(t, 0)
+            values.append(total)
+        series.append({"label": label, "values": values})
+    return {"x": x, "series": series}
+
+
+def event_drilldown(session: Session, lab: Lab, event_id: str | None = None,
+                    position: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Everything about one event (or one record, by partition and offset): journal rows, every
+    delivery in every copy of the accounts, the effect rows of its transaction, its dedup keys."""
+    journal_where = "event_id = CAST(:event AS uuid)" if event_id else 'partition = :partition AND "offset" = :offset'
+    params = {"event": event_id, "partition": position[0] if position else None,
+              "offset": position[1] if position else None}
+    journal = [dict(r) for r in session.execute(text(
+        "SELECT id, event_id::text AS event_id, transaction_id, type, account_id, amount_cents, status, mode, "
+        f'idempotent_producer, partition, "offset", error, published_at FROM published_events WHERE {journal_where} '
+        "ORDER BY id"), params).mappings()]
+    if event_id is None and journal and journal[0]["event_id"]:
+        event_id = params["event"] = journal[0]["event_id"]
+    transaction_ids = sorted({j["transaction_id"] for j in journal if j["transaction_id"]})
+    deliveries, effects, keys = [], [], []
+    for schema in effects_schemas(session, lab):
+        copy = "lab" if schema == lab.schema else schema[len(lab.schema) + 2:]
+        where = "event_id = CAST(:event AS uuid)" if event_id else 'partition = :partition AND "offset" = :offset'
+        deliveries += [{"copy": copy, **r} for r in session.execute(text(
+            f'SELECT id, group_id, consumer, partition, "offset", generation, attempt, strategy, outcome, reason, '
+            f"delivered_at FROM {_q(schema)}.deliveries WHERE {where} ORDER BY delivered_at, id"), params).mappings()]
+        if transaction_ids:
+            effects += [{"copy": copy, "table": "payments", **r} for r in session.execute(text(
+                f"SELECT id::text AS id, event_id::text AS event_id, transaction_id, account_id, amount_cents, "
+                f"applied_at AS at FROM {_q(schema)}.payments WHERE transaction_id = ANY(:tx) ORDER BY applied_at"),
+                {"tx": transaction_ids}).mappings()]
+            keys += [{"copy": copy, "table": "processed_transactions", "key": k, "at": at} for k, at in session.execute(
+                text(f"SELECT transaction_id, processed_at FROM {_q(schema)}.processed_transactions "
+                     "WHERE transaction_id = ANY(:tx)"), {"tx": transaction_ids})]
+        if event_id:
+            effects += [{"copy": copy, "table": "ledger", "id": "–", "transaction_id": None, **r} for r in session.execute(
+                text(f"SELECT event_id::text AS event_id, account_id, amount_cents, recorded_at AS at "
+                     f"FROM {_q(schema)}.ledger WHERE event_id = CAST(:event AS uuid)"), params).mappings()]
+            keys += [{"copy": copy, "table": "processed_events", "key": k, "at": at} for k, at in session.execute(
+                text(f"SELECT event_id::text, processed_at FROM {_q(schema)}.processed_events "
+                     "WHERE event_id = CAST(:event AS uuid)"), params)]
+    return {"event_id": event_id, "position": position, "journal": journal, "transaction_ids": transaction_ids,
+            "deliveries": deliveries, "effects": effects, "keys": keys}

@@ -1,0 +1,410 @@
+"""The lost-ack fault proxy, on real frames: a real librdkafka producer through it to a Tansu broker
+that advertises the proxy, then exercise 7 end to end (agent, consumers, PostgreSQL).
+
+Each broker here is the test's own (the session broker does not advertise a proxy), and so is
+the lab agent of the integration tests: the session's agent publishes to the session broker,
+so every command below names this module's agent.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.pool import NullPool
+
+from conftest import ROOT, LabDriver, service_env, stop_process, wait_for_agent
+from webapp import commands, operations, state
+from webapp.db import lab_session, sqlalchemy_url
+from webapp.embedded import LOOPBACK, EmbeddedBroker
+from webapp.faultproxy import PRODUCE, FaultProxy, Faults, RequestHeader
+from webapp.labs import Lab
+from webapp.waits import free_port, port_open, wait_until
+
+API_VERSIONS, METADATA = 18, 3
+CREDIT = 1000  # cents of the event whose ack is lost
+SENTINEL = 1  # cents of the event published after it, on the same key: read it and the log before it is read
+
+
+def quiet(config: dict) -> dict:
+    # librdkafka logs the proxy's dropped connections as errors: they are the point here.
+    return {"log_level": 2, **config}
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=10).values():
+        future.result()
+
+
+def produce(bootstrap: str, topic: str, values: list[bytes], idempotent: bool, client_id: str = "fp-test") -> list:
+    """Produce and wait for every delivery report; returns (error, offset) per value."""
+    producer = Producer(quiet({"bootstrap.servers": bootstrap, "client.id": client_id, "acks": "all",
+                               "enable.idempotence": idempotent, "linger.ms": 0, "retry.backoff.ms": 200,
+                               "message.timeout.ms": 20000}))
+    reports: list = []
+    for value in values:
+        while True:
+            try:
+                producer.produce(topic, value=value,
+                                 on_delivery=lambda error, message: reports.append((error, message.offset())))
+                break
+            except BufferError:
+                producer.poll(0.1)
+    assert producer.flush(60) == 0, "records left unacknowledged"
+    return reports
+
+
+def read_back(bootstrap: str, topic: str, partition: int, until, timeout: float = 30) -> list[tuple[int, bytes]]:
+    """(offset, value) from the partition's start until ``until(records)`` holds."""
+    consumer = Consumer(quiet({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4()}",
+                               "enable.auto.commit": False}))
+    records: list[tuple[int, bytes]] = []
+    try:
+        consumer.assign([TopicPartition(topic, partition, 0)])
+
+        def done():
+            for message in consumer.consume(1000, timeout=0.5):
+                assert message.error() is None, message.error()
+                records.append((message.offset(), message.value()))
+            return until(records)
+        wait_until(done, timeout=timeout, interval=0, message=lambda: f"read {len(records)} record(s) of {topic}")
+    finally:
+        consumer.close()
+    return records
+
+
+# --- the proxy alone, in this process: frames, drops, delays --------------------------------
+
+@dataclass
+class InProcessProxy:
+    proxy: FaultProxy
+    faults: Faults
+    frames: list[tuple[str, RequestHeader | None, int]]
+    address: str
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory):
+    """A Tansu broker advertising a FaultProxy that runs on an event loop in a thread of this process."""
+    broker = EmbeddedBroker(tmp_path_factory.mktemp("in_process") / "tansu.log")
+    frames: list = []
+    faults = Faults()
+    loop = asyncio.new_event_loop()
+    proxy = FaultProxy((LOOPBACK, 0), (LOOPBACK, broker.port), faults,
+                       observer=lambda direction, request, correlation_id: frames.append(
+                           (direction, request, correlation_id)))
+    thread = threading.Thread(target=loop.run_forever, name="fault-proxy-loop")
+    try:
+        loop.run_until_complete(proxy.start())
+        thread.start()
+        broker.start(advertised_port=proxy.port)
+        yield InProcessProxy(proxy, faults, frames, f"{LOOPBACK}:{proxy.port}")
+    finally:
+        if thread.is_alive():
+            asyncio.run_coroutine_threadsafe(proxy.close(), loop).result(timeout=10)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
+        else:
+            loop.run_until_complete(proxy.close())
+        loop.close()
+        broker.stop()
+
+
+def test_frames_are_parsed_on_real_traffic(in_process):
+    in_process.frames.clear()
+    topic = f"frames-{uuid.uuid4().hex[:8]}"
+    create_topic(in_process.address, topic)
+    reports = produce(in_process.address, topic, [b"a", b"b", b"c"], idempotent=True, client_id="fp-frames")
+    assert [error for error, _ in reports] == [None, None, None]
+
+    frames = list(in_process.frames)
+    requests = [request for direction, request, _ in frames if direction == "request"]
+    responses = [(request, correlation_id) for direction, request, correlation_id in frames if direction == "response"]
+    # librdkafka opens every connection with ApiVersions, then asks for metadata.
+    assert frames[0][0] == "request" and frames[0][1].api_key == API_VERSIONS
+    assert METADATA in {r.api_key for r in requests}
+    produce_requests = [r for r in requests if r.api_key == PRODUCE]
+    assert produce_requests and all(r.client_id == "fp-frames" for r in produce_requests)
+    assert all(3 <= r.api_version <= 13 for r in produce_requests), [r.api_version for r in produce_requests]
+    assert all(0 <= r.api_key < 100 and 0 <= r.api_version < 30 for r in requests)
+    # Every response matched the request it answers, by correlation id on its connection.
+    assert all(request is not None and request.correlation_id == cid for request, cid in responses)
+    answered_produce = [request for request, _ in responses if request.api_key == PRODUCE]
+    assert len(answered_produce) == len(produce_requests)
+
+
+@pytest.mark.parametrize("idempotent, copies", [(False, 2), (True, 1)], ids=["plain-producer", "idempotent-producer"])
+def test_a_dropped_produce_response_makes_librdkafka_retry(in_process, idempotent, copies):
+    topic = f"drop-{uuid.uuid4().hex[:8]}"
+    create_topic(in_process.address, topic)
+    dropped_before = in_process.faults.responses_dropped
+    in_process.faults.arm(drop_produce_responses=1)
+    try:
+        reports = produce(in_process.address, topic, [b"the event", b"sentinel"], idempotent)
+    finally:
+        in_process.faults.arm(0, 0)
+    assert [error for error, _ in reports] == [None, None]
+    assert in_process.faults.responses_dropped == dropped_before + 1
+    records = read_back(in_process.address, topic, 0, lambda r: any(v == b"sentinel" for _, v in r))
+    assert [v for _, v in records].count(b"the event") == copies, records
+
+
+def test_a_delay_holds_produce_responses(in_process):
+    topic = f"delay-{uuid.uuid4().hex[:8]}"
+    create_topic(in_process.address, topic)
+    produce(in_process.address, topic, [b"warm-up"], idempotent=True)
+    delayed_before = in_process.faults.responses_delayed
+    in_process.faults.arm(delay_ms=400)
+    try:
+        started = time.monotonic()
+        reports = produce(in_process.address, topic, [b"slow"], idempotent=True)
+        elapsed = time.monotonic() - started
+    finally:
+        in_process.faults.arm(0, 0)
+    assert reports[0][0] is None
+    assert elapsed >= 0.4
+    assert in_process.faults.responses_delayed > delayed_before
+
+
+# --- the proxy as the lab runs it: its own process, armed through PostgreSQL ---------------
+
+@dataclass
+class Stack:
+    broker: EmbeddedBroker
+    proxy: subprocess.Popen
+    proxy_address: str
+    agent_id: str
+    engine: Engine
+
+
+def start_logged(argv: list[str], env: dict, log_path) -> subprocess.Popen:
+    log = open(log_path, "ab")
+    try:
+        return subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    finally:
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def stack(services, tmp_path_factory):
+    """A broker advertising a fault proxy process, and a lab agent whose producer goes through it."""
+    base = tmp_path_factory.mktemp("proxied")
+    proxy_port = free_port()
+    proxy_address = f"{LOOPBACK}:{proxy_port}"
+    broker = EmbeddedBroker(base / "tansu.log")
+    engine = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool)
+    proxy = agent = None
+    try:
+        broker.start(advertised_port=proxy_port)
+        proxy = start_logged([sys.executable, "-m", "webapp.faultproxy", "--listen", proxy_address,
+                              "--upstream", broker.bootstrap_servers],
+                             service_env(services), base / "faultproxy.log")
+
+        def proxy_ready() -> bool:
+            assert proxy.poll() is None, (base / "faultproxy.log").read_text()
+            return port_open(LOOPBACK, proxy_port) and operations.fault_proxy_state(engine, Lab("x"))["running"]
+        wait_until(proxy_ready, timeout=20, message="the fault proxy did not start")
+        agent_log = base / "agent.log"
+        agent = start_logged([sys.executable, "-m", "webapp.supervisor"],
+                             service_env(services, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap_servers,
+                                         KAFKA_PRODUCER_BOOTSTRAP_SERVERS=proxy_address, LAB_DATA_DIR=str(base)),
+                             agent_log)
+        wait_for_agent(services.database_url, agent, agent_log)
+        with engine.connect() as conn:
+            agent_id = conn.execute(text("SELECT id FROM lab_control.agents WHERE pid = :pid"),
+                                    {"pid": agent.pid}).scalar_one()
+        yield Stack(broker, proxy, proxy_address, agent_id, engine)
+    finally:
+        if agent is not None:
+            stop_process(agent)
+        if proxy is not None:
+            stop_process(proxy)
+        broker.stop()
+        engine.dispose()
+
+
+class ProxiedLab(LabDriver):
+    """A LabDriver whose agent commands go to the module's agent (the one behind the proxy)."""
+
+    def __init__(self, client, lab: Lab, stack: Stack):
+        super().__init__(client, lab)
+        self.stack = stack
+        self.engine = stack.engine
+
+    def command(self, verb: str, args: dict) -> dict:
+        return commands.run(self.engine, self.lab.name, verb, args, agent_id=self.stack.agent_id, timeout=60)
+
+    def publish_credit(self, amount_cents: int, idempotent: bool) -> dict:
+        result = self.command("publish", {"mode": "normal", "type": "credit", "account_id": "acc-1",
+                                          "amount_cents": amount_cents, "idempotent": idempotent})
+        return {"event_id": result["records"][0]["event_id"], **result["records"][0]}
+
+    def start_consumer_here(self, strategy: str | None = None) -> int:
+        return self.command("consumer.start", {"group": "payments", "strategy": strategy, "name": None})["consumer_id"]
+
+    def journal_partition(self, event_id: str) -> int:
+        with self.engine.connect() as conn:
+            return conn.execute(text(f'SELECT partition FROM "{self.lab.schema}".published_events '
+                                     "WHERE event_id = :e"), {"e": event_id}).scalar_one()
+
+    def copies_in_log(self, event_id: str, sentinel_id: str) -> list[int]:
+        """Offsets of the event in its partition, read from the broker up to the sentinel after it."""
+        partition = self.journal_partition(sentinel_id)
+        records = read_back(self.stack.broker.bootstrap_servers, self.lab.topic, partition,
+                            lambda r: any(sentinel_id.encode() in v for _, v in r))
+        return [offset for offset, value in records if json.loads(value)["event_id"] == event_id]
+
+    def fault_timeline(self) -> list[str]:
+        with self.engine.connect() as conn:
+            return list(conn.execute(text(f'SELECT summary FROM "{self.lab.schema}".timeline '
+                                          "WHERE kind = 'fault' ORDER BY id")).scalars())
+
+    def producer_duplicates(self) -> dict:
+        return self.state()["producer_duplicates"]
+
+    def cells(self) -> list[state.Cell]:
+        with self.client.application.app_context(), lab_session(self.lab.schema) as session:
+            return [cell for view in state.partitions(session, self.lab) for cell in view.cells]
+
+
+@pytest.fixture
+def proxied_lab(stack, app_factory, lab_name) -> ProxiedLab:
+    client = app_factory(LAB_NAME=lab_name).test_client()
+    driver = ProxiedLab(client, Lab(lab_name), stack)
+    driver.command("lab.ensure", {"partitions": 3})
+    yield driver
+    operations.arm_fault_proxy(stack.engine, driver.lab, {"drop_produce_responses": 0, "delay_ms": 0})
+    for consumer in driver.state()["consumers"]:
+        if consumer["state"] in ("starting", "running", "frozen", "stepping"):
+            driver.command("consumer.stop", {"consumer_id": consumer["id"]})
+
+
+def test_arming_needs_a_running_proxy(app_factory, lab_name, services):
+    """Before this module's proxy process starts, nothing could inject the fault: 503, not a silent no-op."""
+    engine = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool)
+    try:
+        if operations.fault_proxy_state(engine, Lab(lab_name))["running"]:
+            pytest.skip("another fault proxy is running against this database")
+    finally:
+        engine.dispose()
+    response = app_factory(LAB_NAME=lab_name).test_client().post("/api/v1/fault-proxy",
+                                                                 json={"drop_produce_responses": 1})
+    assert response.status_code == 503
+    assert "no fault proxy is running" in response.get_json()["error"]
+
+
+def test_disarmed_proxy_passes_10000_events_without_loss(stack):
+    topic = f"burst-{uuid.uuid4().hex[:8]}"
+    create_topic(stack.proxy_address, topic)
+    values = [f"event-{n}".encode() for n in range(10_000)]
+    reports = produce(stack.proxy_address, topic, values, idempotent=True)
+    assert len(reports) == 10_000 and all(error is None for error, _ in reports)
+    records = read_back(stack.proxy_address, topic, 0, lambda r: len(r) >= 10_000, timeout=60)
+    assert sorted(v for _, v in records) == sorted(values)
+    assert [offset for offset, _ in records] == list(range(10_000))
+    with stack.engine.connect() as conn:
+        dropped, delayed, produce_requests = conn.execute(text(
+            "SELECT responses_dropped, responses_delayed, produce_requests FROM lab_control.fault_proxies "
+            "WHERE name = 'default'")).one()
+    assert (dropped, delayed) == (0, 0)
+    wait_until(lambda: operations.fault_proxy_state(stack.engine, Lab("x"))["produce_requests"] > 0, timeout=5,
+               message="the proxy never reported the Produce requests it forwarded")
+
+
+def test_api_and_cli_arm_and_report(proxied_lab):
+    client = proxied_lab.client
+    bad = client.post("/api/v1/fault-proxy", json={"drop_produce_responses": -1})
+    assert bad.status_code == 400 and bad.get_json()["field"] == "drop_produce_responses"
+    bad = client.post("/api/v1/fault-proxy", json={"delay_ms": "soon"})
+    assert bad.status_code == 400 and bad.get_json()["field"] == "delay_ms"
+    assert client.post("/api/v1/fault-proxy", json={}).status_code == 400
+    armed = proxied_lab.post("/fault-proxy", {"drop_produce_responses": 2, "delay_ms": 50})
+    assert armed["running"] and armed["armed_by_this_lab"]
+    assert (armed["drop_produce_responses"], armed["delay_ms"]) == (2, 50)
+    assert client.get("/api/v1/fault-proxy").get_json()["armed_by"] == proxied_lab.lab.name
+
+    result = client.application.test_cli_runner().invoke(args=["lab", "lost-ack", "0"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["armed"] is False
+    assert proxied_lab.fault_timeline()[-2:] == [
+        "fault proxy armed: drop the next 2 Produce response(s), delay Produce responses by 50 ms",
+        "fault proxy disarmed"]
+
+
+def test_lost_ack_without_idempotence_writes_the_event_twice_and_none_credits_twice(proxied_lab):
+    consumer_id = proxied_lab.start_consumer_here("none")
+    proxied_lab.wait_assigned(consumer_id)
+    operations.arm_fault_proxy(proxied_lab.engine, proxied_lab.lab, {"drop_produce_responses": 1, "delay_ms": 0})
+    event = proxied_lab.publish_credit(CREDIT, idempotent=False)
+    sentinel = proxied_lab.publish_credit(SENTINEL, idempotent=False)
+    assert event["error"] is None and sentinel["error"] is None
+
+    copies = proxied_lab.copies_in_log(event["event_id"], sentinel["event_id"])
+    assert len(copies) == 2, copies
+    proxy = operations.fault_proxy_state(proxied_lab.engine, proxied_lab.lab)
+    assert proxy["responses_dropped"] >= 1 and proxy["drop_produce_responses"] == 0
+    assert any("dropped the response to a Produce request" in s for s in proxied_lab.fault_timeline())
+
+    proxied_lab.wait_caught_up()
+    account = proxied_lab.account("acc-1")
+    assert account["expected"] == CREDIT + SENTINEL
+    assert account["actual"] == 2 * CREDIT + SENTINEL
+    assert proxied_lab.verdict()["duplicates_applied"] == 1
+    duplicates = proxied_lab.producer_duplicates()
+    assert duplicates["producer_retry_duplicates"] == 1
+    assert duplicates["events"][0]["event_id"] == event["event_id"]
+    # The partition strip marks both records of the event, each applied: the same credit twice.
+    cells = [c for c in proxied_lab.cells() if c.event_id == event["event_id"]]
+    assert sorted(c.offset for c in cells) == copies
+    assert all(c.producer_retry and c.outcome == "applied-twice" for c in cells), cells
+    assert any("record written by a producer retry" in c.label for c in cells), [c.label for c in cells]
+
+
+def test_lost_ack_with_idempotence_writes_the_event_once(proxied_lab):
+    consumer_id = proxied_lab.start_consumer_here("none")
+    proxied_lab.wait_assigned(consumer_id)
+    operations.arm_fault_proxy(proxied_lab.engine, proxied_lab.lab, {"drop_produce_responses": 1, "delay_ms": 0})
+    event = proxied_lab.publish_credit(CREDIT, idempotent=True)
+    sentinel = proxied_lab.publish_credit(SENTINEL, idempotent=True)
+    assert event["error"] is None
+
+    assert len(proxied_lab.copies_in_log(event["event_id"], sentinel["event_id"])) == 1
+    assert operations.fault_proxy_state(proxied_lab.engine, proxied_lab.lab)["drop_produce_responses"] == 0
+    assert any("dropped the response" in s for s in proxied_lab.fault_timeline())
+    proxied_lab.wait_caught_up()
+    account = proxied_lab.account("acc-1")
+    assert account["actual"] == account["expected"] == CREDIT + SENTINEL
+    assert proxied_lab.producer_duplicates()["producer_retry_duplicates"] == 0
+
+
+@pytest.mark.parametrize("strategy, credited", [("none", 2), ("eventid-atomic", 1)])
+def test_idempotent_producer_does_not_stop_consumer_side_duplicates(proxied_lab, strategy, credited):
+    operations.set_strategy(proxied_lab.engine, proxied_lab.lab, "payments", {"strategy": strategy})
+    consumer_id = proxied_lab.start_consumer_here()
+    proxied_lab.wait_assigned(consumer_id)
+    operations.arm(proxied_lab.engine, proxied_lab.lab, consumer_id, {"point": "after-effect-before-commit"})
+    operations.arm_fault_proxy(proxied_lab.engine, proxied_lab.lab, {"drop_produce_responses": 1, "delay_ms": 0})
+    event = proxied_lab.publish_credit(CREDIT, idempotent=True)
+    proxied_lab.wait_state(consumer_id, "crashed")
+    sentinel = proxied_lab.publish_credit(SENTINEL, idempotent=True)
+    # The producer layer did its job: one record.
+    assert len(proxied_lab.copies_in_log(event["event_id"], sentinel["event_id"])) == 1
+
+    operations.consumer_action(proxied_lab.engine, proxied_lab.lab, consumer_id, "restart")
+    proxied_lab.wait_caught_up(timeout=60)
+    account = proxied_lab.account("acc-1")
+    assert account["expected"] == CREDIT + SENTINEL
+    assert account["actual"] == credited * CREDIT + SENTINEL
+    verdict = proxied_lab.verdict()
+    assert verdict["duplicates_applied"] == credited - 1
+    assert proxied_lab.producer_duplicates()["producer_retry_duplicates"] == 0
