@@ -40,7 +40,7 @@ from webapp.waits import free_port, wait_until
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
-LAB_SERVICES = {"init", "consumers", "web"}
+LAB_SERVICES = {"init", "consumers", "faultproxy", "web"}
 BROKERS = {"kafka", "kafka-2", "kafka-3"}
 TOKEN = "deploy-test-token"
 
@@ -186,7 +186,7 @@ def test_the_specification_check_rejects_a_broken_compose_file(break_it, complai
 
 def test_services_and_profiles():
     services = compose()["services"]
-    assert set(services) == {"kafka", "kafka-2", "kafka-3", "postgres", "init", "consumers", "web"}
+    assert set(services) == {"kafka", "kafka-2", "kafka-3", "postgres", "init", "consumers", "faultproxy", "web"}
     assert {name for name, s in services.items() if s.get("profiles")} == {"kafka-2", "kafka-3"}
     assert all(services[name]["profiles"] == ["cluster"] for name in ("kafka-2", "kafka-3"))
     # Scalable: nothing pins the agent service to one container.
@@ -255,6 +255,21 @@ def test_variables_point_at_the_compose_services():
             assert host in services and f"PLAINTEXT://{host}:{port}" in environment(services[host])["KAFKA_ADVERTISED_LISTENERS"]
 
 
+def test_the_producer_reaches_kafka_through_the_fault_proxy():
+    """The PROXIED listener is advertised as the proxy, the proxy forwards to that listener, and the
+    agents' producer bootstraps there: librdkafka's retries cross the proxy (README, "Lost ack")."""
+    services = compose()["services"]
+    kafka = environment(services["kafka"])
+    assert "PROXIED://:9094" in kafka["KAFKA_LISTENERS"]
+    assert "PROXIED://faultproxy:9094" in kafka["KAFKA_ADVERTISED_LISTENERS"]
+    command = services["faultproxy"]["command"]
+    assert command[:3] == ["python", "-m", "webapp.faultproxy"]
+    listen, upstream = command[command.index("--listen") + 1], command[command.index("--upstream") + 1]
+    assert listen.endswith(":9094") and upstream == "kafka:9094"
+    assert environment(services["consumers"])["KAFKA_PRODUCER_BOOTSTRAP_SERVERS"] == "faultproxy:9094"
+    assert services["consumers"]["depends_on"]["faultproxy"]["condition"] == "service_healthy"
+
+
 def test_web_environment_passes_the_lab_config_only_with_a_token(tmp_path):
     """The web container binds 0.0.0.0: Compose demands LAB_TOKEN, and so does the lab."""
     with pytest.raises(InterpolationError, match="LAB_TOKEN"):
@@ -304,7 +319,7 @@ def test_kafka_is_kraft_with_one_broker_and_a_cluster_profile_of_three():
     assert brokers["kafka-2"]["KAFKA_PROCESS_ROLES"] == brokers["kafka-3"]["KAFKA_PROCESS_ROLES"] == "broker"
     for name, env in brokers.items():
         assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == "1@kafka:9093"
-        assert env["KAFKA_ADVERTISED_LISTENERS"] == f"PLAINTEXT://{name}:9092"
+        assert env["KAFKA_ADVERTISED_LISTENERS"].split(",")[0] == f"PLAINTEXT://{name}:9092"
         assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
         assert f"{raw[name]['volumes'][0].split(':')[0]}" in compose_raw()["volumes"]
     assert "CONTROLLER://:9093" in brokers["kafka"]["KAFKA_LISTENERS"]
