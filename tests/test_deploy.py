@@ -267,6 +267,9 @@ def test_the_producer_reaches_kafka_through_the_fault_proxy():
     listen, upstream = command[command.index("--listen") + 1], command[command.index("--upstream") + 1]
     assert listen.endswith(":9094") and upstream == "kafka:9094"
     assert environment(services["consumers"])["KAFKA_PRODUCER_BOOTSTRAP_SERVERS"] == "faultproxy:9094"
+    # Every broker has the listener the producer's metadata names; the cluster's others advertise themselves.
+    for name in ("kafka-2", "kafka-3"):
+        assert f"PROXIED://{name}:9094" in environment(services[name])["KAFKA_ADVERTISED_LISTENERS"]
     assert services["consumers"]["depends_on"]["faultproxy"]["condition"] == "service_healthy"
 
 
