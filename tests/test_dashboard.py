@@ -15,13 +15,16 @@ def test_page_renders_accounts_from_the_database(app, client, lab):
     assert lab.lab.topic in page
 
 
-@pytest.mark.parametrize("panel", ["accounts", "partitions", "consumers", "verdict", "timeline"])
+@pytest.mark.parametrize("panel", ["accounts", "partitions", "consumers", "verdict", "timeline", "dedup", "lanes",
+                                   "chart", "sql", "status", "group_controls"])
 def test_each_panel_is_served_alone_and_replaces_itself(client, lab, panel):
     response = client.get(f"/panels/{panel}")
     assert response.status_code == 200
     html = response.get_data(as_text=True)
     assert f'id="panel-{panel}"' in html
-    assert 'hx-swap="outerHTML"' in html and f'hx-get="/panels/{panel}"' in html
+    assert f'data-live="{panel}"' in html and 'data-fingerprint="' in html
+    if panel != "chart":  # the chart keeps its canvas and fetches JSON instead
+        assert 'hx-swap="outerHTML"' in html and f'hx-get="/panels/{panel}' in html
 
 
 def test_partitions_show_published_offsets(client, lab):

@@ -309,13 +309,13 @@ SELECT
   (SELECT md5(coalesce(string_agg(key || '=' || value::text, ',' ORDER BY key), '')) FROM settings) AS settings
 """
 
-# Heartbeats land every second; only a stale one (a frozen or dead process) changes what the
-# consumers panel shows, so a fresh heartbeat does not count as a change.
+# Heartbeats land every second; only a stale one (a frozen process) changes what the consumers
+# panel shows, so a fresh heartbeat, or a dead process's last one, does not count as a change.
 CONSUMERS_FINGERPRINT_SQL = f"""
 SELECT md5(coalesce(string_agg(concat_ws('|', id, name, group_id, pid, state, armed_point, armed_action, armed_always,
        step_mode, step_at, assigned::text, positions::text, applied_positions::text, generation, applied, absorbed,
        dead_lettered, commit_failures, last_error, exit_code,
-       CASE WHEN heartbeat_at IS NULL THEN 'never'
+       CASE WHEN heartbeat_at IS NULL OR state <> ALL(:live) THEN 'none'
             WHEN now() - heartbeat_at < interval '3 seconds' THEN 'fresh'
             ELSE floor(extract(epoch FROM now() - heartbeat_at))::text END), ',' ORDER BY id), ''))
 FROM {C}.consumers WHERE lab = :lab
@@ -338,7 +338,8 @@ AGENT_STALE_SECONDS = 5.0
 def fingerprint_parts(session: Session, lab: Lab) -> dict[str, Any]:
     """Cheap facts that change whenever something a panel shows changes (a few index lookups)."""
     parts = dict(session.execute(text(FINGERPRINT_SQL)).mappings().one())
-    parts["consumers"] = session.execute(text(CONSUMERS_FINGERPRINT_SQL), {"lab": lab.name}).scalar_one()
+    parts["consumers"] = session.execute(text(CONSUMERS_FINGERPRINT_SQL),
+                                         {"lab": lab.name, "live": list(LIVE_STATES)}).scalar_one()
     agent = agent_health(session)
     parts["agent"] = (bool(agent) and agent["age"] is not None and float(agent["age"]) < AGENT_STALE_SECONDS,
                       agent.get("kafka_ok"), agent.get("kafka_error"))
@@ -515,4 +516,4 @@ def event_drilldown(session: Session, lab: Lab, event_id: str | None = None,
                 text(f"SELECT event_id::text, processed_at FROM {_q(schema)}.processed_events "
                      "WHERE event_id = CAST(:event AS uuid)"), params)]
     return {"event_id": event_id, "position": position, "journal": journal, "transaction_ids": transaction_ids,
-            "deliveries": deliveries, "effects": effects, "keys": keys}
+            "deliveries": deliveries, "effects": effects, "dedup_keys": keys}

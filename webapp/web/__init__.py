@@ -25,12 +25,14 @@ def lab_db() -> Iterator[tuple[Lab, Session]]:
 
 
 def register_blueprints(app: Flask) -> None:
-    from . import api, auth, dashboard, health
+    from . import api, auth, controls, dashboard, health, scenarios
 
     app.register_blueprint(dashboard.bp)
+    app.register_blueprint(controls.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(auth.bp)
     app.register_blueprint(api.bp)
+    app.register_blueprint(scenarios.bp)
     from ..security import csrf
     csrf.exempt(api.bp)
     register_error_pages(app)

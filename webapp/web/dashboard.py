@@ -1,77 +1,314 @@
-"""The dashboard page and its live panels.
+"""The dashboard page, its live panels, the "show the SQL" view and the per-event drill-down.
 
 Each panel is one partial template, ``templates/dashboard/panels/<name>.html``: the page
 includes it on first render, ``GET /panels/<name>`` serves it alone, and it replaces itself
 when htmx refreshes it. A panel's data comes from one loader below: HTML is rendered in one
 place.
+
+Refreshing is cheap: the page asks ``GET /live`` once a second for one fingerprint per panel
+(a few index lookups), and only a panel whose fingerprint differs from the one it was rendered
+with fetches itself again (static/js/live.js). The chart keeps its canvas and fetches JSON.
 """
 from __future__ import annotations
 
+import hashlib
+import uuid
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from flask import Blueprint, abort, render_template
+from flask import Blueprint, abort, current_app, g, jsonify, render_template, request, session as web_session
 from sqlalchemy.exc import SQLAlchemyError
 
-from .. import state, strategies
+from .. import operations, state, strategies
+from ..db import db
 from . import current_lab, lab_db
 
 bp = Blueprint("dashboard", __name__)
 
-PanelLoader = Callable[[Any, Any], dict[str, Any]]
-PANELS: dict[str, PanelLoader] = {}
+PanelLoader = Callable[..., dict[str, Any]]
 
 
-def panel(name: str):
+@dataclass(frozen=True)
+class Panel:
+    name: str
+    loader: PanelLoader
+    # The fingerprint parts (state.fingerprint_parts) whose change means this panel changed.
+    depends: tuple[str, ...]
+    template: str
+
+
+PANELS: dict[str, Panel] = {}
+
+
+def panel(name: str, depends: tuple[str, ...], template: str | None = None):
     def register(loader: PanelLoader) -> PanelLoader:
-        PANELS[name] = loader
+        PANELS[name] = Panel(name, loader, depends, template or f"dashboard/panels/{name}.html")
         return loader
     return register
 
 
-@panel("accounts")
-def accounts_panel(lab, session) -> dict[str, Any]:
+def age_label(seconds: float | None) -> str:
+    """A coarse age: it changes (and so refreshes its panel) at most once a second, less when old."""
+    if seconds is None:
+        return "–"
+    if seconds < 120:
+        return f"{int(seconds)} s"
+    if seconds < 7200:
+        return f"{int(seconds // 60)} min"
+    if seconds < 172800:
+        return f"{int(seconds // 3600)} h"
+    return f"{int(seconds // 86400)} d"
+
+
+def duration_label(seconds: float | None) -> str:
+    """A setting's length in the largest whole unit: 604800 -> 7 d."""
+    if seconds is None:
+        return "off"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)} {unit}"
+    return f"{seconds:g} s"
+
+
+@bp.app_template_filter("cents")
+def cents_filter(value: int | None, signed: bool = False) -> str:
+    if value is None:
+        return "–"
+    return ("{:+,.2f}" if signed else "{:,.2f}").format(value / 100)
+
+
+@bp.app_template_filter("age")
+def age_filter(seconds: float | None) -> str:
+    return age_label(seconds)
+
+
+@bp.app_template_filter("duration")
+def duration_filter(seconds: float | None) -> str:
+    return duration_label(seconds)
+
+
+# --- panels --------------------------------------------------------------------------------
+
+@panel("accounts", depends=("journal", "effects"))
+def accounts_panel(lab, session, args) -> dict[str, Any]:
     return {"accounts": state.accounts(session, lab)}
 
 
-@panel("partitions")
-def partitions_panel(lab, session) -> dict[str, Any]:
+@panel("partitions", depends=("journal", "effects", "offsets", "consumers", "groups"))
+def partitions_panel(lab, session, args) -> dict[str, Any]:
     groups = state.groups_list(session)
-    return {"partitions": state.partitions(session, lab), "groups": groups}
+    return {"partitions": state.partitions(session, lab), "groups": groups,
+            "shown_group": groups[0]["group_id"] if groups else None}
 
 
-@panel("consumers")
-def consumers_panel(lab, session) -> dict[str, Any]:
-    return {"consumers": state.consumers(session, lab), "groups": state.groups_list(session)}
+@panel("consumers", depends=("consumers", "groups", "offsets"))
+def consumers_panel(lab, session, args) -> dict[str, Any]:
+    consumers = state.consumers(session, lab)
+    for consumer in consumers:
+        strategy = strategies.STRATEGIES.get(consumer["strategy"] or "")
+        consumer["points"] = strategy.points if strategy else strategies.POINTS
+        consumer["live"] = consumer["state"] in state.LIVE_STATES
+    return {"consumers": consumers, "groups": state.groups_list(session)}
 
 
-@panel("verdict")
-def verdict_panel(lab, session) -> dict[str, Any]:
+@panel("verdict", depends=("journal", "effects", "offsets", "groups"))
+def verdict_panel(lab, session, args) -> dict[str, Any]:
     return {"verdict": state.verdict(session, lab)}
 
 
-@panel("timeline")
-def timeline_panel(lab, session) -> dict[str, Any]:
-    return {"entries": state.timeline(session)}
+@panel("timeline", depends=("timeline", "effects"))
+def timeline_panel(lab, session, args) -> dict[str, Any]:
+    return {"entries": state.timeline(session, limit=14)}
 
 
-def panel_context(name: str) -> dict[str, Any]:
+@panel("dedup", depends=("effects", "settings", "oldest_key_age"))
+def dedup_panel(lab, session, args) -> dict[str, Any]:
+    ttl = operations.ttl_settings(db.engine, lab)
+    return {"tables": state.dedup_tables(session, ttl["ttl_seconds"]), "ttl": ttl}
+
+
+@panel("lanes", depends=("groups", "journal", "effects"))
+def lanes_panel(lab, session, args) -> dict[str, Any]:
+    # The expected balances are the accounts panel's: reuse its data while its fingerprint stands.
+    accounts = _load(lab, session, "accounts", g.fingerprints["accounts"], {})["accounts"]
+    return {"lanes": state.lanes(session, lab), "accounts": accounts}
+
+
+@panel("chart", depends=("journal", "effects"))
+def chart_panel(lab, session, args) -> dict[str, Any]:
+    # The panel is a canvas drawn by static/js/chart.js from GET /panels/chart.json.
+    return {}
+
+
+@panel("sql", depends=("groups", "consumers"))
+def sql_panel(lab, session, args) -> dict[str, Any]:
+    groups = state.groups_list(session)
+    chosen = args.get("strategy")
+    if chosen not in strategies.STRATEGIES:
+        chosen = groups[0]["strategy"] if groups else "none"
+    strategy = strategies.STRATEGIES[chosen]
+    consumers = [c for c in state.consumers(session, lab)
+                 if c["strategy"] == chosen and c["state"] in state.LIVE_STATES + ("crashed",)]
+    return {"strategy": strategy, "strategies": strategies.STRATEGIES, "blocks": plan_blocks(strategy.plan),
+            "groups": [g["group_id"] for g in groups if g["strategy"] == chosen],
+            "armed": {p: [c for c in consumers if c["armed_point"] == p] for p in strategy.points},
+            "here": {p: [c for c in consumers if c["step_at"] == p] for p in strategy.points}}
+
+
+@panel("status", depends=("agent",))
+def status_panel(lab, session, args) -> dict[str, Any]:
+    """The lab agent and Kafka, as the top bar shows them: controls need a running agent."""
+    agent = state.agent_health(session)
+    alive = bool(agent) and agent["age"] is not None and float(agent["age"]) < state.AGENT_STALE_SECONDS
+    return {"agent": agent, "alive": alive}
+
+
+@panel("group_controls", depends=("groups",), template="controls/groups.html")
+def group_controls(lab, session, args) -> dict[str, Any]:
+    """The forms that list the lab's groups: they refresh when a group is created."""
+    return {"groups": state.groups_list(session), "strategies": strategies.NAMES}
+
+
+def plan_blocks(plan) -> list[dict[str, Any]]:
+    """A strategy's plan cut at BEGIN/COMMIT into blocks ``{"transaction": bool, "steps": [...]}``,
+    so the page can draw each transaction as one box with the crash points where they fall."""
+    blocks: list[dict[str, Any]] = []
+    inside = False
+    for step in plan:
+        if step.kind == "begin":
+            blocks.append({"transaction": True, "steps": []})
+            inside = True
+        elif step.kind == "commit":
+            inside = False
+        elif inside or (blocks and not blocks[-1]["transaction"]):
+            blocks[-1]["steps"].append(step)
+        else:
+            blocks.append({"transaction": False, "steps": [step]})
+    return blocks
+
+
+# --- fingerprints and rendering ------------------------------------------------------------
+
+def fingerprints(lab, session) -> dict[str, str]:
+    """One short hash per panel, from the parts it depends on."""
+    parts = state.fingerprint_parts(session, lab)
+    parts["oldest_key_age"] = age_label(parts["oldest_key_age"])
+    result = {}
+    for item in PANELS.values():
+        chosen = [str(parts["schema"])] + [str(parts[key]) for key in item.depends]
+        result[item.name] = hashlib.blake2s("|".join(chosen).encode(), digest_size=8).hexdigest()
+    g.fingerprints = result
+    return result
+
+
+# A panel's data is a function of its fingerprint: while the fingerprint stands, the data last
+# loaded for it is still what PostgreSQL holds. So thirty browsers watching one lab cost one
+# load per change, not thirty. Keyed by lab, panel and the one argument a panel takes.
+_loaded: dict[tuple[str, str, str], tuple[str, Any]] = {}
+
+
+def _cached(key: tuple[str, str, str], fingerprint: str, compute: Callable[[], Any]) -> Any:
+    cached = _loaded.get(key)
+    if cached and cached[0] == fingerprint and current_app.config.get("PANEL_CACHE", True):
+        return cached[1]
+    data = compute()
+    _loaded[key] = (fingerprint, data)
+    return data
+
+
+def _load(lab, session, name: str, fingerprint: str, args) -> dict[str, Any]:
+    strategy = args.get("strategy", "")
+    key = (lab.name, name, strategy if strategy in strategies.STRATEGIES else "")
+    return _cached(key, fingerprint, lambda: PANELS[name].loader(lab, session, args))
+
+
+def _context(lab, session, name: str, prints: dict[str, str], args, extra) -> dict[str, Any]:
+    return {"lab": lab, "fingerprint": prints[name], "query": dict(args),
+            **_load(lab, session, name, prints[name], args), **extra}
+
+
+def panel_context(name: str, args=None, **extra) -> dict[str, Any]:
+    """Fingerprint first, then data: a change in between shows as a new fingerprint next poll."""
     with lab_db() as (lab, session):
-        return {"lab": lab, **PANELS[name](lab, session)}
+        return _context(lab, session, name, fingerprints(lab, session), args or {}, extra)
+
+
+def render_panel(name: str, args=None, status: int = 200, **extra):
+    """The one place a panel (or a live form block) is rendered alone; ``extra`` carries form
+    errors, values and notices from the controls."""
+    return render_template(PANELS[name].template, ctx=panel_context(name, args, **extra)), status
+
+
+def controls_locked() -> bool:
+    return bool(current_app.config.get("LAB_TOKEN")) and not web_session.get("lab_token_ok")
 
 
 @bp.get("/")
 def index():
     try:
-        contexts = {name: panel_context(name) for name in PANELS}
+        with lab_db() as (lab, session):
+            prints = fingerprints(lab, session)
+            contexts = {name: _context(lab, session, name, prints, {}, {}) for name in PANELS}
+            accounts = state.accounts(session, lab)
+            ttl = operations.ttl_settings(db.engine, lab)
     except SQLAlchemyError as error:
         return render_template("errors/error.html", code=503, message=(
             "The lab's database does not answer or the lab is not set up yet. Start it with `make run`, "
             f"or run `flask --app app lab reset`. ({type(error).__name__})")), 503
-    return render_template("dashboard/index.html", lab=current_lab(), panels=contexts, strategies=strategies.STRATEGIES)
+    return render_template("dashboard/index.html", lab=current_lab(), panels=contexts, accounts=accounts,
+                           ttl=ttl, strategies=strategies.STRATEGIES, locked=controls_locked())
+
+
+@bp.get("/live")
+def live():
+    """Which panels changed: ``{"fingerprints": {panel: hash}}``, polled once a second."""
+    try:
+        with lab_db() as (lab, session):
+            return jsonify(fingerprints=fingerprints(lab, session))
+    except SQLAlchemyError as error:
+        return jsonify(error=f"the lab's database does not answer ({type(error).__name__})"), 503
 
 
 @bp.get("/panels/<name>")
 def panel_view(name: str):
     if name not in PANELS:
         abort(404)
-    return render_template(f"dashboard/panels/{name}.html", ctx=panel_context(name))
+    return render_panel(name, request.args)
+
+
+@bp.get("/panels/chart.json")
+def chart_data():
+    with lab_db() as (lab, session):
+        fingerprint = fingerprints(lab, session)["chart"]
+        series = _cached((lab.name, "chart.json", ""), fingerprint, lambda: state.chart_series(session, lab))
+        return jsonify(fingerprint=fingerprint, **series)
+
+
+# --- drill-down ----------------------------------------------------------------------------
+
+def _render_drilldown(details: dict[str, Any], title: str):
+    template = "dashboard/event.html"
+    if request.headers.get("HX-Request"):
+        return render_template(template, d=details, title=title)
+    return render_template("dashboard/event_page.html", d=details, title=title, lab=current_lab(),
+                           template=template)
+
+
+@bp.get("/events/<event_id>")
+def event_view(event_id: str):
+    try:
+        event_id = str(uuid.UUID(event_id))
+    except ValueError:
+        abort(404)
+    with lab_db() as (lab, session):
+        details = state.event_drilldown(session, lab, event_id=event_id)
+    if not details["journal"] and not details["deliveries"]:
+        abort(404)
+    return _render_drilldown(details, f"Event {event_id}")
+
+
+@bp.get("/records/<int:partition>/<int:offset>")
+def record_view(partition: int, offset: int):
+    with lab_db() as (lab, session):
+        details = state.event_drilldown(session, lab, position=(partition, offset))
+    return _render_drilldown(details, f"Record P{partition} @ {offset}")

@@ -1,0 +1,190 @@
+"""The live dashboard in a real browser: headless Chromium against a real web server thread over
+the session's PostgreSQL, broker and lab agent, with CSRF on (htmx sends X-CSRFToken).
+
+Every wait is Playwright's expect with a timeout: panels refresh themselves within a second of
+a change (static/js/live.js), so the tests watch the page the way a class does. Screenshots of
+the main states land in test-artifacts/ (not committed).
+"""
+from __future__ import annotations
+
+import threading
+
+import pytest
+from werkzeug.serving import make_server
+
+from webapp.waits import free_port
+
+pytestmark = pytest.mark.browser
+
+ROOT_ARTIFACTS = __import__("pathlib").Path(__file__).resolve().parents[2] / "test-artifacts"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+SETTLE = 60_000  # ms: a restarted consumer waits for the dead member's session (6 s) to expire, then rejoins
+
+
+@pytest.fixture
+def dashboard_url(app_factory, lab, lab_name):
+    """The dashboard of a fresh lab, with CSRF on, served by a werkzeug thread on a free port."""
+    app = app_factory(LAB_NAME=lab_name, WTF_CSRF_ENABLED=True, TESTING=False)
+    port = free_port()
+    server = make_server("127.0.0.1", port, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def browser_page():
+    """A Chromium page that records console errors; the test fails if any appear."""
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS, headless=True)
+        try:
+            context = browser.new_context(viewport={"width": 1920, "height": 1080})
+            page = context.new_page()
+            page.console_errors = []
+            page.on("console", lambda message: page.console_errors.append(message.text)
+                    if message.type == "error" else None)
+            page.on("pageerror", lambda error: page.console_errors.append(str(error)))
+            yield page
+            assert page.console_errors == [], f"console errors: {page.console_errors}"
+        finally:
+            browser.close()
+
+
+def screenshot(page, name: str) -> None:
+    ROOT_ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ROOT_ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def publish(page, account: str = "acc-1", amount: str = "100.00") -> None:
+    from playwright.sync_api import expect
+    form = page.locator("#form-publish")
+    form.locator("[name=account_id]").select_option(account)
+    form.locator("[name=amount]").fill(amount)
+    form.get_by_role("button", name="Publish").click()
+    expect(page.locator("#form-publish .banner.ok")).to_contain_text("Published 1 normal record", timeout=15_000)
+
+
+def start_consumer(page, strategy: str):
+    from playwright.sync_api import expect
+    form = page.locator("#form-consumer")
+    form.locator("[name=strategy]").select_option(strategy)
+    form.get_by_role("button", name="Start consumer").click()
+    expect(page.locator("#form-consumer .banner.ok")).to_contain_text("Started consumer", timeout=15_000)
+    card = page.locator("#panel-consumers [data-consumer]").last
+    expect(card).to_contain_text("partitions 0, 1, 2", timeout=SETTLE)
+    return card
+
+
+def crash_after_effect_and_restart(page, card) -> None:
+    """Arm the classic crash, publish one credit, watch the consumer die, restart it."""
+    from playwright.sync_api import expect
+    card.locator("select[name=fault]").select_option("crash|once|after-effect-before-commit")
+    expect(card.locator("[data-armed]")).to_contain_text("after-effect-before-commit")
+    publish(page)
+    expect(card).to_have_attribute("data-state", "crashed", timeout=SETTLE)
+    card.get_by_role("button", name="Restart").click()
+    expect(card).to_have_attribute("data-state", "running", timeout=SETTLE)
+
+
+def test_publish_from_the_form_and_see_the_cell_appear(dashboard_url, browser_page):
+    from playwright.sync_api import expect
+    page = browser_page
+    page.goto(dashboard_url)
+    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
+    publish(page, "acc-3", "25.00")
+    cell = page.locator('#panel-partitions .strip .cell[data-outcome="pending"]')
+    expect(cell).to_have_count(1, timeout=5_000)
+    expect(page.locator('#panel-accounts tr[data-account="acc-3"] [data-expected]')).to_have_text("25.00")
+    expect(page.locator('#panel-verdict [data-verdict="not_yet_applied"]')).to_have_text("1")
+    # Clicking the cell opens every delivery of it: none yet, one journal row.
+    cell.locator("a").click()
+    dialog = page.locator("#drill")
+    expect(dialog).to_be_visible()
+    expect(dialog.locator(".drill-journal tbody tr")).to_have_count(1)
+    expect(dialog).to_contain_text("Not delivered to any consumer yet")
+    screenshot(page, "dashboard-drilldown-pending")
+    dialog.get_by_role("button", name="close").click()
+    expect(dialog).to_be_hidden()
+
+
+def test_double_credit_under_none_then_absorbed_under_eventid_atomic(dashboard_url, browser_page):
+    from playwright.sync_api import expect
+    page = browser_page
+    page.goto(dashboard_url)
+    card = start_consumer(page, "none")
+
+    crash_after_effect_and_restart(page, card)
+    # The redelivered credit is applied again: 200.00 credited for 100.00 published.
+    expect(page.locator('#panel-accounts tr[data-account="acc-1"] .diff')).to_contain_text("✕ +100.00", timeout=SETTLE)
+    expect(page.locator('#panel-verdict [data-verdict="duplicates_applied"]')).to_have_text("1")
+    expect(page.locator("#panel-verdict .headline")).to_have_attribute("data-exactly-once", "false")
+    expect(page.locator('#panel-partitions .cell[data-outcome="applied-twice"]')).to_have_count(1)
+    screenshot(page, "dashboard-double-credit-none")
+
+    page.locator("summary", has_text="Groups, offsets, lanes").click()
+    form = page.locator("#form-strategy")
+    form.locator("[name=group]").select_option("payments")
+    form.locator("[name=strategy]").select_option("eventid-atomic")
+    form.get_by_role("button", name="Switch").click()
+    expect(page.locator("#form-strategy .banner.ok")).to_contain_text("now uses eventid-atomic")
+    expect(page.locator("#panel-sql .tab.current")).to_have_text("eventid-atomic", timeout=5_000)
+
+    card = page.locator("#panel-consumers [data-consumer]").last
+    expect(card).to_contain_text("partitions 0, 1, 2", timeout=SETTLE)
+    crash_after_effect_and_restart(page, card)
+    expect(page.locator('#panel-verdict [data-verdict="redeliveries_absorbed"]')).to_have_text("1", timeout=SETTLE)
+    expect(page.locator('#panel-verdict [data-verdict="duplicates_applied"]')).to_have_text("1")
+    expect(page.locator('#panel-accounts tr[data-account="acc-1"] [data-expected]')).to_have_text("200.00")
+    expect(page.locator('#panel-accounts tr[data-account="acc-1"] .diff')).to_contain_text("✕ +100.00")
+    redelivered = page.locator("#panel-partitions .cell.redelivered")
+    expect(redelivered).to_have_count(1)
+    screenshot(page, "dashboard-absorbed-eventid-atomic")
+
+    # The drill-down tells the story of that record: applied, then absorbed on redelivery.
+    redelivered.locator("a").click()
+    dialog = page.locator("#drill")
+    expect(dialog.locator(".drill-deliveries tbody tr")).to_have_count(2)
+    expect(dialog.locator('.drill-deliveries [data-outcome="absorbed"]')).to_have_count(1)
+    expect(dialog.locator(".drill-effects tbody tr")).to_have_count(1)
+    screenshot(page, "dashboard-drilldown-absorbed")
+
+
+def test_freeze_and_thaw_from_the_buttons(dashboard_url, browser_page, lab):
+    from playwright.sync_api import expect
+    page = browser_page
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(dashboard_url)
+    card = start_consumer(page, "eventid-atomic")
+    card.get_by_role("button", name="Freeze").click()
+    expect(card).to_have_attribute("data-state", "frozen", timeout=15_000)
+    expect(page.locator("#notices .notice.ok")).to_contain_text("frozen (SIGSTOP)")
+    screenshot(page, "dashboard-frozen-1280")
+    card.get_by_role("button", name="Thaw").click()
+    expect(card).to_have_attribute("data-state", "running", timeout=15_000)
+    expect(card.get_by_role("button", name="Freeze")).to_be_visible()
+
+
+def test_invalid_form_value_shows_its_error_and_changes_nothing(dashboard_url, browser_page, lab):
+    from playwright.sync_api import expect
+    page = browser_page
+    page.goto(dashboard_url)
+    form = page.locator("#form-publish")
+    form.locator("[name=amount]").fill("ten")
+    form.get_by_role("button", name="Publish").click()
+    error = page.locator("#publish-amount-error")
+    expect(error).to_be_visible()
+    expect(error).to_contain_text("positive amount")
+    expect(page.locator("#publish-amount")).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("#publish-amount")).to_have_value("ten")
+    screenshot(page, "dashboard-invalid-amount")
+    # Nothing was published: the journal and the page agree.
+    assert all(p["log_end"] == 0 for p in lab.state()["partitions"])
+    expect(page.locator("#panel-partitions .strip .cell[data-outcome]")).to_have_count(0)
+    expect(page.locator('#panel-verdict [data-verdict="not_yet_applied"]')).to_have_text("0")

@@ -1,0 +1,209 @@
+"""The dashboard's controls: HTML forms over the operations module, on the real lab agent.
+
+A good request answers with its form and a notice; bad input answers 422 with the error next
+to the named field and changes nothing; CSRF and LAB_TOKEN guard every form.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+from webapp.db import sqlalchemy_url
+from webapp.labs import Lab, create_database_state, ensure_control_schema
+
+
+def journal_count(lab) -> int:
+    return sum(p["log_end"] for p in lab.state()["partitions"])
+
+
+def test_publish_form_publishes_and_says_where(client, lab):
+    response = client.post("/controls/publish", data={"mode": "normal", "type": "credit", "account_id": "acc-2",
+                                                      "amount": "12.50", "idempotent": "on"})
+    html = response.get_data(as_text=True)
+    assert response.status_code == 200
+    assert "Published 1 normal record(s): P" in html and 'id="form-publish"' in html
+    assert lab.account("acc-2")["expected"] == 1250
+    # The form keeps what was typed, so the next click publishes the same again.
+    assert 'value="12.50"' in html
+
+
+def test_publish_form_burst_uses_count(client, lab):
+    response = client.post("/controls/publish", data={"mode": "burst", "type": "credit", "account_id": "acc-1",
+                                                      "amount": "1", "count": "4"})
+    assert response.status_code == 200
+    assert journal_count(lab) == 4
+
+
+@pytest.mark.parametrize("form,field", [
+    ({"mode": "normal", "type": "credit", "account_id": "acc-1", "amount": "ten"}, "amount"),
+    ({"mode": "normal", "type": "credit", "account_id": "acc-1", "amount": "-3"}, "amount"),
+    ({"mode": "burst", "type": "credit", "account_id": "acc-1", "amount": "1", "count": "0"}, "count"),
+    ({"mode": "normal", "type": "set_status", "account_id": "acc-1", "status": "MAYBE"}, "status"),
+    ({"mode": "normal", "type": "credit", "account_id": "acc-77", "amount": "1"}, "account_id"),  # the agent refuses it
+    ({"mode": "twice", "account_id": "acc-1", "amount": "1"}, "mode"),
+])
+def test_bad_publish_input_shows_the_error_next_to_its_field_and_publishes_nothing(client, lab, form, field):
+    response = client.post("/controls/publish", data=form)
+    html = response.get_data(as_text=True)
+    assert response.status_code == 422
+    assert f'id="publish-{field}-error"' in html
+    assert re.search(rf'id="publish-{field}"[^>]*aria-invalid="true"', html)
+    assert journal_count(lab) == 0
+
+
+def test_consumer_form_and_buttons_drive_a_real_process(client, lab):
+    response = client.post("/controls/consumers", data={"group": "payments", "strategy": "none", "name": "c9"})
+    assert response.status_code == 200 and "Started consumer c9" in response.get_data(as_text=True)
+    consumer = next(c for c in lab.state()["consumers"] if c["name"] == "c9")
+    lab.wait_assigned(consumer["id"])
+    base = f"/controls/consumers/{consumer['id']}"
+
+    response = client.post(f"{base}/arm", data={"fault": "crash|always|after-effect-before-commit"})
+    assert response.status_code == 200 and "crash armed at after-effect-before-commit (every time)" in \
+        response.get_data(as_text=True)
+    assert lab.consumer(consumer["id"])["armed_point"] == "after-effect-before-commit"
+    assert lab.consumer(consumer["id"])["armed_always"] is True
+    assert client.post(f"{base}/arm", data={"fault": ""}).status_code == 200
+    assert lab.consumer(consumer["id"])["armed_point"] is None
+
+    # Stepping a consumer that is not in step mode: a clear refusal, nothing changes.
+    response = client.post(f"{base}/step", data={})
+    assert response.status_code == 422 and "not in step mode" in response.get_data(as_text=True)
+
+    assert client.post(f"{base}/freeze", data={}).status_code == 200
+    lab.wait_state(consumer["id"], "frozen")
+    assert client.post(f"{base}/thaw", data={}).status_code == 200
+    lab.wait_state(consumer["id"], "running")
+    assert client.post(f"{base}/stop", data={}).status_code == 200
+    lab.wait_state(consumer["id"], "stopped")
+
+
+def test_unknown_consumer_is_a_404_notice(client, lab):
+    response = client.post("/controls/consumers/999999/kill", data={})
+    assert response.status_code == 404
+    assert "no consumer 999999" in response.get_data(as_text=True)
+
+
+def test_bad_arm_value_is_refused(client, lab):
+    consumer = lab.start_consumer(strategy="none")
+    response = client.post(f"/controls/consumers/{consumer['consumer_id']}/arm", data={"fault": "crash|once|nowhere"})
+    assert response.status_code == 422 and "point" in response.get_data(as_text=True)
+    assert lab.consumer(consumer["consumer_id"])["armed_point"] is None
+
+
+def test_strategy_switch_and_unknown_group(client, lab):
+    response = client.post("/controls/groups/strategy", data={"group": "payments", "strategy": "eventid-atomic"})
+    assert response.status_code == 200
+    assert "now uses eventid-atomic" in response.get_data(as_text=True)
+    assert lab.state()["groups"][0]["strategy"] == "eventid-atomic"
+
+    response = client.post("/controls/groups/strategy", data={"group": "nope", "strategy": "none"})
+    assert response.status_code == 404
+    assert "no group" in response.get_data(as_text=True)
+    response = client.post("/controls/groups/strategy", data={"group": "payments", "strategy": "magic"})
+    assert response.status_code == 422 and 'id="strategy-strategy-error"' in response.get_data(as_text=True)
+    assert lab.state()["groups"][0]["strategy"] == "eventid-atomic"
+
+
+def test_offset_reset_form_validates_before_acting(client, lab):
+    for form, field in (({"group": "payments", "mode": "back", "back": "0"}, "back"),
+                        ({"group": "payments", "mode": "offset", "offsets": "0:x"}, "offsets"),
+                        ({"group": "payments", "mode": "timestamp", "timestamp": "yesterday"}, "timestamp")):
+        response = client.post("/controls/groups/reset-offsets", data=form)
+        assert response.status_code == 422, form
+        assert f'id="offsets-{field}-error"' in response.get_data(as_text=True)
+
+
+def test_a_lane_gets_its_own_group_accounts_and_consumer(client, lab):
+    response = client.post("/controls/lanes", data={"lane": "atomic", "strategy": "eventid-atomic"})
+    assert response.status_code == 200, response.get_data(as_text=True)
+    groups = {g["group_id"]: g for g in lab.state()["groups"]}
+    assert groups[f"{lab.lab.name}.atomic"]["effects_schema"] == lab.lab.lane_schema("atomic")
+    html = client.get("/panels/lanes").get_data(as_text=True)
+    assert 'data-lane="atomic"' in html
+    response = client.post("/controls/lanes", data={"lane": "Bad Name", "strategy": "none"})
+    assert response.status_code == 422 and 'id="lane-lane-error"' in response.get_data(as_text=True)
+
+
+def test_ttl_settings_and_cleanup(client, lab):
+    response = client.post("/controls/ttl", data={"ttl_seconds": "abc", "ttl_schedule_seconds": ""})
+    assert response.status_code == 422 and 'id="ttl-ttl_seconds-error"' in response.get_data(as_text=True)
+    response = client.post("/controls/ttl", data={"ttl_seconds": "60", "ttl_schedule_seconds": ""})
+    assert response.status_code == 200 and "TTL 1 min, cleanup on demand" in response.get_data(as_text=True)
+    response = client.post("/controls/ttl/cleanup", data={})
+    assert response.status_code == 200 and "Cleanup deleted 0 key(s)" in response.get_data(as_text=True)
+    assert "TTL 1 min" in client.get("/panels/dedup").get_data(as_text=True)
+
+
+def test_reset_needs_the_lab_name_typed(client, lab):
+    lab.credit("acc-1", 100)
+    response = client.post("/controls/lab/reset", data={"confirm": "yes", "partitions": "3"})
+    assert response.status_code == 422 and 'id="reset-confirm-error"' in response.get_data(as_text=True)
+    assert journal_count(lab) == 1
+    response = client.post("/controls/lab/reset", data={"confirm": lab.lab.name, "partitions": "3"})
+    assert response.status_code == 200 and "reset" in response.get_data(as_text=True)
+    assert journal_count(lab) == 0
+
+
+def test_csrf_is_enforced_on_forms(app_factory, lab, lab_name):
+    protected = app_factory(LAB_NAME=lab_name, WTF_CSRF_ENABLED=True)
+    client = protected.test_client()
+    response = client.post("/controls/publish", data={"account_id": "acc-1", "amount": "1"})
+    assert response.status_code == 400
+    assert "CSRF" in response.get_data(as_text=True)
+    # With the token the page carries, the same form goes through.
+    page = client.get("/").get_data(as_text=True)
+    token = re.search(r'name="csrf-token" content="([^"]+)"', page).group(1)
+    response = client.post("/controls/publish", data={"account_id": "acc-1", "amount": "1"},
+                           headers={"X-CSRFToken": token})
+    assert response.status_code == 200
+    assert journal_count(lab) == 1
+
+
+def test_lab_token_guards_the_controls(app_factory, lab, lab_name):
+    guarded = app_factory(LAB_NAME=lab_name, LAB_TOKEN="s3cret")
+    client = guarded.test_client()
+    assert 'Sign in</a> to use the controls' in client.get("/").get_data(as_text=True)
+    response = client.post("/controls/publish", data={"account_id": "acc-1", "amount": "1"})
+    assert response.status_code == 302 and "/sign-in" in response.headers["Location"]
+    assert client.post("/sign-in", data={"token": "wrong"}).status_code == 401
+    assert client.post("/sign-in", data={"token": "s3cret", "next": "/"}).status_code == 302
+    response = client.post("/controls/publish", data={"account_id": "acc-1", "amount": "1"})
+    assert response.status_code == 200
+    assert journal_count(lab) == 1
+
+
+@pytest.fixture
+def agentless_database(services, lab_name):
+    """A second database on the same PostgreSQL, with a lab in it and no lab agent serving it."""
+    name = f"noagent_{lab_name}"
+    admin = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    url = make_url(sqlalchemy_url(services.database_url)).set(database=name).render_as_string(hide_password=False)
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        with engine.begin() as conn:
+            ensure_control_schema(conn)
+            create_database_state(conn, Lab(lab_name), 3)
+        yield url
+    finally:
+        engine.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_no_agent_shows_a_banner_and_changes_nothing(agentless_database, app_factory, lab_name):
+    app = app_factory(LAB_NAME=lab_name, DATABASE_URL=agentless_database)
+    client = app.test_client()
+    response = client.post("/controls/publish", data={"account_id": "acc-1", "amount": "1"})
+    assert response.status_code == 503
+    assert "No lab agent is running" in response.get_data(as_text=True)
+    response = client.post("/controls/consumers", data={"group": "payments"})
+    assert response.status_code == 503
+    assert "no lab agent" in client.get("/panels/status").get_data(as_text=True)

@@ -1,0 +1,130 @@
+"""``flask --app app scenario list|run|export|replay``: scenarios from a terminal.
+
+``run`` prints each step with what was observed, then the verdict table, and exits 0 only
+when every expectation held (1: an expectation or a step failed; 2: not run, with the reason;
+3: the file is malformed or the lab cannot be reached).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from flask import current_app
+from flask.cli import AppGroup
+
+from .. import commands
+from ..db import db
+from ..labs import Lab
+from . import built_in, find, journal
+from .loader import ScenarioError, load
+from .runner import RunState, Runner, broker_kind, fresh_lab_name
+
+scenario_cli = AppGroup("scenario", help="Run the lab's exercises and replay recorded sessions.")
+
+EXIT = {"passed": 0, "failed": 1, "error": 1, "not-run": 2}
+MARK = {"ok": "✓", "failed": "✕", "error": "✕", "not-run": "–"}
+
+
+@scenario_cli.command("list")
+def list_scenarios():
+    """The built-in exercises."""
+    for path in built_in():
+        try:
+            scenario = load(path)
+            extra = f"  (needs: {', '.join(scenario.requires)})" if scenario.requires else ""
+            click.echo(f"{path.stem:<34} {scenario.title}{extra}")
+        except ScenarioError as error:
+            click.echo(f"{path.stem:<34} MALFORMED: {error}")
+
+
+def _echo_text(kind: str, data: dict) -> None:
+    if kind == "start":
+        click.echo(f"[{data['index']:>2}] {data['description']} …")
+    elif kind == "step":
+        mark = MARK.get(data["status"], "?")
+        label = "setup" if data["index"] == 0 else f"{data['index']:>2}"
+        click.echo(f"  {mark} [{label}] {data['status']} in {data['seconds']:.1f} s: {data['observed']}")
+
+
+def verdict_table(run: RunState) -> str:
+    rows = [("expectation", "wanted", "observed", "")]
+    rows += [(c["label"], str(c["wanted"]), "—" if c["observed"] is None else str(c["observed"]),
+              "ok" if c["ok"] else "FAIL") for c in run.checks]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def execute(scenario, *, lab_name: str | None, as_json: bool) -> RunState:
+    engine = db.engine
+    broker, how = broker_kind(current_app.config)
+    lab = Lab(lab_name) if lab_name else Lab(fresh_lab_name(engine, scenario.name))
+    run = RunState(scenario=scenario.name, lab=lab.name)
+    if not as_json:
+        click.echo(f"scenario {scenario.name}: {scenario.title}")
+        click.echo(f"lab {lab.name} (topic {lab.topic}) · broker {broker} ({how})")
+    runner = Runner(engine, scenario, run, broker=broker, echo=None if as_json else _echo_text,
+                    command_timeout=current_app.config.get("LAB_COMMAND_TIMEOUT", 30.0))
+    runner.run_all()
+    return run
+
+
+@scenario_cli.command("run")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
+@click.option("--lab", "lab_name", default=None, help="lab name to use (default: the scenario's name + a counter)")
+def run_scenario(name, as_json, lab_name):
+    """Run a scenario (a built-in NAME or number, or a FILE) against a fresh lab."""
+    try:
+        scenario = load(find(name))
+    except FileNotFoundError as error:
+        raise click.UsageError(str(error)) from None
+    except ScenarioError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(3)
+    try:
+        run = execute(scenario, lab_name=lab_name, as_json=as_json)
+    except commands.NoAgent as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(3)
+    if as_json:
+        click.echo(json.dumps({"scenario": scenario.name, "title": scenario.title, **run.as_dict()},
+                              indent=2, default=str))
+    else:
+        click.echo("")
+        click.echo(verdict_table(run))
+        click.echo("")
+        click.echo(f"{run.status.upper()} in {run.seconds:.1f} s" + (f": {run.reason}" if run.reason else ""))
+    sys.exit(EXIT.get(run.status, 1))
+
+
+@scenario_cli.command("export")
+@click.option("--lab", "lab_name", default=None, help="the lab to export (default: LAB_NAME)")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default="-",
+              help="file to write (default: standard output)")
+def export(lab_name, output):
+    """Export a lab's recorded session as a scenario file that replays it."""
+    lab = Lab(lab_name or current_app.config["LAB_NAME"])
+    try:
+        document = journal.export_yaml(db.engine, lab)
+    except journal.NothingRecorded as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(1)
+    if output == "-":
+        click.echo(document, nl=False)
+    else:
+        Path(output).write_text(document, encoding="utf-8")
+        click.echo(f"wrote {output}", err=True)
+
+
+@scenario_cli.command("replay")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--lab", "lab_name", default=None)
+@click.pass_context
+def replay(ctx, file, as_json, lab_name):
+    """Replay an exported session against a fresh lab (the same as `scenario run FILE`)."""
+    ctx.invoke(run_scenario, name=file, as_json=as_json, lab_name=lab_name)

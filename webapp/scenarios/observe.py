@@ -1,0 +1,100 @@
+"""What a scenario observes: one read of a lab from PostgreSQL, through state.py and verdict.py.
+
+The same read model the panels use: consumers as they report themselves, the verdict and the
+accounts (ground truth vs actual) of the lab and of each strategy lane, committed offsets as
+the lab agent last read them from Kafka, the log end from the journal of delivery reports.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+from .. import state, verdict as verdict_module
+from ..db import CONTROL_SCHEMA
+from ..labs import Lab
+
+C = CONTROL_SCHEMA
+
+
+@dataclass
+class Snapshot:
+    consumers: dict[str, dict[str, Any]] = field(default_factory=dict)   # by name (newest row wins)
+    consumers_by_id: dict[int, dict[str, Any]] = field(default_factory=dict)
+    verdicts: dict[str | None, dict[str, Any]] = field(default_factory=dict)    # lane (None: the lab) -> verdict
+    accounts: dict[str | None, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    dedup: dict[str | None, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)      # local name -> {strategy, schema, lane}
+    committed: dict[str, dict[int, int | None]] = field(default_factory=dict)
+    log_ends: dict[str | None, dict[int, int]] = field(default_factory=dict)
+    partitions: int = 1
+
+    def log_end_total(self) -> int:
+        """Records in the topic as the lab knows them: per partition, the furthest of the journal
+        and of every lane's deliveries (an idempotent retry's report may carry no offset)."""
+        ends: dict[int, int] = {}
+        for lane_ends in self.log_ends.values():
+            for partition, end in lane_ends.items():
+                ends[partition] = max(ends.get(partition, 0), end)
+        return sum(ends.values())
+
+    def caught_up(self, group: str) -> bool:
+        info = self.groups.get(group)
+        if info is None:
+            return False
+        ends = self.log_ends.get(info["lane"], {})
+        committed = self.committed.get(group, {})
+        return bool(ends) and all((committed.get(p) or 0) >= end for p, end in ends.items() if end)
+
+
+def observe(engine: Engine, lab: Lab) -> Snapshot:
+    """Everything a scenario can wait on or expect, read in one transaction."""
+    snap = Snapshot()
+    with engine.connect() as conn:
+        for row in conn.execute(text(
+                f"SELECT id, name, group_id, state, assigned, applied, absorbed, dead_lettered, commit_failures, "
+                f"step_at, step_mode, armed_point, last_error FROM {C}.consumers WHERE lab = :lab ORDER BY id"),
+                {"lab": lab.name}).mappings():
+            item = dict(row)
+            item["assigned"] = list(item["assigned"] or [])
+            snap.consumers[row["name"]] = item
+            snap.consumers_by_id[row["id"]] = item
+        exists = conn.execute(text("SELECT 1 FROM information_schema.tables WHERE table_schema = :s "
+                                   "AND table_name = 'consumer_groups'"), {"s": lab.schema}).first()
+        if exists is None:
+            return snap
+        conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": lab.schema})
+        settings = dict(conn.execute(text("SELECT key, value FROM settings")).all())
+        snap.partitions = int(settings.get("partitions", 1))
+        lanes: dict[str, str | None] = {lab.schema: None}
+        for group_id, strategy, schema in conn.execute(text(
+                "SELECT group_id, strategy, effects_schema FROM consumer_groups")):
+            lane = schema.split("__", 1)[1] if schema != lab.schema and "__" in schema else None
+            lanes[schema] = lane
+            local = group_id[len(lab.name) + 1:] if group_id.startswith(f"{lab.name}.") else group_id
+            snap.groups[local] = {"group_id": group_id, "strategy": strategy, "schema": schema, "lane": lane}
+        by_id = {info["group_id"]: local for local, info in snap.groups.items()}
+        for group_id, partition, committed in conn.execute(text("SELECT group_id, partition, committed FROM group_offsets")):
+            if group_id in by_id:
+                snap.committed.setdefault(by_id[group_id], {})[int(partition)] = committed
+        for schema, lane in lanes.items():
+            conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": schema})
+            snap.verdicts[lane] = verdict_module.verdict(conn, lab.schema).as_dict()
+            snap.accounts[lane] = {line.id: {"actual": line.actual, "expected": line.expected, "status": line.status,
+                                             "expected_status": line.expected_status, "difference": line.difference}
+                                   for line in verdict_module.accounts(conn, lab.schema)}
+            snap.dedup[lane] = {item["table"]: {"rows": item["count"], "oldest_age": item["oldest_age"]}
+                                for item in state.dedup_tables(conn, None)}
+            conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": lab.schema})
+            snap.log_ends[lane] = state.log_ends(conn, schema)
+        conn.rollback()
+    return snap
+
+
+def as_dict(snap: Snapshot) -> dict[str, Any]:
+    """A JSON-friendly view (for --json and the guided page)."""
+    return {"consumers": snap.consumers, "verdicts": {str(k or ""): v for k, v in snap.verdicts.items()},
+            "accounts": {str(k or ""): v for k, v in snap.accounts.items()},
+            "dedup": {str(k or ""): v for k, v in snap.dedup.items()},
+            "committed": snap.committed, "log_end": snap.log_end_total()}

@@ -1,0 +1,496 @@
+"""Runs a scenario against a fresh lab, through the same operations a person clicks.
+
+Every step calls one function of ``webapp.operations`` (publish, start_consumer,
+consumer_action, arm, ...); every wait and every expectation reads the lab through
+``observe`` (state.py and verdict.py). The run's progress is a plain ``RunState`` so that the
+guided mode can keep it in PostgreSQL between two clicks and the headless runner in memory.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import SQLAlchemyError
+
+from .. import commands, operations, timeline
+from ..labs import Lab
+from .loader import (CAPABILITIES, Expectation, Scenario, Step, compare, describe_condition, format_comparison)
+from .observe import Snapshot, observe
+
+POLL_INTERVAL = 0.2
+LIVE = ("starting", "running", "frozen", "stepping")
+
+# Which broker can do what a scenario may require (../shared/BROKER.md, measured).
+SUPPORT = {"max-poll-interval-handover": {"tansu": False, "kafka": True}}
+NOT_SUPPORTED_WHY = {
+    ("max-poll-interval-handover", "tansu"):
+        "on the embedded Tansu broker a new member loops in JoinGroup/SyncGroup and is never assigned while a "
+        "member stalls past max.poll.interval.ms (BROKER.md): this hand-over does not complete on Tansu",
+}
+
+
+class NotRunnable(Exception):
+    """The scenario needs something this lab cannot do; the message says what and why."""
+
+
+@dataclass
+class RunState:
+    scenario: str
+    lab: str
+    position: int = 0                    # steps done; setup is done when ``prepared``
+    prepared: bool = False
+    status: str = "ready"                # ready | running | passed | failed | not-run | error
+    reason: str | None = None
+    consumers: dict[str, int] = field(default_factory=dict)
+    events: dict[str, str] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+    seconds: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("passed", "failed", "not-run", "error")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunState":
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+# --- broker kind ------------------------------------------------------------------------------
+
+def broker_kind(config: dict[str, Any], probe: bool = True) -> tuple[str, str]:
+    """(kind, how we know): ``tansu``, ``kafka`` or ``unknown``.
+
+    ``LAB_BROKER_KIND`` (setting or environment) wins; else, where allowed (the CLI and tests,
+    never a web process), one metadata request: Tansu reports the cluster id ``tansu_cluster``.
+    """
+    explicit = config.get("LAB_BROKER_KIND") or os.environ.get("LAB_BROKER_KIND")
+    if explicit:
+        return str(explicit).lower(), "LAB_BROKER_KIND"
+    bootstrap = config.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not probe or not bootstrap:
+        return "unknown", "not probed"
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+    try:
+        metadata = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0}).list_topics(timeout=5)
+    except KafkaException as error:
+        return "unknown", f"the broker did not answer: {error}"
+    cluster = metadata.cluster_id or ""
+    return ("tansu" if cluster.startswith("tansu") else "kafka"), f"cluster id {cluster!r}"
+
+
+def fault_proxy_available() -> bool:
+    return callable(getattr(operations, "arm_fault_proxy", None))
+
+
+def preflight(scenario: Scenario, broker: str, engine: Engine | None = None) -> str | None:
+    """Why this scenario cannot run here, or None."""
+    for capability in scenario.requires:
+        supported = SUPPORT.get(capability, {}).get(broker)
+        if supported is None:
+            return (f"it needs a broker where {CAPABILITIES[capability]}, and the lab cannot tell which broker runs "
+                    f"({broker}); set LAB_BROKER_KIND=kafka or tansu")
+        if not supported:
+            return NOT_SUPPORTED_WHY.get((capability, broker), f"the {broker} broker cannot do: {capability}")
+    if any(step.action == "lost_ack" for step in scenario.steps) and not fault_proxy_available():
+        return ("it needs the lost-ack fault proxy (operations.arm_fault_proxy), which this build of the lab "
+                "does not have yet")
+    if any(step.action == "lost_ack" for step in scenario.steps) and engine is not None:
+        state_of = getattr(operations, "fault_proxy_state", None)
+        if callable(state_of) and not state_of(engine, Lab("preflight")).get("running"):
+            return ("it needs the lost-ack fault proxy between the lab's producer and the broker, and no fault "
+                    "proxy is running (`make run` starts one with the embedded broker)")
+    return None
+
+
+
+# --- lab names --------------------------------------------------------------------------------
+
+def fresh_lab_name(engine: Engine, scenario_name: str) -> str:
+    """``<scenario slug>_<n>``: the scenario's name plus a counter past every earlier run's lab."""
+    slug = re.sub(r"[^a-z0-9]+", "_", scenario_name.lower()).strip("_")
+    if not slug or not slug[0].isalpha():
+        slug = "s" + slug
+    slug = slug[:17].rstrip("_")
+    with engine.connect() as conn:
+        names = conn.execute(text("SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE :p"),
+                             {"p": f"lab\\_{slug.replace('_', chr(92) + '_')}\\_%"}).scalars().all()
+    numbers = [int(m.group(1)) for n in names if (m := re.fullmatch(rf"lab_{slug}_(\d+)", n))]
+    return f"{slug}_{max(numbers, default=0) + 1}"
+
+
+# --- conditions and expectations --------------------------------------------------------------
+
+def evaluate(condition: dict[str, Any], snap: Snapshot, run: RunState) -> tuple[bool, str]:
+    """(holds, what was observed)."""
+    if "all" in condition:
+        results = [evaluate(part, snap, run) for part in condition["all"]]
+        return all(ok for ok, _ in results), "; ".join(seen for _, seen in results)
+    lane = condition.get("lane")
+    if "consumer" in condition:
+        name = condition["consumer"]
+        row = snap.consumers_by_id.get(run.consumers.get(name, -1))
+        if row is None:
+            return False, f"{name}: no row yet"
+        checks = []
+        if "state" in condition:
+            checks.append(row["state"] in condition["state"])
+        if "assigned" in condition:
+            checks.append(bool(row["assigned"]) == condition["assigned"])
+        if "step_at" in condition:
+            checks.append(row["state"] == "stepping" and row["step_at"] == condition["step_at"])
+        for key in ("applied", "absorbed", "commit_failures"):
+            if key in condition:
+                checks.append(compare(row[key], condition[key]))
+        seen = (f"{name} {row['state']}, partitions {row['assigned'] or 'none'}, applied {row['applied']}, "
+                f"absorbed {row['absorbed']}, commit failures {row['commit_failures']}"
+                + (f", at {row['step_at']}" if row["state"] == "stepping" else ""))
+        return all(checks), seen
+    if "caught_up" in condition:
+        group = condition["caught_up"]
+        info = snap.groups.get(group, {})
+        ends = snap.log_ends.get(info.get("lane"), {})
+        committed = snap.committed.get(group, {})
+        seen = (f"group {group}: log end " + ", ".join(f"p{p}={e}" for p, e in sorted(ends.items()) if e)
+                + "; committed " + ", ".join(f"p{p}={c}" for p, c in sorted(committed.items())))
+        return snap.caught_up(group), seen
+    if "verdict" in condition:
+        verdict = snap.verdicts.get(lane, {})
+        seen = ", ".join(f"{k} {verdict.get(k)}" for k in condition["verdict"])
+        return all(compare(verdict.get(k), c) for k, c in condition["verdict"].items()), seen
+    if "account" in condition:
+        account = snap.accounts.get(lane, {}).get(condition["account"])
+        if account is None:
+            return False, f"no account {condition['account']}"
+        ok = True
+        if "balance" in condition:
+            ok = ok and compare(account["actual"], condition["balance"])
+        if "status" in condition:
+            ok = ok and account["status"] == condition["status"]
+        return ok, f"{condition['account']} balance {account['actual']} cents, status {account['status']}"
+    if "dedup" in condition:
+        table = snap.dedup.get(lane, {}).get(condition["dedup"], {})
+        ok = True
+        if "rows" in condition:
+            ok = ok and compare(table.get("rows"), condition["rows"])
+        if "oldest_age" in condition:
+            ok = ok and compare(table.get("oldest_age"), condition["oldest_age"])
+        age = table.get("oldest_age")
+        return ok, (f"{condition['dedup']}: {table.get('rows')} row(s)"
+                    + (f", oldest {age:.1f} s old" if age is not None else ""))
+    if "log_end" in condition:
+        total = snap.log_end_total()
+        return compare(total, condition["log_end"]), f"{total} record(s) in the topic"
+    return False, "unknown condition"
+
+
+def observed_value(expectation: Expectation, snap: Snapshot, run: RunState) -> Any:
+    target = expectation.target
+    lane = target.get("lane")
+    if expectation.kind == "verdict":
+        return snap.verdicts.get(lane, {}).get(target["field"])
+    if expectation.kind == "account":
+        return snap.accounts.get(lane, {}).get(target["account"], {}).get(target["field"])
+    if expectation.kind == "dlq":
+        return sum(v.get("dead_letters", 0) for v in snap.verdicts.values())
+    if expectation.kind == "commit_failures":
+        if "consumer" in target:
+            row = snap.consumers_by_id.get(run.consumers.get(target["consumer"], -1))
+            return row["commit_failures"] if row else None
+        return sum(row["commit_failures"] for row in snap.consumers_by_id.values())
+    if expectation.kind == "dedup":
+        return snap.dedup.get(lane, {}).get(target["table"], {}).get("rows")
+    if expectation.kind == "log_end":
+        return snap.log_end_total()
+    return None
+
+
+def check_expectations(scenario: Scenario, snap: Snapshot, run: RunState) -> list[dict[str, Any]]:
+    checks = []
+    for expectation in scenario.expectations:
+        value = observed_value(expectation, snap, run)
+        checks.append({"label": expectation.label, "wanted": expectation.wanted, "observed": value,
+                       "ok": compare(value, expectation.comparison), "line": expectation.line})
+    return checks
+
+
+# --- the runner -------------------------------------------------------------------------------
+
+Echo = Callable[[str, dict[str, Any]], None]
+
+
+class Runner:
+    def __init__(self, engine: Engine, scenario: Scenario, run: RunState, *, broker: str = "unknown",
+                 echo: Echo | None = None, command_timeout: float = 60.0):
+        self.engine = engine
+        self.scenario = scenario
+        self.run = run
+        self.lab = Lab(run.lab)
+        self.broker = broker
+        self.echo = echo or (lambda kind, data: None)
+        self.command_timeout = command_timeout
+
+    # --- the whole run --------------------------------------------------------------------
+
+    def run_all(self) -> RunState:
+        try:
+            if not self.run.prepared:
+                self.prepare()
+            while not self.run.finished and self.run.position < len(self.scenario.steps):
+                self.next_step()
+            if not self.run.finished:
+                self.conclude()
+        finally:
+            self.stop_consumers()
+        return self.run
+
+    def prepare(self) -> dict[str, Any]:
+        """Check the scenario can run here, then a fresh lab: topics, accounts, groups, TTL."""
+        started = time.monotonic()
+        self.run.status = "running"
+        reason = preflight(self.scenario, self.broker, self.engine)
+        if reason:
+            self.run.status, self.run.reason = "not-run", reason
+            result = {"index": 0, "action": "setup", "description": "check what the scenario needs",
+                      "status": "not-run", "observed": reason, "seconds": 0.0}
+            self.run.steps.append(result)
+            self.echo("step", result)
+            return result
+        if not commands.live_agents(self.engine):
+            raise commands.NoAgent("no lab agent is running: start the lab with `make run` "
+                                   "(or `flask --app app lab agent`)")
+        operations.reset_lab(self.engine, self.lab, {"partitions": self.scenario.partitions})
+        done = [f"lab {self.lab.name}: {self.scenario.partitions} partition(s), 5 accounts"]
+        for group in self.scenario.groups:
+            if group.name == "payments" and not group.lane:
+                if group.strategy != "none":
+                    operations.set_strategy(self.engine, self.lab, "payments", {"strategy": group.strategy})
+            elif not self._is_created_by_a_step(group.name):
+                operations.create_group(self.engine, self.lab, {"group": group.name, "strategy": group.strategy,
+                                                                "lane": group.lane})
+            else:
+                continue
+            done.append(f"group {group.name}: {group.strategy}" + (f" on lane {group.lane}" if group.lane else ""))
+        if self.scenario.ttl:
+            operations.set_ttl(self.engine, self.lab, self._ttl_body(self.scenario.ttl))
+            done.append("TTL " + ", ".join(f"{k} {v}" for k, v in self.scenario.ttl.items()))
+        self.run.prepared = True
+        result = {"index": 0, "action": "setup", "description": "a fresh lab", "status": "ok",
+                  "observed": "; ".join(done), "seconds": round(time.monotonic() - started, 2)}
+        self.run.steps.append(result)
+        self._say(f"scenario {self.scenario.name}: setup — " + "; ".join(done))
+        self.echo("step", result)
+        return result
+
+    def _is_created_by_a_step(self, group: str) -> bool:
+        return any(s.action == "group" and s.args["name"] == group for s in self.scenario.steps)
+
+    def next_step(self) -> dict[str, Any]:
+        step = self.scenario.steps[self.run.position]
+        started = time.monotonic()
+        self.echo("start", {"index": step.index, "description": step.describe()})
+        status, observed = "ok", ""
+        try:
+            observed = getattr(self, f"_do_{step.action}")(step)
+        except StepFailed as failure:
+            status, observed = "failed", str(failure)
+        except NotRunnable as reason:
+            status, observed = "not-run", str(reason)
+        except (operations.InvalidRequest, operations.NotFound, commands.CommandError) as error:
+            status, observed = "error", f"{type(error).__name__}: {error}"
+        result = {"index": step.index, "action": step.action, "description": step.describe(), "status": status,
+                  "observed": observed, "seconds": round(time.monotonic() - started, 2), "line": step.line}
+        self.run.steps.append(result)
+        self.run.position += 1
+        self._say(f"scenario {self.scenario.name} step {step.index}/{len(self.scenario.steps)}: "
+                  f"{step.describe()} — {status}: {observed}"[:1000])
+        self.echo("step", result)
+        if status == "not-run":
+            self.run.status, self.run.reason = "not-run", observed
+        elif status != "ok":
+            self.conclude(failed_step=result)
+        return result
+
+    def conclude(self, failed_step: dict[str, Any] | None = None) -> RunState:
+        snap = observe(self.engine, self.lab)
+        self.run.checks = check_expectations(self.scenario, snap, self.run)
+        if self.run.status == "not-run":
+            pass
+        elif failed_step is not None:
+            self.run.status = "failed" if failed_step["status"] == "failed" else "error"
+            self.run.reason = f"step {failed_step['index']} ({failed_step['description']}): {failed_step['observed']}"
+        elif all(check["ok"] for check in self.run.checks):
+            self.run.status = "passed"
+        else:
+            self.run.status = "failed"
+            bad = [c for c in self.run.checks if not c["ok"]]
+            self.run.reason = "; ".join(f"{c['label']}: wanted {c['wanted']}, observed {c['observed']}" for c in bad)
+        self.run.seconds = round(time.time() - self.run.started, 1)
+        self._say(f"scenario {self.scenario.name}: {self.run.status}" + (f" — {self.run.reason}" if self.run.reason else ""))
+        self.echo("checks", {"checks": self.run.checks, "status": self.run.status, "reason": self.run.reason})
+        return self.run
+
+    def stop_consumers(self) -> None:
+        """Stop every live consumer of this run's lab (stop sends SIGCONT first to a frozen one)."""
+        snap = observe(self.engine, self.lab)
+        for consumer_id, row in snap.consumers_by_id.items():
+            if row["state"] in LIVE:
+                try:
+                    operations.consumer_action(self.engine, self.lab, consumer_id, "stop")
+                except (operations.InvalidRequest, operations.NotFound, commands.CommandError):
+                    pass  # it ended by itself meanwhile
+
+    # --- steps ----------------------------------------------------------------------------
+
+    def _id(self, name: str) -> int:
+        return self.run.consumers[name]
+
+    def _do_publish(self, step: Step) -> str:
+        a = step.args
+        body: dict[str, Any] = {"mode": a["mode"], "idempotent": a["idempotent"]}
+        if a["mode"] == "poison":
+            body["poison_kind"] = a["poison_kind"]
+        elif a["mode"] in ("resend", "source-duplicate"):
+            if a.get("event"):
+                body["event_id"] = self.run.events[a["event"]]
+        else:
+            body.update({"type": a["type"], "account_id": a["account"]})
+            for key in ("amount_cents", "status", "count", "transaction_id"):
+                if key in a:
+                    body[key] = a[key]
+        result = operations.publish(self.engine, self.lab, body)
+        records = result.get("records", [])
+        if a.get("as") and records and records[0].get("event_id"):
+            self.run.events[a["as"]] = records[0]["event_id"]
+        errors = [r["error"] for r in records if r.get("error")]
+        where = ", ".join(f"p{r['partition']}@{r['offset']}" if r.get("offset") is not None
+                          else f"p{r.get('partition')}@(no offset in the delivery report)" for r in records[:5])
+        return (f"{len(records)} record(s) written: {where}" + (" …" if len(records) > 5 else "")
+                + (f"; delivery errors: {errors}" if errors else ""))
+
+    def _do_start(self, step: Step) -> str:
+        result = operations.start_consumer(self.engine, self.lab, {"group": step.args["group"],
+                                                                   "name": step.args["consumer"]})
+        self.run.consumers[step.args["consumer"]] = result["consumer_id"]
+        return f"consumer {result['name']} (id {result['consumer_id']}, pid {result.get('pid')}) in {result['group_id']}"
+
+    def _verb(self, step: Step) -> str:
+        result = operations.consumer_action(self.engine, self.lab, self._id(step.args["consumer"]), step.action)
+        return f"{step.args['consumer']}: " + ", ".join(f"{k} {v}" for k, v in result.items() if k != "consumer_id")
+
+    _do_kill = _do_freeze = _do_thaw = _do_stop = _do_restart = _verb
+
+    def _do_arm(self, step: Step) -> str:
+        a = step.args
+        operations.arm(self.engine, self.lab, self._id(a["consumer"]),
+                       {"point": a["point"], "action": a["action"], "always": a["always"]})
+        return f"{a['consumer']} armed: {a['action']} at {a['point']}" + (" every time" if a["always"] else " once")
+
+    def _do_disarm(self, step: Step) -> str:
+        operations.arm(self.engine, self.lab, self._id(step.args["consumer"]), {})
+        return f"{step.args['consumer']} disarmed"
+
+    def _do_step_mode(self, step: Step) -> str:
+        result = operations.set_step_mode(self.engine, self.lab, self._id(step.args["consumer"]),
+                                          {"on": step.args["on"]})
+        return f"{step.args['consumer']} step mode {'on' if result['step_mode'] else 'off'}"
+
+    def _do_step(self, step: Step) -> str:
+        result = operations.step(self.engine, self.lab, self._id(step.args["consumer"]))
+        return f"{step.args['consumer']} advanced past {result.get('was_at') or 'its point'}"
+
+    def _do_group(self, step: Step) -> str:
+        a = step.args
+        result = operations.create_group(self.engine, self.lab, {"group": a["name"], "strategy": a["strategy"],
+                                                                 "lane": a.get("lane")})
+        return f"group {result['group_id']} ({result['strategy']}) applies to {result['effects_schema']}"
+
+    def _do_strategy(self, step: Step) -> str:
+        result = operations.set_strategy(self.engine, self.lab, step.args["group"],
+                                         {"strategy": step.args["strategy"]})
+        return f"{result['group_id']} now uses {result['strategy']}"
+
+    def _do_reset_offsets(self, step: Step) -> str:
+        a = step.args
+        result = operations.reset_offsets(self.engine, self.lab, a["group"],
+                                          {k: v for k, v in a.items() if k != "group"})
+        return (f"{result['group_id']} offsets now " + ", ".join(f"p{p}@{o}" for p, o in sorted(result["offsets"].items()))
+                + f"; restarted consumer(s) {result.get('restarted')}")
+
+    @staticmethod
+    def _ttl_body(args: dict[str, Any]) -> dict[str, Any]:
+        body = {}
+        if "seconds" in args:
+            body["ttl_seconds"] = args["seconds"]
+        if "schedule_seconds" in args:
+            body["ttl_schedule_seconds"] = args["schedule_seconds"]
+        return body
+
+    def _do_ttl(self, step: Step) -> str:
+        result = operations.set_ttl(self.engine, self.lab, self._ttl_body(step.args))
+        return f"TTL {result['ttl_seconds']} s, schedule {result['ttl_schedule_seconds'] or 'off'}"
+
+    def _do_ttl_cleanup(self, step: Step) -> str:
+        result = operations.ttl_cleanup(self.engine, self.lab, self._ttl_body(step.args))
+        deleted = {table: n for counts in result["deleted"].values() for table, n in counts.items() if n}
+        return f"older than {result['ttl_seconds']:g} s: deleted " + (
+            ", ".join(f"{n} from {t}" for t, n in deleted.items()) if deleted else "nothing")
+
+    def _do_lost_ack(self, step: Step) -> str:
+        arm = getattr(operations, "arm_fault_proxy", None)
+        if not callable(arm):
+            raise NotRunnable("the lost-ack fault proxy (operations.arm_fault_proxy) is not in this build")
+        try:
+            result = arm(self.engine, self.lab, dict(step.args))
+        except (operations.InvalidRequest, operations.NotFound,
+                getattr(operations, "NoFaultProxy", operations.NotFound)) as error:
+            raise NotRunnable(f"the lost-ack fault proxy cannot be armed here: {error}") from None
+        state_of = getattr(operations, "fault_proxy_state", None)
+        seen = state_of(self.engine, self.lab) if callable(state_of) else result
+        return f"fault proxy armed: {_short(seen)}"
+
+    def _do_wait(self, step: Step) -> str:
+        condition = {k: v for k, v in step.args.items() if k != "timeout"}
+        deadline = time.monotonic() + step.args["timeout"]
+        started = time.monotonic()
+        while True:
+            snap = observe(self.engine, self.lab)
+            ok, seen = evaluate(condition, snap, self.run)
+            if ok:
+                return f"after {time.monotonic() - started:.1f} s: {seen}"
+            if time.monotonic() >= deadline:
+                raise StepFailed(f"not within {step.args['timeout']:g} s: wanted {describe_condition(condition)}; "
+                                 f"observed {seen}")
+            time.sleep(POLL_INTERVAL)
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _say(self, summary: str) -> None:
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": self.lab.schema})
+                timeline.record(conn.exec_driver_sql, "scenario", summary)
+        except SQLAlchemyError:  # the timeline note is a courtesy; never fail a run for it
+            pass
+
+
+class StepFailed(Exception):
+    """A wait that did not hold in time; the message says what was wanted and what was seen."""
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text_ = ", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else str(value)
+    return text_ if len(text_) <= limit else text_[:limit] + "…"
+
+
+__all__ = ["NotRunnable", "RunState", "Runner", "broker_kind", "check_expectations", "evaluate", "format_comparison",
+           "fresh_lab_name", "preflight"]

@@ -1,0 +1,255 @@
+"""The dashboard's controls: HTML forms that call the operations module, as the JSON API does.
+
+Every form posts here with its CSRF token (htmx sends it as X-CSRFToken, see layout.html) and
+gets back its own form, which htmx swaps in place:
+- done: the form again, with a notice saying what happened (the panels show the effect);
+- bad input (operations.InvalidRequest): status 422, the error next to the named field, and
+  nothing changed, because operations validate before they act;
+- unknown consumer or group: 404 with the reason; no running lab agent: 503 with a banner.
+Consumer buttons answer with a notice only (``controls/notice.html``).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from flask import Blueprint, current_app, render_template, request
+
+from .. import commands, events, operations, state, strategies
+from ..db import db
+from . import current_lab, dashboard, lab_db
+
+bp = Blueprint("controls", __name__, url_prefix="/controls")
+
+NO_AGENT = ("No lab agent is running, so nothing was done. Start the lab with `make run` "
+            "(it starts the agent), then try again.")
+
+# The fields each form shows: an error about any other field is shown at the top of the form.
+FORM_FIELDS = {
+    "publish": ("mode", "type", "account_id", "amount", "status", "count", "event_id", "poison_kind", "idempotent"),
+    "consumer_add": ("group", "strategy", "name"),
+    "strategy": ("group", "strategy"),
+    "offsets": ("group", "mode", "offsets", "back", "timestamp"),
+    "lane": ("lane", "strategy"),
+    "ttl": ("ttl_seconds", "ttl_schedule_seconds"),
+    "reset": ("confirm", "partitions"),
+}
+
+Renderer = Callable[..., tuple[str, int]]
+
+
+@bp.app_context_processor
+def control_choices() -> dict[str, Any]:
+    """The menus every control form offers, wherever the form is rendered."""
+    return {"poison_kinds": [(kind, kind.replace("-", " ")) for kind in events.POISON_PILLS],
+            "strategy_names": strategies.NAMES}
+
+
+def run_form(form: str, render: Renderer, action: Callable[[dict[str, Any]], str]):
+    """Run ``action(values)``; answer with the form rendered for the outcome."""
+    values = request.form.to_dict()
+    try:
+        notice = action(values)
+    except operations.InvalidRequest as error:
+        field = error.field if error.field in FORM_FIELDS[form] else "form"
+        # The agent's reasons start with the field's name; next to the field it goes without saying.
+        message = error.message.removeprefix(f"{error.field}: ")
+        return render(form=form, values=values, errors={field: message}, status=422)
+    except operations.NotFound as error:
+        return render(form=form, values=values, errors={"form": str(error)}, status=404)
+    except commands.NoAgent:
+        return render(form=form, values=values, banner=NO_AGENT, status=503)
+    return render(form=form, values=values, notice=notice)
+
+
+def template_renderer(template: str, **fixed: Any) -> Renderer:
+    def render(status: int = 200, **context: Any) -> tuple[str, int]:
+        return render_template(template, **fixed, **context), status
+    return render
+
+
+def group_controls_renderer(status: int = 200, **context: Any) -> tuple[str, int]:
+    return dashboard.render_panel("group_controls", status=status, **context)
+
+
+def lab_accounts():
+    with lab_db() as (lab, session):
+        return state.accounts(session, lab)
+
+
+# --- publish -------------------------------------------------------------------------------
+
+@bp.post("/publish")
+def publish():
+    def action(values: dict[str, Any]) -> str:
+        body = {**values, "idempotent": values.get("idempotent", "off")}
+        result = operations.publish(db.engine, current_lab(), body)
+        records = result["records"]
+        where = ", ".join(f"P{r['partition']} @ {r['offset']}" for r in records[:3] if r["partition"] is not None)
+        more = f" and {len(records) - 3} more" if len(records) > 3 else ""
+        return f"Published {len(records)} {result['mode']} record(s){': ' + where if where else ''}{more}."
+    return run_form("publish", template_renderer("controls/publish.html", accounts=lab_accounts()), action)
+
+
+# --- consumers -----------------------------------------------------------------------------
+
+@bp.post("/consumers")
+def start_consumer():
+    def action(values: dict[str, Any]) -> str:
+        result = operations.start_consumer(db.engine, current_lab(), values)
+        return f"Started consumer {result['name']} in {result['group_id']} (pid {result['pid']})."
+    return run_form("consumer_add", template_renderer("controls/consumer_add.html"), action)
+
+
+def notice(message: str, ok: bool = True, status: int = 200):
+    return render_template("controls/notice.html", message=message, ok=ok), status
+
+
+def run_consumer_action(action: Callable[[], str]):
+    """A consumer button: answer with a notice for the page's notice area."""
+    try:
+        return notice(action())
+    except operations.InvalidRequest as error:
+        # "must be one of ..." needs its subject; other reasons name it already.
+        message = f"{error.field} {error.message}" if error.message.startswith("must") else error.message
+        return notice(message, ok=False, status=422)
+    except operations.NotFound as error:
+        return notice(str(error), ok=False, status=404)
+    except commands.NoAgent:
+        return notice(NO_AGENT, ok=False, status=503)
+
+
+VERB_DONE = {"kill": "killed (SIGKILL)", "freeze": "frozen (SIGSTOP)", "thaw": "thawed (SIGCONT)",
+             "stop": "stopped", "restart": "restarted"}
+
+
+@bp.post("/consumers/<int:consumer_id>/<any(kill, freeze, thaw, stop, restart):verb>")
+def consumer_action(consumer_id: int, verb: str):
+    def action() -> str:
+        operations.consumer_action(db.engine, current_lab(), consumer_id, verb)
+        return f"Consumer {consumer_id} {VERB_DONE[verb]}."
+    return run_consumer_action(action)
+
+
+def fault_body(value: str) -> dict[str, Any]:
+    """The fault menu's ``crash|once|after-commit`` as operations.arm's fields; empty disarms."""
+    if not value:
+        return {}
+    action, _, rest = value.partition("|")
+    how, _, point = rest.partition("|")
+    return {"point": point, "action": action, "always": how == "always"}
+
+
+@bp.post("/consumers/<int:consumer_id>/arm")
+def arm(consumer_id: int):
+    def action() -> str:
+        armed = operations.arm(db.engine, current_lab(), consumer_id, fault_body(request.form.get("fault", "")))["armed"]
+        if not armed["point"]:
+            return f"Consumer {consumer_id}: fault disarmed."
+        return (f"Consumer {consumer_id}: {armed['action']} armed at {armed['point']} "
+                f"({'every time' if armed['always'] else 'once'}).")
+    return run_consumer_action(action)
+
+
+@bp.post("/consumers/<int:consumer_id>/step-mode")
+def step_mode(consumer_id: int):
+    def action() -> str:
+        on = operations.set_step_mode(db.engine, current_lab(), consumer_id, request.form.to_dict())["step_mode"]
+        return f"Consumer {consumer_id}: step mode {'on: it stops at every crash point' if on else 'off'}."
+    return run_consumer_action(action)
+
+
+@bp.post("/consumers/<int:consumer_id>/step")
+def step(consumer_id: int):
+    def action() -> str:
+        result = operations.step(db.engine, current_lab(), consumer_id)
+        return f"Consumer {consumer_id} moves on from {result['was_at'] or 'where it waits'}."
+    return run_consumer_action(action)
+
+
+# --- groups, offsets, lanes ----------------------------------------------------------------
+
+@bp.post("/groups/strategy")
+def set_strategy():
+    def action(values: dict[str, Any]) -> str:
+        result = operations.set_strategy(db.engine, current_lab(), values.get("group", ""), values)
+        return f"{result['group_id']} now uses {result['strategy']}, from its next message."
+    return run_form("strategy", group_controls_renderer, action)
+
+
+def offsets_body(values: dict[str, Any]) -> dict[str, Any]:
+    """Accept ``0:3, 1:5`` for the offsets field as well as operations' JSON object."""
+    raw = values.get("offsets", "").strip()
+    if raw and not raw.startswith("{"):
+        try:
+            pairs = [piece.split(":") for piece in raw.split(",") if piece.strip()]
+            values = {**values, "offsets": json.dumps({p.strip(): int(o) for p, o in pairs})}
+        except ValueError:
+            pass  # left as typed: operations names the field and the expected shape
+    return values
+
+
+@bp.post("/groups/reset-offsets")
+def reset_offsets():
+    def action(values: dict[str, Any]) -> str:
+        result = operations.reset_offsets(db.engine, current_lab(), values.get("group", ""), offsets_body(values))
+        moved = ", ".join(f"P{p} → {o}" for p, o in sorted(result["offsets"].items()))
+        return (f"{result['group_id']}: stopped {len(result['restarted'])} consumer(s), reset to {moved}, "
+                "restarted them.")
+    return run_form("offsets", group_controls_renderer, action)
+
+
+@bp.post("/lanes")
+def create_lane():
+    """A strategy lane: its own group and copy of the accounts, and one consumer on it."""
+    def action(values: dict[str, Any]) -> str:
+        lane = values.get("lane", "")
+        try:
+            group = operations.create_group(db.engine, current_lab(), {"group": lane, "lane": lane,
+                                                                       "strategy": values.get("strategy")})
+        except operations.InvalidRequest as error:
+            # The lane's name is its group's name too: an error about either is about this field.
+            raise operations.InvalidRequest("lane" if error.field == "group" else error.field, error.message) from None
+        started = operations.start_consumer(db.engine, current_lab(), {"group": lane})
+        return (f"Lane {lane}: group {group['group_id']} with {group['strategy']} on its own accounts, "
+                f"consumer {started['name']} started.")
+    return run_form("lane", group_controls_renderer, action)
+
+
+# --- TTL and lab ---------------------------------------------------------------------------
+
+def ttl_renderer(status: int = 200, **context: Any) -> tuple[str, int]:
+    return render_template("controls/ttl.html", ttl=operations.ttl_settings(db.engine, current_lab()),
+                           **context), status
+
+
+@bp.post("/ttl")
+def set_ttl():
+    def action(values: dict[str, Any]) -> str:
+        result = operations.set_ttl(db.engine, current_lab(), values)
+        every = result["ttl_schedule_seconds"]
+        return (f"TTL {dashboard.duration_label(result['ttl_seconds'])}, "
+                + (f"cleanup every {dashboard.duration_label(every)}." if every else "cleanup on demand."))
+    return run_form("ttl", ttl_renderer, action)
+
+
+@bp.post("/ttl/cleanup")
+def ttl_cleanup():
+    def action(values: dict[str, Any]) -> str:
+        result = operations.ttl_cleanup(db.engine, current_lab(), {})
+        total = sum(n for counts in result["deleted"].values() for n in counts.values())
+        return f"Cleanup deleted {total} key(s) older than {dashboard.duration_label(result['ttl_seconds'])}."
+    return run_form("ttl", ttl_renderer, action)
+
+
+@bp.post("/lab/reset")
+def reset_lab():
+    lab = current_lab()
+
+    def action(values: dict[str, Any]) -> str:
+        # The typed lab name is the confirmation: wiping a lab is not undone.
+        if values.get("confirm", "").strip() != lab.name:
+            raise operations.InvalidRequest("confirm", f"type the lab's name, {lab.name}, to confirm")
+        result = operations.reset_lab(db.engine, lab, values, current_app.config["LAB_PARTITIONS"])
+        return f"Lab {lab.name} reset: {result['partitions']} partitions, 5 accounts, no consumers."
+    return run_form("reset", template_renderer("controls/reset.html", lab=lab), action)
