@@ -3,6 +3,7 @@ import pytest
 from sqlalchemy import text
 
 from webapp.db import db, lab_session
+from webapp.waits import wait_until
 
 
 def test_page_renders_accounts_from_the_database(app, client, lab):
@@ -38,3 +39,57 @@ def test_unknown_panel_is_a_404_page(client, lab):
     response = client.get("/panels/nope")
     assert response.status_code == 404
     assert "nothing at /panels/nope" in response.get_data(as_text=True)
+
+
+def test_live_fingerprints_change_only_for_panels_that_changed(client, lab):
+    # A fresh lab settles first (the agent's first snapshot of committed offsets); then, while
+    # nothing happens, two polls agree: nothing to refresh.
+    seen = [None]
+
+    def settled():
+        current = client.get("/live").get_json()["fingerprints"]
+        stable, seen[0] = current == seen[0], current
+        return stable
+    wait_until(settled, timeout=15, interval=0.3, message="the fingerprints never settled")
+    before = seen[0]
+    lab.credit("acc-1", 700)
+    after = client.get("/live").get_json()["fingerprints"]
+    for changed in ("partitions", "accounts", "verdict", "timeline", "chart"):
+        assert after[changed] != before[changed], changed
+    for unchanged in ("consumers", "dedup", "sql", "group_controls"):
+        assert after[unchanged] == before[unchanged], unchanged
+    # A panel carries the fingerprint it was rendered with, so the page can tell it is current.
+    assert f'data-fingerprint="{after["accounts"]}"' in client.get("/panels/accounts").get_data(as_text=True)
+
+
+def test_chart_series_start_at_zero_and_reach_the_expected_total(client, lab):
+    assert client.get("/panels/chart.json").get_json()["x"] == []
+    lab.credit("acc-1", 700)
+    lab.credit("acc-2", 300)
+    data = client.get("/panels/chart.json").get_json()
+    series = {s["label"]: s["values"] for s in data["series"]}
+    assert series["expected"][0] == 0 and series["expected"][-1] == 1000
+    assert series["actual"][-1] == 0  # no consumer yet
+    assert len(data["x"]) == len(series["expected"]) == len(series["actual"])
+
+
+def test_drilldown_of_an_event_and_of_a_record(client, lab):
+    record = lab.credit("acc-2", 1234)
+    html = client.get(f"/events/{record['event_id']}", headers={"HX-Request": "true"}).get_data(as_text=True)
+    assert f"Event {record['event_id']}" in html
+    assert f"P{record['partition']} @ {record['offset']}" in html and "+12.34" in html
+    assert "Not delivered to any consumer yet" in html and "<html" not in html
+    page = client.get(f"/records/{record['partition']}/{record['offset']}").get_data(as_text=True)
+    assert "<html" in page and record["event_id"] in page  # without htmx: a whole page
+    assert client.get("/events/00000000-0000-4000-8000-00000000abcd").status_code == 404
+    assert client.get("/events/not-a-uuid").status_code == 404
+
+
+def test_sql_view_draws_transactions_and_crash_points(client, lab):
+    html = client.get("/panels/sql?strategy=eventid-split").get_data(as_text=True)
+    assert html.count('class="boundary begin"') == 2 and html.count('class="boundary commit"') == 2
+    assert 'data-point="between-key-and-effect"' in html
+    assert "ON CONFLICT (event_id) DO NOTHING" in html
+    assert 'hx-get="/panels/sql?strategy=eventid-split"' in html  # a chosen tab stays chosen
+    html = client.get("/panels/sql").get_data(as_text=True)
+    assert 'class="tab current" aria-pressed="true"' in html and 'data-strategy="none"' in html

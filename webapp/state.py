@@ -497,22 +497,22 @@ def event_drilldown(session: Session, lab: Lab, event_id: str | None = None,
     for schema in effects_schemas(session, lab):
         copy = "lab" if schema == lab.schema else schema[len(lab.schema) + 2:]
         where = "event_id = CAST(:event AS uuid)" if event_id else 'partition = :partition AND "offset" = :offset'
-        deliveries += [{"copy": copy, **r} for r in session.execute(text(
+        deliveries += [{"lane": copy, **r} for r in session.execute(text(
             f'SELECT id, group_id, consumer, partition, "offset", generation, attempt, strategy, outcome, reason, '
             f"delivered_at FROM {_q(schema)}.deliveries WHERE {where} ORDER BY delivered_at, id"), params).mappings()]
         if transaction_ids:
-            effects += [{"copy": copy, "table": "payments", **r} for r in session.execute(text(
+            effects += [{"lane": copy, "table": "payments", **r} for r in session.execute(text(
                 f"SELECT id::text AS id, event_id::text AS event_id, transaction_id, account_id, amount_cents, "
                 f"applied_at AS at FROM {_q(schema)}.payments WHERE transaction_id = ANY(:tx) ORDER BY applied_at"),
                 {"tx": transaction_ids}).mappings()]
-            keys += [{"copy": copy, "table": "processed_transactions", "key": k, "at": at} for k, at in session.execute(
+            keys += [{"lane": copy, "table": "processed_transactions", "key": k, "at": at} for k, at in session.execute(
                 text(f"SELECT transaction_id, processed_at FROM {_q(schema)}.processed_transactions "
                      "WHERE transaction_id = ANY(:tx)"), {"tx": transaction_ids})]
         if event_id:
-            effects += [{"copy": copy, "table": "ledger", "id": "–", "transaction_id": None, **r} for r in session.execute(
+            effects += [{"lane": copy, "table": "ledger", "id": "–", "transaction_id": None, **r} for r in session.execute(
                 text(f"SELECT event_id::text AS event_id, account_id, amount_cents, recorded_at AS at "
                      f"FROM {_q(schema)}.ledger WHERE event_id = CAST(:event AS uuid)"), params).mappings()]
-            keys += [{"copy": copy, "table": "processed_events", "key": k, "at": at} for k, at in session.execute(
+            keys += [{"lane": copy, "table": "processed_events", "key": k, "at": at} for k, at in session.execute(
                 text(f"SELECT event_id::text, processed_at FROM {_q(schema)}.processed_events "
                      "WHERE event_id = CAST(:event AS uuid)"), params)]
     return {"event_id": event_id, "position": position, "journal": journal, "transaction_ids": transaction_ids,

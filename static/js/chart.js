@@ -27,6 +27,8 @@
     var labels = "";
     var loading = false;
 
+    var stepped = uPlot.paths.stepped({ align: 1 });
+
     function build(data) {
       if (plot) plot.destroy();
       var font = getComputedStyle(document.documentElement).fontSize;
@@ -43,7 +45,8 @@
         ],
         series: [{}].concat(data.series.map(function (s, i) {
           var line = LINES[Math.min(i, LINES.length - 1)];
-          return { label: s.label, stroke: line.stroke, width: line.width, dash: line.dash,
+          // Cumulative totals change in steps: draw them as steps, never as slopes between events.
+          return { label: s.label, stroke: line.stroke, width: line.width, dash: line.dash, paths: stepped,
                    value: function (u, v) { return v == null ? "–" : money(v); } };
         }))
       }, [data.x].concat(data.series.map(function (s) { return s.values; })), box);

@@ -73,6 +73,21 @@
       }
     });
 
+    // Projector mode: the controls can be hidden, and stay hidden across reloads.
+    var toggle = document.getElementById("toggle-controls");
+    function showControls(show) {
+      document.body.classList.toggle("controls-hidden", !show);
+      toggle.setAttribute("aria-expanded", String(show));
+      toggle.textContent = show ? "◂ Controls" : "▸ Controls";
+      try { localStorage.setItem("lab-controls", show ? "shown" : "hidden"); } catch (e) { /* private mode */ }
+    }
+    if (toggle) {
+      var stored = null;
+      try { stored = localStorage.getItem("lab-controls"); } catch (e) { /* private mode */ }
+      showControls(stored !== "hidden");
+      toggle.addEventListener("click", function () { showControls(document.body.classList.contains("controls-hidden")); });
+    }
+
     // The drill-down opens in a dialog once its content arrives.
     var dialog = document.getElementById("drill");
     document.body.addEventListener("htmx:afterSwap", function (event) {

@@ -97,8 +97,10 @@ def accounts_panel(lab, session, args) -> dict[str, Any]:
 @panel("partitions", depends=("journal", "effects", "offsets", "consumers", "groups"))
 def partitions_panel(lab, session, args) -> dict[str, Any]:
     groups = state.groups_list(session)
-    return {"partitions": state.partitions(session, lab), "groups": groups,
-            "shown_group": groups[0]["group_id"] if groups else None}
+    shown = groups[0]["group_id"] if groups else None
+    # Positions of the shown group's consumers only: a lane's consumer reads the same log elsewhere.
+    readers = {c["name"] for c in state.consumers(session, lab) if c["group_id"] == shown}
+    return {"partitions": state.partitions(session, lab), "groups": groups, "shown_group": shown, "readers": readers}
 
 
 @panel("consumers", depends=("consumers", "groups", "offsets"))
