@@ -2,7 +2,7 @@
 import pytest
 from sqlalchemy import text
 
-from webapp.db import db, lab_session
+from webapp.db import lab_session
 from webapp.waits import wait_until
 
 
@@ -42,8 +42,11 @@ def test_unknown_panel_is_a_404_page(client, lab):
 
 
 def test_live_fingerprints_change_only_for_panels_that_changed(client, lab):
-    # A fresh lab settles first (the agent's first snapshot of committed offsets); then, while
-    # nothing happens, two polls agree: nothing to refresh.
+    # A fresh lab settles first: the agent has snapshotted the group's committed offsets (the
+    # consumers panel's redelivery window reads them); then, while nothing happens, two polls agree.
+    group = lab.lab.group_id("payments")
+    lab.wait(lambda s: all(group in p["committed"] for p in s["partitions"]),
+             "the agent never snapshotted the group's committed offsets")
     seen = [None]
 
     def settled():

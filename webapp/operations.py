@@ -3,7 +3,8 @@ forms, the CLI and the scenario runner: a scenario and a person clicking do the 
 
 Operations that need Kafka or a process go to a lab agent as commands; the rest are
 plain database writes. Bad input raises InvalidRequest naming the field; unknown ids raise
-NotFound.
+NotFound. Each operation that changes a lab is ``@recorded`` in the lab's session log, which is
+what record and replay export (webapp/scenarios/journal.py).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from . import commands, events, faultproxy, producer, strategies, timeline, ttl
 from .db import CONTROL_SCHEMA, lab_session
 from .kafka import OffsetReset
 from .labs import NAME, Lab, ensure_schema, lab_schemas, seed_accounts
+from .scenarios.journal import recorded
 from .strategies.base import POINTS
 from .waits import WaitTimeout, wait_until
 
@@ -105,6 +107,7 @@ def _command(engine: Engine, lab: Lab, verb: str, args: dict, agent_id: str | No
 
 # --- publish -------------------------------------------------------------------------------
 
+@recorded
 def publish(engine: Engine, lab: Lab, body: dict) -> dict:
     mode = _choice(body, "mode", producer.MODES, default="normal")
     args: dict[str, Any] = {"mode": mode, "idempotent": _flag(body, "idempotent", True)}
@@ -134,6 +137,7 @@ def publish(engine: Engine, lab: Lab, body: dict) -> dict:
 
 # --- consumers and groups ------------------------------------------------------------------
 
+@recorded
 def start_consumer(engine: Engine, lab: Lab, body: dict) -> dict:
     group = _name(body, "group", default="payments")
     strategy = body.get("strategy") or None
@@ -154,6 +158,7 @@ def consumer(engine: Engine, lab: Lab, consumer_id: int) -> dict:
     return dict(row)
 
 
+@recorded
 def consumer_action(engine: Engine, lab: Lab, consumer_id: int, verb: str) -> dict:
     if verb not in CONSUMER_VERBS:
         raise InvalidRequest("action", f"must be one of {', '.join(CONSUMER_VERBS)}")
@@ -161,6 +166,7 @@ def consumer_action(engine: Engine, lab: Lab, consumer_id: int, verb: str) -> di
     return _command(engine, lab, f"consumer.{verb}", {"consumer_id": consumer_id}, agent_id=owner)
 
 
+@recorded
 def arm(engine: Engine, lab: Lab, consumer_id: int, body: dict) -> dict:
     """Arm a crash point (``point`` and ``action``), once or ``always``; ``point`` empty disarms."""
     row = consumer(engine, lab, consumer_id)
@@ -180,6 +186,7 @@ def arm(engine: Engine, lab: Lab, consumer_id: int, body: dict) -> dict:
     return {"consumer_id": consumer_id, "armed": values}
 
 
+@recorded
 def set_step_mode(engine: Engine, lab: Lab, consumer_id: int, body: dict) -> dict:
     consumer(engine, lab, consumer_id)
     on = _flag(body, "on", True)
@@ -188,6 +195,7 @@ def set_step_mode(engine: Engine, lab: Lab, consumer_id: int, body: dict) -> dic
     return {"consumer_id": consumer_id, "step_mode": on}
 
 
+@recorded
 def step(engine: Engine, lab: Lab, consumer_id: int) -> dict:
     """Let a consumer in step mode move past the point it waits at."""
     row = consumer(engine, lab, consumer_id)
@@ -199,6 +207,7 @@ def step(engine: Engine, lab: Lab, consumer_id: int) -> dict:
     return {"consumer_id": consumer_id, "step_advance": advance, "was_at": row["step_at"]}
 
 
+@recorded
 def create_group(engine: Engine, lab: Lab, body: dict) -> dict:
     """A consumer group with a strategy; with ``lane``, it applies to its own copy of the accounts."""
     group_id = lab.group_id(_name(body, "group"))
@@ -221,6 +230,7 @@ def create_group(engine: Engine, lab: Lab, body: dict) -> dict:
     return {"group_id": group_id, "strategy": strategy, "effects_schema": effects_schema}
 
 
+@recorded
 def set_strategy(engine: Engine, lab: Lab, group: str, body: dict) -> dict:
     strategy = _choice(body, "strategy", strategies.NAMES)
     group_id = lab.group_id(group)
@@ -234,6 +244,7 @@ def set_strategy(engine: Engine, lab: Lab, group: str, body: dict) -> dict:
     return {"group_id": group_id, "strategy": strategy}
 
 
+@recorded
 def reset_offsets(engine: Engine, lab: Lab, group: str, body: dict) -> dict:
     mode = _choice(body, "mode", OffsetReset.MODES, default="earliest")
     args: dict[str, Any] = {"group": group, "mode": mode}
@@ -267,6 +278,7 @@ def ttl_settings(engine: Engine, lab: Lab) -> dict:
             "ttl_schedule_seconds": rows.get("ttl_schedule_seconds")}
 
 
+@recorded
 def set_ttl(engine: Engine, lab: Lab, body: dict) -> dict:
     values = {}
     try:
@@ -286,6 +298,7 @@ def set_ttl(engine: Engine, lab: Lab, body: dict) -> dict:
     return ttl_settings(engine, lab)
 
 
+@recorded
 def ttl_cleanup(engine: Engine, lab: Lab, body: dict) -> dict:
     """Run the TTL DELETE now in the lab's schema and its lanes'."""
     seconds = body.get("ttl_seconds", ttl_settings(engine, lab)["ttl_seconds"])
@@ -305,6 +318,7 @@ def ttl_cleanup(engine: Engine, lab: Lab, body: dict) -> dict:
     return {"ttl_seconds": seconds, "deleted": deleted}
 
 
+@recorded
 def reset_lab(engine: Engine, lab: Lab, body: dict, default_partitions: int = 3) -> dict:
     partitions = _whole(body, "partitions", 1, 12, default=default_partitions)
     return _command(engine, lab, "lab.reset", {"partitions": partitions}, field="partitions")
@@ -344,6 +358,7 @@ def fault_proxy_state(engine: Engine, lab: Lab) -> dict:
             "heartbeat_age": float(row["heartbeat_age"]) if row["heartbeat_age"] is not None else None}
 
 
+@recorded
 def arm_fault_proxy(engine: Engine, lab: Lab, body: dict) -> dict:
     """Arm the lost-ack fault proxy: drop the next ``drop_produce_responses`` Produce responses and
     delay each Produce response by ``delay_ms``; both 0 disarms. Returns once the proxy has taken
@@ -384,9 +399,3 @@ def _timeline(conn, lab: Lab, kind: str, summary: str, **detail) -> None:
     conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": lab.schema})
     timeline.record(conn.exec_driver_sql, kind, summary, **detail)
 
-
-# Record and replay (webapp/scenarios/journal.py): each operation above that changes a lab is
-# appended to the lab's session log as it happens, whoever calls it (API, forms, CLI, scenarios).
-from .scenarios import journal as _journal  # noqa: E402  (it imports nothing of this module)
-
-_journal.install(globals())

@@ -20,17 +20,6 @@ truth AS (
     ORDER BY transaction_id, id
 )"""
 
-# Effects per transaction: payment rows (delta strategies) plus ledger rows (natural).
-EFFECTS = """
-effects AS (
-    SELECT transaction_id, count(*) AS n FROM (
-        SELECT transaction_id FROM payments
-        UNION ALL
-        SELECT j.transaction_id FROM ledger l
-        JOIN (SELECT DISTINCT event_id, transaction_id FROM {journal}.published_events) j USING (event_id)
-    ) e GROUP BY transaction_id
-)"""
-
 ACCOUNTS_SQL = f"""
 WITH {TRUTH},
 expected AS (SELECT account_id, sum(amount_cents) AS cents FROM truth GROUP BY account_id),
@@ -48,31 +37,49 @@ LEFT JOIN expected_status s ON s.account_id = a.id
 ORDER BY a.id
 """
 
-VERDICT_SQL = f"""
-WITH {TRUTH}, {EFFECTS},
-sources AS (
-    SELECT transaction_id, count(DISTINCT event_id) AS events FROM {{journal}}.published_events
-    WHERE type = 'credit' AND error IS NULL GROUP BY transaction_id
+# One hash aggregation per transaction over the journal's credits and the effects together
+# (no DISTINCT, no sort: it stays well under 100 ms at 100,000 journal rows).
+VERDICT_SQL = """
+WITH committed AS (
+    -- how far the groups applying to this schema have committed, per partition
+    SELECT g.partition, max(g.committed) AS committed
+    FROM {journal}.group_offsets g
+    JOIN {journal}.consumer_groups cg ON cg.group_id = g.group_id AND cg.effects_schema = current_schema()
+    GROUP BY g.partition
 ),
-consumed AS (
-    -- a credit's record is behind the committed offset of a group applying to this schema
-    SELECT DISTINCT j.transaction_id FROM {{journal}}.published_events j
-    JOIN {{journal}}.group_offsets g ON g.partition = j.partition AND g.committed > j."offset"
-    JOIN {{journal}}.consumer_groups cg ON cg.group_id = g.group_id AND cg.effects_schema = current_schema()
+facts AS (
+    SELECT j.transaction_id, j.event_id::text COLLATE "C" AS event_id,
+           coalesce(c.committed > j."offset", false) AS consumed, 0 AS effect
+    FROM {journal}.published_events j LEFT JOIN committed c ON c.partition = j.partition
     WHERE j.type = 'credit' AND j.error IS NULL
+    UNION ALL
+    SELECT transaction_id, NULL, false, 1 FROM payments
+    UNION ALL
+    SELECT j.transaction_id, NULL, false, 1 FROM ledger l
+    CROSS JOIN LATERAL (SELECT transaction_id FROM {journal}.published_events p
+                        WHERE p.event_id = l.event_id LIMIT 1) j
+),
+per_transaction AS (
+    SELECT min(event_id) <> max(event_id) AS several_events, bool_or(consumed) AS consumed, sum(effect) AS n
+    FROM facts GROUP BY transaction_id
+    HAVING count(event_id) > 0  -- published by the lab (an effect alone is not ground truth)
+),
+outcomes AS (
+    SELECT count(*) FILTER (WHERE outcome = 'absorbed') AS absorbed,
+           count(*) FILTER (WHERE outcome = 'dead-lettered') AS dead
+    FROM deliveries WHERE outcome <> 'applied'
 )
 SELECT
-    (SELECT count(*) FROM truth) AS transactions,
-    (SELECT coalesce(sum(e.n - 1), 0) FROM effects e) AS duplicates_applied,
-    (SELECT count(*) FROM effects WHERE n > 1) AS transactions_applied_twice,
-    (SELECT count(*) FROM truth t JOIN consumed c USING (transaction_id)
-       LEFT JOIN effects e USING (transaction_id) WHERE e.n IS NULL) AS effects_lost,
-    (SELECT count(*) FROM sources s JOIN effects e USING (transaction_id)
-       WHERE s.events > 1 AND e.n = 1) AS source_duplicates_absorbed,
-    (SELECT count(*) FROM sources WHERE events > 1) AS source_duplicates,
-    (SELECT count(*) FROM deliveries WHERE outcome = 'absorbed') AS redeliveries_absorbed,
-    (SELECT count(*) FROM deliveries WHERE outcome = 'dead-lettered') AS dead_letters,
-    (SELECT count(*) FROM truth t LEFT JOIN effects e USING (transaction_id) WHERE e.n IS NULL) AS not_yet_applied
+    count(*) AS transactions,
+    coalesce(sum(greatest(n - 1, 0)), 0) AS duplicates_applied,
+    count(*) FILTER (WHERE n > 1) AS transactions_applied_twice,
+    count(*) FILTER (WHERE n = 0 AND consumed) AS effects_lost,
+    count(*) FILTER (WHERE several_events AND n = 1) AS source_duplicates_absorbed,
+    count(*) FILTER (WHERE several_events) AS source_duplicates,
+    (SELECT absorbed FROM outcomes) AS redeliveries_absorbed,
+    (SELECT dead FROM outcomes) AS dead_letters,
+    count(*) FILTER (WHERE n = 0) AS not_yet_applied
+FROM per_transaction
 """
 
 
@@ -125,5 +132,8 @@ def accounts(session: Session, journal_schema: str) -> list[AccountLine]:
 
 
 def verdict(session: Session, journal_schema: str) -> Verdict:
+    # The per-transaction hash table holds one entry per transaction: give it the memory to stay
+    # off disk (100,000 transactions spill out of the default 4 MB).
+    session.execute(text("SET LOCAL work_mem = '64MB'"))
     row = session.execute(text(VERDICT_SQL.format(journal=_journal(journal_schema)))).one()
     return Verdict(*(int(value) for value in row))

@@ -39,7 +39,11 @@
         cursor: { drag: { x: false, y: false } },
         scales: { x: { time: true } },
         axes: [
-          { font: axisFont, stroke: "#111418", grid: { stroke: "#dde3ea" } },
+          // Wall-clock seconds, spaced wide enough to read from the back of a room.
+          { font: axisFont, stroke: "#111418", grid: { stroke: "#dde3ea" }, space: 110,
+            values: function (u, values) {
+              return values.map(function (v) { return new Date(v * 1000).toTimeString().slice(0, 8); });
+            } },
           { font: axisFont, stroke: "#111418", grid: { stroke: "#dde3ea" }, size: 80,
             values: function (u, values) { return values.map(money); } }
         ],

@@ -7,57 +7,20 @@ the main states land in test-artifacts/ (not committed).
 """
 from __future__ import annotations
 
-import threading
+from pathlib import Path
 
 import pytest
-from werkzeug.serving import make_server
-
-from webapp.waits import free_port
 
 pytestmark = pytest.mark.browser
 
-ROOT_ARTIFACTS = __import__("pathlib").Path(__file__).resolve().parents[2] / "test-artifacts"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-# Chromium logs every 4xx answer as "Failed to load resource"; a form with bad input answers 422
-# on purpose (htmx swaps the form with its errors in), so that line is not a page error.
-EXPECTED_NETWORK_LOG = "Failed to load resource: the server responded with a status of 422"
+ROOT_ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 SETTLE = 60_000  # ms: a restarted consumer waits for the dead member's session (6 s) to expire, then rejoins
 
 
 @pytest.fixture
-def dashboard_url(app_factory, lab, lab_name):
-    """The dashboard of a fresh lab, with CSRF on, served by a werkzeug thread on a free port."""
-    app = app_factory(LAB_NAME=lab_name, WTF_CSRF_ENABLED=True, TESTING=False)
-    port = free_port()
-    server = make_server("127.0.0.1", port, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
-
-
-@pytest.fixture
-def browser_page():
-    """A Chromium page that records console errors; the test fails if any appear."""
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS, headless=True)
-        try:
-            context = browser.new_context(viewport={"width": 1920, "height": 1080})
-            page = context.new_page()
-            page.console_errors = []
-            page.on("console", lambda message: page.console_errors.append(message.text)
-                    if message.type == "error" and not message.text.startswith(EXPECTED_NETWORK_LOG) else None)
-            page.on("pageerror", lambda error: page.console_errors.append(str(error)))
-            yield page
-            assert page.console_errors == [], f"console errors: {page.console_errors}"
-        finally:
-            browser.close()
+def dashboard_url(serve_app, lab):
+    """The dashboard of a fresh lab, with CSRF on, over real HTTP."""
+    return serve_app()
 
 
 def screenshot(page, name: str) -> None:

@@ -5,45 +5,23 @@ server thread, with CSRF on: htmx's POSTs carry the X-CSRFToken header from layo
 """
 from __future__ import annotations
 
-import threading
-
 import pytest
-from werkzeug.serving import make_server
 
 from webapp.scenarios import built_in, load
-from webapp.waits import free_port
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+
+@pytest.fixture
+def guided_server(serve_app, agent):
+    """The web app with CSRF on, over real HTTP."""
+    return serve_app()
 
 
 @pytest.fixture
-def guided_server(app_factory, agent, lab_name):
-    """The web app with CSRF on, served by a werkzeug thread on a free loopback port."""
-    app = app_factory(LAB_NAME=lab_name, WTF_CSRF_ENABLED=True, TESTING=False)
-    port = free_port()
-    server = make_server("127.0.0.1", port, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
-
-
-@pytest.fixture
-def page():
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(viewport={"width": 1400, "height": 1000})
-            yield context.new_page()
-        finally:
-            browser.close()
+def page(browser_page):
+    browser_page.set_viewport_size({"width": 1400, "height": 1000})
+    return browser_page
 
 
 def test_guided_mode_walks_exercise_one_to_a_green_verdict(guided_server, page):

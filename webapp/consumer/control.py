@@ -62,6 +62,11 @@ class ControlRow:
             return Desired(exists=False)
         return Desired(*row)
 
+    def counts(self) -> Counts:
+        row = self.conn.execute(f"SELECT applied, absorbed, dead_lettered, commit_failures FROM {TABLE} WHERE id = %s",
+                                [self.consumer_id]).fetchone()
+        return Counts(*row) if row else Counts()
+
     def write(self, report: Report) -> None:
         c = report.counts
         self.conn.execute(

@@ -61,6 +61,8 @@ class ConsumerProcess:
         self.control = ControlRow(self.control_conn, consumer_id)
         self.desired = self.control.read()
         self.step_seen = self.desired.step_advance
+        # Counts are the consumer's over all its processes: a restart carries on from them.
+        self.report.counts = self.control.counts()
         self.strategy_name, effects_schema = self._group_settings()
         self.effects_conn = connect(database_url, schema=effects_schema, autocommit=True)
         self.consumer = Consumer(consumer_config(bootstrap_servers, group_id, client_id=name))

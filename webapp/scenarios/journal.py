@@ -32,8 +32,6 @@ from .observe import Snapshot, observe
 
 log = logging.getLogger("idempotency_lab.journal")
 
-JOURNALED = ("publish", "start_consumer", "consumer_action", "arm", "set_step_mode", "step", "create_group",
-             "set_strategy", "reset_offsets", "set_ttl", "ttl_cleanup", "reset_lab", "arm_fault_proxy")
 CONSUMER_OPERATIONS = ("consumer_action", "arm", "set_step_mode", "step")
 # Verdict fields that only grow as consumers work, and the one that only shrinks: a replay that
 # runs faster than the recording may be past the recorded value, never short of it.
@@ -49,15 +47,11 @@ class NothingRecorded(LookupError):
 
 # --- recording ----------------------------------------------------------------------------------
 
-def install(namespace: dict[str, Any]) -> None:
-    """Wrap the journaled operations of ``webapp.operations`` (called from its last lines)."""
-    for name in JOURNALED:
-        function = namespace.get(name)
-        if callable(function) and not getattr(function, "journaled", False):
-            namespace[name] = journaled(name, function)
+def recorded(function: Callable) -> Callable:
+    """Decorate an operation of ``webapp.operations`` that changes a lab: each call is appended to
+    the lab's session log, under the operation's name, with what the lab looked like before it."""
+    name = function.__name__
 
-
-def journaled(name: str, function: Callable) -> Callable:
     @functools.wraps(function)
     def wrapper(engine: Engine, lab: Lab, *args: Any, **kwargs: Any) -> Any:
         before = _snapshot(engine, lab) if name != "reset_lab" else None
@@ -67,7 +61,6 @@ def journaled(name: str, function: Callable) -> Callable:
         except SQLAlchemyError as error:  # recording must never break the operation itself
             log.warning("could not record %s in lab %s: %s", name, lab.name, error)
         return result
-    wrapper.journaled = True
     return wrapper
 
 
