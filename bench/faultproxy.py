@@ -29,7 +29,7 @@ from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from webapp import events  # noqa: E402
-from webapp.embedded import LOOPBACK, EmbeddedBroker  # noqa: E402
+from webapp.embedded import LOOPBACK, EmbeddedBroker, stop_process  # noqa: E402
 from webapp.kafka import producer_config  # noqa: E402
 from webapp.waits import free_port, port_open, wait_until  # noqa: E402
 
@@ -97,12 +97,7 @@ def proxied_run(workdir: Path, count: int, one_at_a_time: bool) -> float:
         return produce_all(f"{LOOPBACK}:{proxy_port}", count, one_at_a_time)
     finally:
         if proxy is not None:
-            proxy.terminate()
-            try:
-                proxy.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proxy.kill()
-                proxy.wait(timeout=5)
+            stop_process(proxy, timeout=10)
         broker.stop()
         log.close()
 

@@ -42,8 +42,8 @@ def die_with_parent() -> None:
         pass  # not Linux: the parent's own shutdown is all there is
 
 
-def _stop_process(process: subprocess.Popen, stop_signal: int, timeout: float) -> None:
-    """Send ``stop_signal``, wait up to ``timeout`` s, then SIGKILL; always reap."""
+def stop_process(process: subprocess.Popen, stop_signal: int = signal.SIGTERM, timeout: float = 20) -> None:
+    """Stop a child we started, by its PID: ``stop_signal``, up to ``timeout`` s, then SIGKILL; always reap."""
     if process.poll() is not None:
         return
     process.send_signal(stop_signal)
@@ -146,7 +146,7 @@ class EmbeddedPostgres:
     def stop(self) -> None:
         if self.process is not None:
             # SIGINT is PostgreSQL's "fast shutdown": roll back sessions, then exit cleanly.
-            _stop_process(self.process, signal.SIGINT, timeout=20)
+            stop_process(self.process, signal.SIGINT, timeout=20)
 
 
 class EmbeddedBroker:
@@ -186,4 +186,4 @@ class EmbeddedBroker:
 
     def stop(self) -> None:
         if self.process is not None:
-            _stop_process(self.process, signal.SIGTERM, timeout=10)
+            stop_process(self.process, signal.SIGTERM, timeout=10)

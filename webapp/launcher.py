@@ -21,7 +21,7 @@ from sqlalchemy.pool import NullPool
 
 from .config import RUNNING_FILE, ConfigError, load_config
 from .db import sqlalchemy_url
-from .embedded import LOOPBACK, EmbeddedBroker, EmbeddedPostgres, die_with_parent
+from .embedded import LOOPBACK, EmbeddedBroker, EmbeddedPostgres, die_with_parent, stop_process
 from .labs import Lab, ensure_control_schema
 from .waits import free_port, port_open, wait_until
 
@@ -152,14 +152,8 @@ class Launcher:
         return 0
 
     def stop(self) -> None:
-        for name, process in reversed(self.children):
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(timeout=5)
+        for _, process in reversed(self.children):
+            stop_process(process)
         for service in reversed(self.services):
             service.stop()
         (self.data_dir / RUNNING_FILE).unlink(missing_ok=True)

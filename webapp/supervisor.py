@@ -35,6 +35,7 @@ from . import commands
 from .commands import CHANNEL
 from .config import load_config
 from .db import CONTROL_SCHEMA, connect, sqlalchemy_url
+from .embedded import stop_process
 from .labs import Lab, create_database_state, drop_database_state, ensure_control_schema
 from .waits import WaitTimeout, wait_until
 
@@ -215,12 +216,7 @@ class Supervisor:
         if process is None or process.poll() is not None:
             return
         process.send_signal(signal.SIGCONT)  # a frozen process must run to hear SIGTERM
-        process.terminate()
-        try:
-            process.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        stop_process(process, signal.SIGTERM, STOP_TIMEOUT)
 
     def stop_consumer(self, lab: Lab, args: dict) -> dict:
         self._consumer_row(lab, args)
