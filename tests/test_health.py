@@ -23,7 +23,7 @@ def test_broker_stopped_is_reported_with_the_reason(services, app_factory, tmp_p
     try:
         wait_for_agent(services.database_url, agent, tmp_path / "agent.log")
         client = app_factory().test_client()
-        # Other agents of the session may report too: the newest report is this one's.
+        # The session's agent reports too (its broker is up): an agent that cannot reach Kafka wins.
         wait_until(lambda: client.get("/healthz").status_code == 200, timeout=15,
                    message="healthz never became healthy")
         broker.stop()

@@ -14,6 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from . import verdict as verdict_module
+from .commands import AGENT_FRESH_SECONDS
 from .db import CONTROL_SCHEMA
 from .labs import Lab
 
@@ -222,9 +223,12 @@ def timeline(session: Session, limit: int = 30) -> list[dict[str, Any]]:
 
 
 def agent_health(session: Session) -> dict[str, Any]:
+    """The report that matters most: among agents that reported lately, one that cannot reach Kafka
+    (several agents may serve one database); else the newest report."""
     row = session.execute(text(
-        f"SELECT id, kafka_ok, kafka_error, extract(epoch FROM now() - heartbeat_at) AS age "
-        f"FROM {C}.agents ORDER BY heartbeat_at DESC LIMIT 1")).mappings().first()
+        f"SELECT id, kafka_ok, kafka_error, extract(epoch FROM now() - heartbeat_at) AS age FROM {C}.agents "
+        "ORDER BY heartbeat_at > now() - make_interval(secs => :fresh) DESC, kafka_ok, heartbeat_at DESC LIMIT 1"),
+        {"fresh": AGENT_FRESH_SECONDS}).mappings().first()
     return dict(row) if row else {}
 
 
