@@ -38,7 +38,7 @@ ORDER BY a.id
 """
 
 # One hash aggregation per transaction over the journal's credits and the effects together
-# (no DISTINCT, no sort: it stays well under 100 ms at 100,000 journal rows).
+# (no DISTINCT, no sort, no join of two 100,000-row aggregates).
 VERDICT_SQL = """
 WITH committed AS (
     -- how far the groups applying to this schema have committed, per partition
@@ -48,21 +48,23 @@ WITH committed AS (
     GROUP BY g.partition
 ),
 facts AS (
-    SELECT j.transaction_id, j.event_id::text COLLATE "C" AS event_id,
+    -- keyed by 64-bit hashes of the ids: integers hash and compare fast (about 100 ms at 100,000
+    -- transactions, against 150 ms on the strings); two of 100,000 ids share a hash with odds near 1e-10
+    SELECT hashtextextended(j.transaction_id, 0) AS tx, uuid_hash_extended(j.event_id, 0) AS event,
            coalesce(c.committed > j."offset", false) AS consumed, 0 AS effect
     FROM {journal}.published_events j LEFT JOIN committed c ON c.partition = j.partition
     WHERE j.type = 'credit' AND j.error IS NULL
     UNION ALL
-    SELECT transaction_id, NULL, false, 1 FROM payments
+    SELECT hashtextextended(transaction_id, 0), NULL, false, 1 FROM payments
     UNION ALL
-    SELECT j.transaction_id, NULL, false, 1 FROM ledger l
+    SELECT hashtextextended(j.transaction_id, 0), NULL, false, 1 FROM ledger l
     CROSS JOIN LATERAL (SELECT transaction_id FROM {journal}.published_events p
                         WHERE p.event_id = l.event_id LIMIT 1) j
 ),
 per_transaction AS (
-    SELECT min(event_id) <> max(event_id) AS several_events, bool_or(consumed) AS consumed, sum(effect) AS n
-    FROM facts GROUP BY transaction_id
-    HAVING count(event_id) > 0  -- published by the lab (an effect alone is not ground truth)
+    SELECT min(event) <> max(event) AS several_events, bool_or(consumed) AS consumed, sum(effect) AS n
+    FROM facts GROUP BY tx
+    HAVING count(event) > 0  -- published by the lab (an effect alone is not ground truth)
 ),
 outcomes AS (
     SELECT count(*) FILTER (WHERE outcome = 'absorbed') AS absorbed,
