@@ -385,12 +385,26 @@ class Supervisor:
             return
         for lab in self.known_labs():
             try:
-                self.snapshot_offsets(lab)
                 self.scheduled_ttl(lab)
-            except (KafkaException, psycopg.Error) as problem:
+                if self.offsets_may_have_moved(lab):
+                    self.snapshot_offsets(lab)
+            except KafkaException as problem:
+                # The broker stopped answering mid-round: stop here, the next tick's check reports it.
+                log.warning("lab %s: %s", lab.name, problem)
+                break
+            except psycopg.Error as problem:
                 log.warning("lab %s: %s", lab.name, problem)
                 if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     self.conn.rollback()
+
+    def offsets_may_have_moved(self, lab: Lab) -> bool:
+        """Committed offsets move only by consumers' commits (and by resets, which snapshot
+        themselves): snapshot a lab whose consumers reported lately, or a group never snapshotted."""
+        return self.conn.execute(
+            f"SELECT EXISTS (SELECT 1 FROM {C}.consumers WHERE lab = %s AND heartbeat_at > now() - interval '30 seconds')"
+            f' OR EXISTS (SELECT 1 FROM "{lab.schema}".consumer_groups g WHERE NOT EXISTS ('
+            f'   SELECT 1 FROM "{lab.schema}".group_offsets o WHERE o.group_id = g.group_id))',
+            [lab.name]).fetchone()[0]
 
     def known_labs(self) -> list[Lab]:
         schemas = self.conn.execute(
