@@ -3,6 +3,7 @@ import os
 import signal
 import subprocess
 import urllib.request
+from pathlib import Path
 
 import psutil
 
@@ -10,24 +11,34 @@ from conftest import ROOT
 from webapp.waits import free_port, wait_until
 
 
+def lab_env(**settings: str) -> dict[str, str]:
+    """This environment without lab or service settings (no running lab leaks in), plus ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "KAFKA_", "LAB_", "MAKE"))}
+    env.update(settings)
+    return env
+
+
+def wait_healthy(process: subprocess.Popen, port: int, log: Path) -> None:
+    """Wait until /healthz answers 200; fail with the log if the process exits first."""
+    def healthy():
+        assert process.poll() is None, log.read_text()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+    wait_until(healthy, timeout=60, interval=0.3, message=lambda: f"the lab did not become healthy: {log.read_text()}")
+
+
 def test_make_run_serves_the_dashboard_and_sigterm_stops_everything(tmp_path):
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "KAFKA_", "LAB_", "MAKE"))}
-    env.update(LAB_PORT=str(port), LAB_DATA_DIR=str(tmp_path / "lab"))
+    env = lab_env(LAB_PORT=str(port), LAB_DATA_DIR=str(tmp_path / "lab"))
     output = open(tmp_path / "run.log", "wb")
     make = subprocess.Popen(["make", "--no-print-directory", "run"], cwd=ROOT, env=env, stdout=output,
                             stderr=subprocess.STDOUT, start_new_session=True)
     tree: list[psutil.Process] = []
     try:
-        def dashboard_up():
-            assert make.poll() is None, (tmp_path / "run.log").read_text()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
-                    return response.status == 200
-            except OSError:
-                return False
-        wait_until(dashboard_up, timeout=60, interval=0.3,
-                   message=lambda: f"the lab did not become healthy: {(tmp_path / 'run.log').read_text()}")
+        wait_healthy(make, port, tmp_path / "run.log")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
             assert b"Idempotency" in response.read()
         tree = psutil.Process(make.pid).children(recursive=True)
@@ -51,21 +62,13 @@ def test_make_run_serves_the_dashboard_and_sigterm_stops_everything(tmp_path):
 
 def test_with_both_variables_set_nothing_embedded_starts(services, tmp_path, lab_name):
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "KAFKA_", "LAB_", "MAKE"))}
-    env.update(LAB_PORT=str(port), LAB_DATA_DIR=str(tmp_path / "lab"), LAB_NAME=lab_name,
-               DATABASE_URL=services.database_url, KAFKA_BOOTSTRAP_SERVERS=services.bootstrap_servers)
+    env = lab_env(LAB_PORT=str(port), LAB_DATA_DIR=str(tmp_path / "lab"), LAB_NAME=lab_name,
+                  DATABASE_URL=services.database_url, KAFKA_BOOTSTRAP_SERVERS=services.bootstrap_servers)
     output = open(tmp_path / "run.log", "wb")
     launcher = subprocess.Popen([str(ROOT / ".venv/bin/python"), "-m", "webapp.launcher"], cwd=ROOT, env=env,
                                 stdout=output, stderr=subprocess.STDOUT)
     try:
-        def healthy():
-            assert launcher.poll() is None, (tmp_path / "run.log").read_text()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
-                    return response.status == 200
-            except OSError:
-                return False
-        wait_until(healthy, timeout=60, interval=0.3, message="the lab did not become healthy")
+        wait_healthy(launcher, port, tmp_path / "run.log")
         commands = [" ".join(p.cmdline()) for p in psutil.Process(launcher.pid).children(recursive=True)]
         assert not [c for c in commands if "postgres -D" in c or "tansu" in c], commands
         log = (tmp_path / "run.log").read_text()
