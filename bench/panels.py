@@ -40,6 +40,13 @@ SELECT gen_random_uuid(), 'tx-' || i, 'credit', 'acc-' || (i % 5 + 1), 100 + i %
        i % 3, i / 3, '{{}}', now() - make_interval(secs => ({rows} - i) * 0.01)
 FROM generate_series(0, {rows} - 1) AS i;
 
+-- the log reader's mirror of the same records (the truth the verdict reads)
+INSERT INTO log_records (partition, "offset", "timestamp", key, value, event_id, transaction_id, type, account_id,
+                         amount_cents, occurred_at, event, read_at)
+SELECT partition, "offset", published_at, account_id, payload, event_id, transaction_id, type, account_id,
+       amount_cents, published_at::text, jsonb_build_object('type', type), published_at + interval '1 ms'
+FROM published_events;
+
 INSERT INTO deliveries (group_id, consumer, partition, "offset", generation, attempt, event_id, transaction_id,
                         strategy, outcome, delivered_at)
 SELECT '{group}', 'c' || (partition + 1), partition, "offset", 1, 1, event_id, transaction_id, 'eventid-atomic',

@@ -70,7 +70,7 @@ def service_env(services: Services, **extra: str) -> dict[str, str]:
 def agent(services) -> subprocess.Popen:
     """A real lab agent process serving every test's lab."""
     log = open(services.data_dir / "agent.log", "ab")
-    process = subprocess.Popen([sys.executable, "-m", "webapp.supervisor"], env=service_env(services), cwd=ROOT,
+    process = subprocess.Popen([sys.executable, "-m", "webapp.agent"], env=service_env(services), cwd=ROOT,
                                stdout=log, stderr=subprocess.STDOUT)
     log.close()
     try:

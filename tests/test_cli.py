@@ -26,7 +26,7 @@ def test_reset_wipes_tables_and_topics_and_seeds_five_accounts(app, runner, lab)
 
 
 def test_publish_command_reports_bad_input_clearly(runner, lab):
-    result = runner.invoke(args=["lab", "publish", "--account", "acc-9"])
+    result = runner.invoke(args=["lab", "publish", "--account", "acc-9", "--amount", "1"])
     assert result.exit_code != 0
     assert "no account 'acc-9'" in result.output
 

@@ -5,11 +5,15 @@ observe. Waits are on conditions (a consumer's state, a balance, the group caugh
 """
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
+
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Producer
 from sqlalchemy import text
 
-from webapp.db import lab_session
+from webapp import events
+from webapp.consumer.loop import BACKOFF_SECONDS, MAX_ATTEMPTS
+from webapp.db import connect, lab_session
 from webapp.waits import wait_until
 
 
@@ -92,7 +96,7 @@ def freeze_then_hand_over(lab, point: str) -> tuple[int, int, dict]:
     return c1, c2, record
 
 
-def test_check_then_act_zombie_and_successor_both_apply(app, lab):
+def test_check_then_act_zombie_and_successor_both_apply(services, app, lab):
     use_strategy(lab, "check-then-act")
     c1, c2, record = freeze_then_hand_over(lab, "between-check-and-act")
     wait_balance(lab, 1000)  # the successor checked "absent" and applied
@@ -103,6 +107,25 @@ def test_check_then_act_zombie_and_successor_both_apply(app, lab):
     assert lab.verdict()["duplicates_applied"] == 1
     outcomes = {d["consumer"]: d["outcome"] for d in deliveries(app, lab, record["event_id"])}
     assert outcomes == {"c1": "applied", "c2": "applied"}
+    # No unique constraint: both plain INSERTs of the key went in.
+    assert query(services, lab, "SELECT count(*) FROM seen_events WHERE event_id = %s", record["event_id"]) == [(2,)]
+
+
+def test_insert_first_the_zombies_insert_hits_the_constraint_and_one_credit_stands(services, app, lab):
+    use_strategy(lab, "insert-first")
+    c1, c2, record = freeze_then_hand_over(lab, "before-effect")
+    wait_balance(lab, 1000)  # the successor inserted the key and credited
+    lab.post(f"/consumers/{c1}/thaw")
+    zombie = lab.wait_consumer(c1, lambda c: c["absorbed"] >= 1 and c["commit_failures"] >= 1,
+                               "the thawed zombie never absorbed the violation and tried to commit")
+    assert zombie["state"] == "running"  # caught specifically: no crash, no restart loop
+    assert balance(lab) == 1000
+    ledger = query(services, lab, "SELECT consumer, outcome, reason FROM deliveries WHERE event_id = %s ORDER BY id",
+                   record["event_id"])
+    assert ledger == [("c2", "applied", None),
+                      ("c1", "absorbed", "unique violation: already processed (processed_events_pkey)")]
+    assert query(services, lab, "SELECT count(*) FROM payments") == [(1,)]
+    assert lab.verdict()["duplicates_applied"] == 0
 
 
 def test_eventid_atomic_zombie_and_successor_apply_once(app, lab):
@@ -147,24 +170,106 @@ def test_ttl_cleanup_then_reset_to_earliest_applies_old_events_again(app, lab):
     assert lab.verdict()["duplicates_applied"] == 2
 
 
-def test_natural_replays_change_nothing_and_need_no_dedup_table(app, lab):
+def query(services, lab, sql: str, *params) -> list[tuple]:
+    with connect(services.database_url, schema=lab.lab.schema, autocommit=True) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def produce(services, lab, *records: events.PaymentEvent) -> None:
+    """Write events to the lab's topic with a plain Kafka client: the lab treats every producer alike."""
+    producer = Producer({"bootstrap.servers": services.bootstrap_servers, "enable.idempotence": True,
+                         "log_level": 3})
+    for event in records:
+        producer.produce(lab.lab.topic, key=event.key, value=event.encode())
+    assert producer.flush(15) == 0, "the broker did not acknowledge every record"
+
+
+def wait_deliveries(services, lab, n: int, timeout: float = 45, where: str = "true") -> None:
+    wait_until(lambda: query(services, lab, f"SELECT count(*) FROM deliveries WHERE {where}")[0][0] >= n,
+               timeout=timeout, interval=0.2, message=f"fewer than {n} deliveries ({where})")
+
+
+KEY_TABLES = ("processed_events", "processed_transactions", "seen_events", "ledger")
+
+
+def test_natural_replayed_sets_change_nothing_replayed_credits_double_and_no_key_is_kept(services, lab):
     use_strategy(lab, "natural")
     start(lab, "c1")
-    lab.credit("acc-3", 2500)
-    lab.publish(type="set_status", account_id="acc-3", status="BLOCKED")
-    lab.wait_caught_up()
-    for _ in range(2):
-        lab.post("/groups/payments/reset-offsets", {"mode": "earliest"})
-        lab.wait_caught_up()
-    account = lab.account("acc-3")
-    assert (account["actual"], account["status"]) == (2500, "BLOCKED")
-    state = lab.state()
-    assert state["verdict"]["exactly_once"]
-    with app.app_context(), lab_session(lab.lab.schema) as session:
-        assert session.execute(text("SELECT count(*) FROM processed_events")).scalar() == 0
-        assert session.execute(text("SELECT count(*) FROM processed_transactions")).scalar() == 0
-        delivered = session.execute(text("SELECT count(*) FROM deliveries")).scalar()
-    assert delivered == 6  # two records, each delivered three times
+    produce(services, lab, events.credit("acc-3", 2500), events.set_status("acc-4", "BLOCKED"),
+            events.set_balance("acc-5", 50_000), events.set_score("acc-5", 720))
+    wait_deliveries(services, lab, 4)
+    lab.post("/groups/payments/reset-offsets", {"mode": "earliest"})
+    wait_deliveries(services, lab, 8)
+    assert query(services, lab, "SELECT id, balance, status FROM accounts WHERE id IN ('acc-3', 'acc-4', 'acc-5') "
+                 "ORDER BY id") == [("acc-3", 5000, "ACTIVE"), ("acc-4", 0, "BLOCKED"), ("acc-5", 50_000, "ACTIVE")]
+    assert query(services, lab, "SELECT account_id, score FROM scores") == [("acc-5", 720)]
+    # Every delivery applied: the sets rewrote the same values, the credit went in twice.
+    assert query(services, lab, "SELECT outcome, count(*) FROM deliveries GROUP BY 1") == [("applied", 8)]
+    for table in KEY_TABLES:
+        assert query(services, lab, f"SELECT count(*) FROM {table}") == [(0,)], table
+
+
+@pytest.mark.parametrize("strategy,final,last_outcome", [("none", "PAID", "applied"),
+                                                         ("natural", "CLOSED", "absorbed")])
+def test_an_old_set_resent_after_a_newer_one(services, lab, strategy, final, last_outcome):
+    """Idempotent is not commutative: the old PAID re-sent after CLOSED regresses a plain set."""
+    if strategy != "none":
+        use_strategy(lab, strategy)
+    start(lab, "c1")
+    now = datetime.now(timezone.utc)
+    paid = events.set_status("acc-2", "PAID", occurred_at=(now - timedelta(minutes=5)).isoformat())
+    closed = events.set_status("acc-2", "CLOSED", occurred_at=now.isoformat())
+    produce(services, lab, paid, closed, paid)  # the third: an application-level resend of the first
+    wait_deliveries(services, lab, 3)
+    assert query(services, lab, "SELECT status FROM accounts WHERE id = 'acc-2'") == [(final,)]
+    last = query(services, lab, "SELECT outcome, reason FROM deliveries ORDER BY id DESC LIMIT 1")[0]
+    assert last[0] == last_outcome
+    if strategy == "natural":
+        assert "newer event" in last[1]
+
+
+@pytest.mark.parametrize("policy", ["already-processed", "retry"])
+def test_a_redelivery_under_insert_first_by_unique_violation_policy(services, app, lab, policy):
+    """The 001 seed: the violation means "already processed", not a generic error for the retry
+    mechanism. Under retry the partition stalls (the next record waits), then the DLQ; no crash."""
+    use_strategy(lab, "insert-first")
+    with connect(services.database_url, schema=lab.lab.schema, autocommit=True) as conn:
+        conn.execute("UPDATE consumer_groups SET on_unique_violation = %s WHERE group_id = %s",
+                     [policy, lab.lab.group_id("payments")])
+    c1 = start(lab, "c1")
+    first = crash_then_recover_without_waiting(lab, c1)
+    later = lab.credit("acc-1", 500)  # same key, same partition: behind the redelivered record
+    wait_deliveries(services, lab, 1, where=f"event_id = '{later['event_id']}' AND outcome = 'applied'", timeout=60)
+    ledger = query(services, lab, "SELECT outcome, reason, extract(epoch FROM delivered_at) FROM deliveries "
+                   "WHERE event_id = %s ORDER BY id", first["event_id"])
+    applied_later = query(services, lab, "SELECT extract(epoch FROM delivered_at) FROM deliveries "
+                          "WHERE event_id = %s", later["event_id"])[0][0]
+    assert balance(lab) == 1500  # the first credit applied once, before the crash; the later one once
+    consumer = lab.consumer(c1)
+    assert consumer["state"] == "running"
+    if policy == "already-processed":
+        assert [(o, r) for o, r, _ in ledger] == [
+            ("applied", None), ("absorbed", "unique violation: already processed (processed_events_pkey)")]
+        assert consumer["dead_lettered"] == 0
+    else:
+        outcomes = [o for o, _, _ in ledger]
+        assert outcomes == ["applied"] + ["failed"] * (MAX_ATTEMPTS - 1) + ["dead-lettered"]
+        assert all("UniqueViolation" in r for _, r, _ in ledger[1:])
+        assert ledger[-1][1].startswith(f"gave up after {MAX_ATTEMPTS} attempts")
+        # The partition waited out each backoff before the later record could be applied.
+        stalled = float(applied_later) - float(ledger[1][2])
+        assert stalled >= sum(BACKOFF_SECONDS[:MAX_ATTEMPTS - 1]) - 0.2
+        assert consumer["dead_lettered"] == 1 and "UniqueViolation" in consumer["last_error"]
+
+
+def crash_then_recover_without_waiting(lab, consumer_id: int) -> dict:
+    """Crash after the effect, before the offset commit; restart; the record comes back."""
+    lab.post(f"/consumers/{consumer_id}/arm", {"point": "after-effect-before-commit", "action": "crash"})
+    record = lab.credit("acc-1", 1000)
+    lab.wait_consumer(consumer_id, lambda c: c["state"] == "crashed" and c["exit_code"] is not None,
+                      "did not crash after the effect")
+    lab.post(f"/consumers/{consumer_id}/restart")
+    return record
 
 
 def test_poison_pill_goes_to_the_dlq_with_its_reason_and_the_consumer_continues(services, lab):

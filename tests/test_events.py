@@ -65,3 +65,45 @@ def test_every_poison_pill_is_rejected(kind):
 def test_unknown_poison_kind():
     with pytest.raises(ValueError, match="poison pill kind"):
         events.poison_pill("cyanide")
+
+
+@pytest.mark.parametrize("event,field,value", [
+    (events.set_balance("acc-3", 50_000), "balance_cents", 50_000),
+    (events.set_score("acc-3", 720), "score", 720),
+    (events.set_status("acc-3", "PAID"), "status", "PAID"),
+])
+def test_sets_round_trip_with_their_event_time(event, field, value):
+    decoded = events.decode(event.encode())
+    assert decoded == event and getattr(decoded, field) == value and decoded.amount_cents is None
+    assert event.type in events.SET_TYPES
+
+
+def test_an_event_time_given_is_kept_so_a_resend_carries_the_same_one():
+    event = events.set_status("acc-1", "PAID", occurred_at="2026-12-01T09:00:00+00:00")
+    assert events.decode(event.encode()).occurred_at == "2026-12-01T09:00:00+00:00"
+
+
+def raw(**fields):
+    data = {"event_id": str(uuid.uuid4()), "transaction_id": "E1", "account_id": "acc-1",
+            "occurred_at": "2026-12-01T09:00:00+00:00", **fields}
+    return json.dumps(data).encode()
+
+
+@pytest.mark.parametrize("value,reason", [
+    (raw(type="set_balance"), "balance_cents must be"),
+    (raw(type="set_balance", balance_cents=-1), "balance_cents must be"),
+    (raw(type="set_balance", balance_cents=1.5), "balance_cents must be"),
+    (raw(type="set_score", score=1001), "score must be"),
+    (raw(type="set_score", score="700"), "score must be"),
+    (raw(type="credit", amount_cents=100, status="PAID"), "status is for type set_status"),
+    (raw(type="set_status", status="PAID", balance_cents=5), "balance_cents is for type set_balance"),
+    (raw(type="set_status", status="PAID", occurred_at="2026-12-01T09:00:00"), "needs a UTC offset"),
+])
+def test_set_fields_are_checked(value, reason):
+    with pytest.raises(events.InvalidEvent) as error:
+        events.decode(value)
+    assert reason in error.value.reason
+
+
+def test_a_utc_z_suffix_is_an_offset():
+    assert events.decode(raw(type="set_score", score=0, occurred_at="2026-12-01T09:00:00Z")).score == 0

@@ -23,7 +23,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
 from conftest import ROOT, LabDriver, service_env, stop_process, wait_for_agent
-from webapp import commands, operations, state
+from webapp import commands, ops, state
 from webapp.db import lab_session, sqlalchemy_url
 from webapp.embedded import LOOPBACK, EmbeddedBroker
 from webapp.faultproxy import PRODUCE, FaultProxy, Faults, RequestHeader
@@ -212,10 +212,10 @@ def stack(services, tmp_path_factory):
 
         def proxy_ready() -> bool:
             assert proxy.poll() is None, (base / "faultproxy.log").read_text()
-            return port_open(LOOPBACK, proxy_port) and operations.fault_proxy_state(engine, Lab("x"))["running"]
+            return port_open(LOOPBACK, proxy_port) and ops.call("get_fault_proxy", ops.Context(engine, Lab("x")))["running"]
         wait_until(proxy_ready, timeout=20, message="the fault proxy did not start")
         agent_log = base / "agent.log"
-        agent = start_logged([sys.executable, "-m", "webapp.supervisor"],
+        agent = start_logged([sys.executable, "-m", "webapp.agent"],
                              service_env(services, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap_servers,
                                          KAFKA_PRODUCER_BOOTSTRAP_SERVERS=proxy_address, LAB_DATA_DIR=str(base)),
                              agent_log)
@@ -283,7 +283,7 @@ def proxied_lab(stack, app_factory, lab_name) -> ProxiedLab:
     driver = ProxiedLab(client, Lab(lab_name), stack)
     driver.command("lab.ensure", {"partitions": 3})
     yield driver
-    operations.arm_fault_proxy(stack.engine, driver.lab, {"drop_produce_responses": 0, "delay_ms": 0})
+    ops.call("arm_fault_proxy", ops.Context(stack.engine, driver.lab), {"drop_produce_responses": 0, "delay_ms": 0})
     for consumer in driver.state()["consumers"]:
         if consumer["state"] in ("starting", "running", "frozen", "stepping"):
             driver.command("consumer.stop", {"consumer_id": consumer["id"]})
@@ -293,7 +293,7 @@ def test_arming_needs_a_running_proxy(app_factory, lab_name, services):
     """Before this module's proxy process starts, nothing could inject the fault: 503, not a silent no-op."""
     engine = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool)
     try:
-        if operations.fault_proxy_state(engine, Lab(lab_name))["running"]:
+        if ops.call("get_fault_proxy", ops.Context(engine, Lab(lab_name)))["running"]:
             pytest.skip("another fault proxy is running against this database")
     finally:
         engine.dispose()
@@ -317,7 +317,7 @@ def test_disarmed_proxy_passes_10000_events_without_loss(stack):
             "SELECT responses_dropped, responses_delayed, produce_requests FROM lab_control.fault_proxies "
             "WHERE name = 'default'")).one()
     assert (dropped, delayed) == (0, 0)
-    wait_until(lambda: operations.fault_proxy_state(stack.engine, Lab("x"))["produce_requests"] > 0, timeout=5,
+    wait_until(lambda: ops.call("get_fault_proxy", ops.Context(stack.engine, Lab("x")))["produce_requests"] > 0, timeout=5,
                message="the proxy never reported the Produce requests it forwarded")
 
 
@@ -344,14 +344,14 @@ def test_api_and_cli_arm_and_report(proxied_lab):
 def test_lost_ack_without_idempotence_writes_the_event_twice_and_none_credits_twice(proxied_lab):
     consumer_id = proxied_lab.start_consumer_here("none")
     proxied_lab.wait_assigned(consumer_id)
-    operations.arm_fault_proxy(proxied_lab.engine, proxied_lab.lab, {"drop_produce_responses": 1, "delay_ms": 0})
+    ops.call("arm_fault_proxy", ops.Context(proxied_lab.engine, proxied_lab.lab), {"drop_produce_responses": 1, "delay_ms": 0})
     event = proxied_lab.publish_credit(CREDIT, idempotent=False)
     sentinel = proxied_lab.publish_credit(SENTINEL, idempotent=False)
     assert event["error"] is None and sentinel["error"] is None
 
     copies = proxied_lab.copies_in_log(event["event_id"], sentinel["event_id"])
     assert len(copies) == 2, copies
-    proxy = operations.fault_proxy_state(proxied_lab.engine, proxied_lab.lab)
+    proxy = ops.call("get_fault_proxy", ops.Context(proxied_lab.engine, proxied_lab.lab))
     assert proxy["responses_dropped"] >= 1 and proxy["drop_produce_responses"] == 0
     assert any("dropped the response to a Produce request" in s for s in proxied_lab.fault_timeline())
 
@@ -373,13 +373,13 @@ def test_lost_ack_without_idempotence_writes_the_event_twice_and_none_credits_tw
 def test_lost_ack_with_idempotence_writes_the_event_once(proxied_lab):
     consumer_id = proxied_lab.start_consumer_here("none")
     proxied_lab.wait_assigned(consumer_id)
-    operations.arm_fault_proxy(proxied_lab.engine, proxied_lab.lab, {"drop_produce_responses": 1, "delay_ms": 0})
+    ops.call("arm_fault_proxy", ops.Context(proxied_lab.engine, proxied_lab.lab), {"drop_produce_responses": 1, "delay_ms": 0})
     event = proxied_lab.publish_credit(CREDIT, idempotent=True)
     sentinel = proxied_lab.publish_credit(SENTINEL, idempotent=True)
     assert event["error"] is None
 
     assert len(proxied_lab.copies_in_log(event["event_id"], sentinel["event_id"])) == 1
-    assert operations.fault_proxy_state(proxied_lab.engine, proxied_lab.lab)["drop_produce_responses"] == 0
+    assert ops.call("get_fault_proxy", ops.Context(proxied_lab.engine, proxied_lab.lab))["drop_produce_responses"] == 0
     assert any("dropped the response" in s for s in proxied_lab.fault_timeline())
     proxied_lab.wait_caught_up()
     account = proxied_lab.account("acc-1")
@@ -389,18 +389,18 @@ def test_lost_ack_with_idempotence_writes_the_event_once(proxied_lab):
 
 @pytest.mark.parametrize("strategy, credited", [("none", 2), ("eventid-atomic", 1)])
 def test_idempotent_producer_does_not_stop_consumer_side_duplicates(proxied_lab, strategy, credited):
-    operations.set_strategy(proxied_lab.engine, proxied_lab.lab, "payments", {"strategy": strategy})
+    ops.call("set_strategy", ops.Context(proxied_lab.engine, proxied_lab.lab), {"group": "payments", "strategy": strategy})
     consumer_id = proxied_lab.start_consumer_here()
     proxied_lab.wait_assigned(consumer_id)
-    operations.arm(proxied_lab.engine, proxied_lab.lab, consumer_id, {"point": "after-effect-before-commit"})
-    operations.arm_fault_proxy(proxied_lab.engine, proxied_lab.lab, {"drop_produce_responses": 1, "delay_ms": 0})
+    ops.call("arm", ops.Context(proxied_lab.engine, proxied_lab.lab), {"consumer_id": consumer_id, "point": "after-effect-before-commit"})
+    ops.call("arm_fault_proxy", ops.Context(proxied_lab.engine, proxied_lab.lab), {"drop_produce_responses": 1, "delay_ms": 0})
     event = proxied_lab.publish_credit(CREDIT, idempotent=True)
     proxied_lab.wait_state(consumer_id, "crashed")
     sentinel = proxied_lab.publish_credit(SENTINEL, idempotent=True)
     # The producer layer did its job: one record.
     assert len(proxied_lab.copies_in_log(event["event_id"], sentinel["event_id"])) == 1
 
-    operations.consumer_action(proxied_lab.engine, proxied_lab.lab, consumer_id, "restart")
+    ops.call("restart_consumer", ops.Context(proxied_lab.engine, proxied_lab.lab), {"consumer_id": consumer_id})
     proxied_lab.wait_caught_up(timeout=60)
     account = proxied_lab.account("acc-1")
     assert account["expected"] == CREDIT + SENTINEL

@@ -18,7 +18,7 @@ def test_broker_stopped_is_reported_with_the_reason(services, app_factory, tmp_p
     broker = EmbeddedBroker(tmp_path / "tansu.log").start()
     env = service_env(services, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap_servers)
     log = open(tmp_path / "agent.log", "ab")
-    agent = subprocess.Popen([sys.executable, "-m", "webapp.supervisor"], env=env, cwd=ROOT, stdout=log,
+    agent = subprocess.Popen([sys.executable, "-m", "webapp.agent"], env=env, cwd=ROOT, stdout=log,
                              stderr=subprocess.STDOUT)
     try:
         wait_for_agent(services.database_url, agent, tmp_path / "agent.log")

@@ -43,7 +43,7 @@ def test_make_run_serves_the_dashboard_and_sigterm_stops_everything(tmp_path):
             assert b"Idempotency" in response.read()
         tree = psutil.Process(make.pid).children(recursive=True)
         names = " ".join(" ".join(p.cmdline()) for p in tree)
-        assert "postgres -D" in names and "tansu" in names and "webapp.supervisor" in names and "gunicorn" in names
+        assert "postgres -D" in names and "tansu" in names and "webapp.agent" in names and "gunicorn" in names
 
         make.send_signal(signal.SIGTERM)
         make.wait(timeout=30)

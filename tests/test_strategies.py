@@ -2,11 +2,15 @@
 and that the SQL it runs is the SQL its plan shows on screen (one source for both)."""
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
 import psycopg
 import pytest
 
 from webapp import events, strategies
 from webapp.db import connect
+from webapp.strategies import check_then_act, insert_first
 from webapp.strategies.base import POINTS, RECORD_DELIVERY
 
 
@@ -16,11 +20,14 @@ class Crash(Exception):
 
 class RecordingContext:
     """The strategy's context on a real connection: records statements and points passed,
-    and can 'crash' (raise) at one point, which rolls back any open transaction."""
+    and can 'crash' (raise) at one point, which rolls back any open transaction, or run another
+    consumer's whole delivery at one point (``meanwhile``: a second session, a real interleaving)."""
 
-    def __init__(self, conn: psycopg.Connection, crash_at: str | None = None):
+    def __init__(self, conn: psycopg.Connection, crash_at: str | None = None,
+                 meanwhile: tuple[str, Callable[[], Any]] | None = None):
         self.conn = conn
         self.crash_at = crash_at
+        self.meanwhile = meanwhile
         self.statements: list[str] = []
         self.points: list[str] = []
         self.offset = 0
@@ -36,6 +43,8 @@ class RecordingContext:
         self.points.append(point)
         if point == self.crash_at:
             raise Crash(point)
+        if self.meanwhile and self.meanwhile[0] == point:
+            self.meanwhile[1]()
 
     def record_delivery(self, event, outcome, reason=None):
         self.execute(RECORD_DELIVERY, {
@@ -51,17 +60,28 @@ def conn(services, lab):
 
 
 def balance(conn, account_id="acc-1") -> int:
-    return conn.execute("SELECT balance + coalesce((SELECT sum(amount_cents) FROM ledger WHERE account_id = %s), 0) "
-                        "FROM accounts WHERE id = %s", [account_id, account_id]).fetchone()[0]
+    return conn.execute("SELECT balance FROM accounts WHERE id = %s", [account_id]).fetchone()[0]
+
+
+def count(conn, table: str) -> int:
+    return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def in_plan_order(strategy, statements) -> bool:
+    """Every statement run is one the plan shows, in the plan's order."""
+    shown = list(strategy.statements)
+    return (all(s in shown for s in statements)
+            and [shown.index(s) for s in statements] == sorted(shown.index(s) for s in statements))
 
 
 @pytest.mark.parametrize("name,second_outcome,second_balance", [
     ("none", "applied", 2000),
     ("check-then-act", "absorbed", 1000),
+    ("insert-first", psycopg.errors.UniqueViolation, 1000),  # the consumer catches it: see test_consumer
     ("eventid-atomic", "absorbed", 1000),
     ("eventid-split", "absorbed", 1000),
     ("business-key", "absorbed", 1000),
-    ("natural", "absorbed", 1000),
+    ("natural", "applied", 2000),  # a delta is not naturally idempotent
 ])
 def test_first_delivery_applies_and_redelivery_follows_the_strategy(conn, name, second_outcome, second_balance):
     strategy = strategies.get(name)
@@ -69,24 +89,33 @@ def test_first_delivery_applies_and_redelivery_follows_the_strategy(conn, name, 
     first = RecordingContext(conn)
     assert strategy.apply(first, event) == "applied"
     assert balance(conn) == 1000
-    # Every statement run is one the plan shows, in the plan's order.
-    shown = list(strategy.statements)
-    assert all(s in shown for s in first.statements)
-    assert [shown.index(s) for s in first.statements] == sorted(shown.index(s) for s in first.statements)
+    assert in_plan_order(strategy, first.statements)
 
     second = RecordingContext(conn)
     second.offset = 1
-    assert strategy.apply(second, event) == second_outcome
+    if isinstance(second_outcome, str):
+        assert strategy.apply(second, event) == second_outcome
+    else:
+        with pytest.raises(second_outcome):
+            strategy.apply(second, event)
+        assert count(conn, "deliveries") == 1  # the failed transaction left nothing
     assert balance(conn) == second_balance
+
+
+def one_of_each(account_id: str) -> list[events.PaymentEvent]:
+    return [events.credit(account_id, 100), events.set_status(account_id, "PAID"),
+            events.set_balance(account_id, 50_000), events.set_score(account_id, 720)]
 
 
 @pytest.mark.parametrize("name", strategies.NAMES)
 def test_points_passed_are_the_points_shown(conn, name):
     strategy = strategies.get(name)
-    context = RecordingContext(conn)
-    strategy.apply(context, events.credit("acc-2", 100))
-    assert set(context.points) <= set(strategy.points)
-    assert all(point in POINTS for point in strategy.points)
+    for event in one_of_each("acc-2"):
+        context = RecordingContext(conn)
+        strategy.apply(context, event)
+        assert set(context.points) <= set(strategy.points)
+        assert all(point in POINTS for point in strategy.points)
+        assert in_plan_order(strategy, context.statements), (event.type, context.statements)
 
 
 @pytest.mark.parametrize("name,effect_after_crash", [
@@ -120,21 +149,126 @@ def test_business_key_absorbs_a_source_duplicate_that_eventid_lets_through(conn)
     assert strategies.get("business-key").apply(RecordingContext(conn), again) == "absorbed"
 
 
-def test_natural_set_status_is_the_same_however_often_it_runs(conn):
-    event = events.set_status("acc-5", "BLOCKED")
+KEY_TABLES = ("processed_events", "processed_transactions", "seen_events", "ledger")
+
+
+def account_state(conn, account_id: str) -> tuple:
+    return conn.execute("SELECT a.balance, a.status, s.score FROM accounts a LEFT JOIN scores s ON s.account_id = a.id "
+                        "WHERE a.id = %s", [account_id]).fetchone()
+
+
+def test_natural_sets_are_the_same_however_often_they_run_and_credits_double(conn):
+    """The 000 seed's table: SET status, an upsert by PK, SET saldo = 500 — yes; balance + 100 — no."""
     natural = strategies.get("natural")
+    sets = [events.set_status("acc-5", "BLOCKED"), events.set_balance("acc-5", 50_000), events.set_score("acc-5", 720)]
     for _ in range(3):
-        assert natural.apply(RecordingContext(conn), event) == "applied"
-    assert conn.execute("SELECT status FROM accounts WHERE id = 'acc-5'").fetchone()[0] == "BLOCKED"
-    assert conn.execute("SELECT count(*) FROM processed_events").fetchone()[0] == 0
+        for event in sets:
+            assert natural.apply(RecordingContext(conn), event) == "applied"  # rewritten, not skipped
+    assert account_state(conn, "acc-5") == (50_000, "BLOCKED", 720)
+    credit = events.credit("acc-4", 1000)
+    for _ in range(2):
+        assert natural.apply(RecordingContext(conn), credit) == "applied"
+    assert balance(conn, "acc-4") == 2000  # the replayed credit is applied again
+    assert count(conn, "payments") == 2
+    assert {table: count(conn, table) for table in KEY_TABLES} == dict.fromkeys(KEY_TABLES, 0)
+
+
+def at(seconds: int) -> str:
+    return (datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc) + timedelta(seconds=seconds)).isoformat()
+
+
+@pytest.mark.parametrize("name,regressed", [("none", True), ("eventid-atomic", True), ("natural", False)])
+def test_an_older_set_resent_after_a_newer_one(conn, name, regressed):
+    """Idempotent is not commutative: an old PAID re-sent after CLOSED regresses a plain set. eventid-atomic
+    is no help (a different event, or the same one after its key expired); natural's event-time guard is."""
+    strategy = strategies.get(name)
+    old = [events.set_status("acc-3", "PAID", occurred_at=at(0)), events.set_balance("acc-3", 10_000, occurred_at=at(0)),
+           events.set_score("acc-3", 500, occurred_at=at(0))]
+    new = [events.set_status("acc-3", "CLOSED", occurred_at=at(60)),
+           events.set_balance("acc-3", 70_000, occurred_at=at(60)), events.set_score("acc-3", 800, occurred_at=at(60))]
+    for event in old + new:
+        assert strategy.apply(RecordingContext(conn), event) == "applied"
+    conn.execute("DELETE FROM processed_events")  # as a TTL cleanup would: the old events' keys are gone
+    outcomes = [strategy.apply(RecordingContext(conn), event) for event in old]
+    if regressed:
+        assert outcomes == ["applied"] * 3 and account_state(conn, "acc-3") == (10_000, "PAID", 500)
+    else:
+        assert outcomes == ["absorbed"] * 3 and account_state(conn, "acc-3") == (70_000, "CLOSED", 800)
+        reasons = [r for (r,) in conn.execute("SELECT reason FROM deliveries WHERE outcome = 'absorbed' ORDER BY id")]
+        assert len(reasons) == 3 and all("newer event" in r for r in reasons)
+
+
+def test_check_then_act_key_table_has_no_unique_constraint_and_the_plan_says_so(conn):
+    unique = conn.execute("SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid "
+                          "WHERE c.relname = 'seen_events' AND c.relnamespace = current_schema()::regnamespace "
+                          "AND (i.indisunique OR i.indisprimary)").fetchone()[0]
+    assert unique == 0
+    plan_ddl = [step.text for step in strategies.get("check-then-act").plan if step.kind == "ddl"]
+    assert plan_ddl == [check_then_act.KEY_TABLE_DDL] and "no PRIMARY KEY, no UNIQUE" in plan_ddl[0]
+
+
+def second_session(services, lab, strategy, event) -> Callable[[], None]:
+    """Another consumer's whole delivery of ``event``, on its own PostgreSQL session, committed."""
+    def run():
+        with connect(services.database_url, schema=lab.lab.schema, autocommit=True) as other:
+            context = RecordingContext(other)
+            context.offset = 7
+            assert strategy.apply(context, event) == "applied"
+    return run
+
+
+def test_check_then_act_two_sessions_both_pass_the_check_and_both_credit(services, lab, conn):
+    strategy = strategies.get("check-then-act")
+    event = events.credit("acc-1", 1000)
+    # The zombie's SELECT said "absent"; before it acts, the successor checks, credits, commits.
+    zombie = RecordingContext(conn, meanwhile=("between-check-and-act", second_session(services, lab, strategy, event)))
+    assert strategy.apply(zombie, event) == "applied"
+    assert balance(conn) == 2000
+    assert conn.execute("SELECT count(*) FROM seen_events WHERE event_id = %s", [event.event_id]).fetchone()[0] == 2
+
+
+def test_insert_first_the_late_insert_hits_the_constraint_and_rolls_back(services, lab, conn):
+    strategy = strategies.get("insert-first")
+    event = events.credit("acc-1", 1000)
+    zombie = RecordingContext(conn, meanwhile=("before-effect", second_session(services, lab, strategy, event)))
+    with pytest.raises(psycopg.errors.UniqueViolation) as violation:
+        strategy.apply(zombie, event)
+    assert violation.value.diag.constraint_name == "processed_events_pkey"
+    assert zombie.statements == [insert_first.CLAIM]  # no effect ran in the failed transaction
+    assert balance(conn) == 1000 and count(conn, "payments") == 1 and count(conn, "deliveries") == 1
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE  # rolled back, usable
+
+
+def test_what_the_insert_first_plan_says_about_an_aborted_transaction(conn):
+    """The SQL view's claim: after a unique violation PostgreSQL refuses every statement of the
+    transaction; ON CONFLICT never raises, and a savepoint keeps the transaction usable."""
+    event = events.credit("acc-2", 100)
+    conn.execute(insert_first.CLAIM, {"event_id": event.event_id})
+    with pytest.raises(psycopg.errors.InFailedSqlTransaction, match="current transaction is aborted"):
+        with conn.transaction():
+            try:
+                conn.execute(insert_first.CLAIM, {"event_id": event.event_id})
+            except psycopg.errors.UniqueViolation:
+                pass  # "catch it and carry on", in the same transaction
+            conn.execute("SELECT 1")
+    with conn.transaction():
+        try:
+            with conn.transaction():  # a SAVEPOINT
+                conn.execute(insert_first.CLAIM, {"event_id": event.event_id})
+        except psycopg.errors.UniqueViolation:
+            pass  # rolled back to the savepoint
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert conn.execute(strategies.eventid_atomic.CLAIM, {"event_id": event.event_id}).rowcount == 0
 
 
 @pytest.mark.parametrize("name", strategies.NAMES)
 def test_unknown_account_is_invalid_and_changes_nothing(conn, name):
-    with pytest.raises(events.InvalidEvent, match="no account"):
-        strategies.get(name).apply(RecordingContext(conn), events.credit("acc-404", 100))
+    for event in one_of_each("acc-404"):
+        with pytest.raises(events.InvalidEvent, match="no account"):
+            strategies.get(name).apply(RecordingContext(conn), event)
     assert conn.execute("SELECT count(*) FROM deliveries").fetchone()[0] == 0
     assert conn.execute("SELECT count(*) FROM payments").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM scores").fetchone()[0] == 0
 
 
 def test_unknown_strategy_is_named():

@@ -1,11 +1,15 @@
 """Idempotency Lab: a dashboard and event-replay simulator for at-least-once messaging."""
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping
 
 from flask import Flask
 
 from .config import load_config
+
+NO_DATABASE = ("DATABASE_URL is not set and no running lab was found in LAB_DATA_DIR. "
+               "Start the lab with `make run` (embedded PostgreSQL and broker), or set DATABASE_URL.")
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -13,14 +17,16 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app = Flask(__name__, template_folder="../templates", static_folder="../static")
     app.config.from_mapping(load_config(overrides=test_config))
     if not app.config.get("DATABASE_URL"):
-        raise RuntimeError(
-            "DATABASE_URL is not set and no running lab was found in LAB_DATA_DIR. "
-            "Start the lab with `make run` (embedded PostgreSQL and broker), or set DATABASE_URL.")
+        # The `flask` CLI still gets its commands (`scenario list` needs no lab); the web does not start.
+        app.config["NO_DATABASE"] = NO_DATABASE
+        if os.environ.get("FLASK_RUN_FROM_CLI") != "true":
+            raise RuntimeError(NO_DATABASE)
 
     from . import cli, db, security
     from .web import register_blueprints
 
-    db.init_app(app)
+    if not app.config.get("NO_DATABASE"):
+        db.init_app(app)
     security.init_app(app)
     register_blueprints(app)
     cli.init_app(app)

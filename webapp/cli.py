@@ -1,19 +1,24 @@
 """``flask --app app lab ...``: the lab's controls from a terminal.
 
-Commands go through the same operations as the API and the dashboard; they need a running
-lab agent (``make run`` starts one), except ``reset`` and ``agent`` which work without.
+One command per operation of the registry (``webapp/ops``), its options made from the
+operation's argument model, so the CLI takes the same fields, limits and choices as the API and
+the forms. They need a running lab agent (``make run`` starts one), except ``reset``, ``init``
+and ``agent``, which work without.
 """
 from __future__ import annotations
 
 import json
 import sys
+import typing
+from typing import Any
 
 import click
 from flask import Flask, current_app
-from flask.cli import AppGroup
+from flask.cli import AppGroup, with_appcontext
 
-from . import commands, operations
+from . import commands, ops
 from .db import db
+from .domain.vocabulary import Limits
 from .labs import Lab
 
 lab_cli = AppGroup("lab", help="Drive the Idempotency Lab.")
@@ -27,40 +32,36 @@ def _show(result) -> None:
     click.echo(json.dumps(result, indent=2, default=str))
 
 
-def _run(operation, *args) -> None:
+def _run(name: str, body: dict[str, Any]) -> None:
     """Run an operation; print its result, or a clear error and exit non-zero."""
     try:
-        _show(operation(db.engine, _lab(), *args))
-    except operations.InvalidRequest as error:
+        _show(ops.call(name, ops.Context(db.engine, _lab(), current_app.config), body))
+    except ops.InvalidRequest as error:
         raise click.UsageError(str(error)) from None
-    except (operations.NotFound, commands.CommandError) as error:
+    except (ops.NotFound, commands.CommandError) as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
 
 
 @lab_cli.command("reset")
-@click.option("--partitions", type=click.IntRange(1, 12), default=None, help="partitions of the payments topic")
+@click.option("--partitions", type=click.IntRange(*Limits.PARTITIONS), default=None, help="partitions of the payments topic")
 def reset(partitions):
     """Wipe the lab (tables and topics) and seed 5 accounts."""
-    from .supervisor import Supervisor
-
     config = current_app.config
     partitions = partitions or config["LAB_PARTITIONS"]
     if commands.live_agents(db.engine):
-        _run(operations.reset_lab, {"partitions": partitions})
+        _run("reset_lab", {"partitions": partitions})
         return
     if not config["KAFKA_BOOTSTRAP_SERVERS"]:
         raise click.UsageError("KAFKA_BOOTSTRAP_SERVERS is not set and no lab is running (start one with `make run`)")
     # No agent runs: do the same work in this process.
-    agent = Supervisor(config["DATABASE_URL"], config["KAFKA_BOOTSTRAP_SERVERS"], data_dir=config["LAB_DATA_DIR"])
-    try:
-        _show(agent.reset_lab(_lab(), {"partitions": partitions}))
-    finally:
-        agent.shutdown()
+    from .agent.setup import reset_lab
+
+    _show(reset_lab(config["DATABASE_URL"], config["KAFKA_BOOTSTRAP_SERVERS"], _lab(), partitions))
 
 
 @lab_cli.command("init")
-@click.option("--partitions", type=click.IntRange(1, 12), default=None, help="partitions of a new payments topic")
+@click.option("--partitions", type=click.IntRange(*Limits.PARTITIONS), default=None, help="partitions of a new payments topic")
 def init(partitions):
     """Create the lab if it is missing (tables, topics, seed accounts); keep it if it exists.
 
@@ -68,117 +69,68 @@ def init(partitions):
     web app and the agents). When the broker lost the lab's topics but PostgreSQL kept the lab,
     the journal would describe records the log no longer holds: the lab is reset, and says so.
     """
-    from .labs import ensure_control_schema
-    from .supervisor import Supervisor
+    from .agent.setup import ensure_lab, reset_lab
 
     config = current_app.config
     if not config["KAFKA_BOOTSTRAP_SERVERS"]:
         raise click.UsageError("KAFKA_BOOTSTRAP_SERVERS is not set and no lab is running (start one with `make run`)")
-    with db.engine.begin() as conn:
-        ensure_control_schema(conn)
     lab = _lab()
-    args = {"partitions": partitions or config["LAB_PARTITIONS"]}
-    agent = Supervisor(config["DATABASE_URL"], config["KAFKA_BOOTSTRAP_SERVERS"], data_dir=config["LAB_DATA_DIR"])
-    try:
-        result = agent.ensure_lab(lab, args)
-        if lab.topic in result["created_topics"] and not result["created_schema"]:
-            click.echo(f"the broker holds no {lab.topic} but PostgreSQL kept lab {lab.name}: resetting it", err=True)
-            result = {**agent.reset_lab(lab, args), "reset": True}
-    finally:
-        agent.shutdown()
+    partitions = partitions or config["LAB_PARTITIONS"]
+    services = (config["DATABASE_URL"], config["KAFKA_BOOTSTRAP_SERVERS"])
+    result = ensure_lab(*services, lab, partitions)
+    if lab.topic in result["created_topics"] and not result["created_schema"]:
+        click.echo(f"the broker holds no {lab.topic} but PostgreSQL kept lab {lab.name}: resetting it", err=True)
+        result = {**reset_lab(*services, lab, partitions), "reset": True}
     _show({"lab": lab.name, **result})
 
 
 @lab_cli.command("agent")
 def agent():
-    """Run a lab agent (supervisor) in the foreground."""
-    from . import supervisor
-    sys.exit(supervisor.main())
+    """Run a lab agent in the foreground (the same as `python -m webapp.agent`)."""
+    from .agent import main
+    sys.exit(main())
 
 
-@lab_cli.command("state")
-def show_state():
-    """Print accounts, verdict, consumers and partitions as JSON."""
-    client = current_app.test_client()
-    _show(client.get("/api/v1/state").get_json())
+# --- one command per operation ----------------------------------------------------------------
+
+def _click_type(annotation: Any) -> Any:
+    """The click type of a model field: a choice, a whole number, a number, or text."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return click.Choice([str(arg) for arg in args])
+    if origin is typing.Union or (origin is not None and type(None) in args):
+        return _click_type(next(arg for arg in args if arg is not type(None)))
+    return {int: click.INT, float: click.FLOAT}.get(annotation, click.STRING)
 
 
-@lab_cli.command("publish")
-@click.option("--type", "type_", type=click.Choice(["credit", "set_status"]), default="credit")
-@click.option("--account", "account_id", default="acc-1")
-@click.option("--amount", default="100.00", help="currency units, like 12.50")
-@click.option("--status", default=None)
-@click.option("--mode", type=click.Choice(["normal", "burst", "resend", "source-duplicate", "poison"]), default="normal")
-@click.option("--count", type=int, default=10, help="events in a burst")
-@click.option("--event-id", default=None, help="the event to resend or duplicate (default: the newest)")
-@click.option("--idempotent/--no-idempotent", default=True, help="enable.idempotence on the producer")
-def publish(type_, account_id, amount, status, mode, count, event_id, idempotent):
-    """Publish payment events."""
-    _run(operations.publish, {"type": type_, "account_id": account_id, "amount": amount, "status": status,
-                              "mode": mode, "count": count, "event_id": event_id, "idempotent": idempotent})
+def _params(op: ops.Operation) -> list[click.Parameter]:
+    params: list[click.Parameter] = []
+    for name, info in op.model.model_fields.items():
+        if name in op.path_params:
+            params.append(click.Argument([name], type=_click_type(info.annotation)))
+            continue
+        aliases = [alias for alias in getattr(info.validation_alias, "choices", [])
+                   if isinstance(alias, str) and alias != name]
+        flags = [f"--{alias.replace('_', '-')}" for alias in [name, *aliases]]
+        if info.annotation is bool:
+            flags = [f"{flags[0]}/--no-{name.replace('_', '-')}"]
+            params.append(click.Option(flags, name, default=None, help=info.description))
+        else:
+            params.append(click.Option(flags, name, type=_click_type(info.annotation), default=None,
+                                       help=info.description))
+    return params
 
 
-@lab_cli.command("consumer")
-@click.argument("action", type=click.Choice(["start", "kill", "freeze", "thaw", "stop", "restart", "step"]))
-@click.argument("consumer_id", type=int, required=False)
-@click.option("--group", default="payments")
-@click.option("--strategy", default=None)
-@click.option("--name", default=None)
-def consumer(action, consumer_id, group, strategy, name):
-    """Start a consumer, or act on one by id."""
-    if action == "start":
-        _run(operations.start_consumer, {"group": group, "strategy": strategy, "name": name})
-    elif consumer_id is None:
-        raise click.UsageError(f"{action} needs a CONSUMER_ID")
-    elif action == "step":
-        _run(operations.step, consumer_id)
-    else:
-        _run(operations.consumer_action, consumer_id, action)
+def _command(op: ops.Operation) -> click.Command:
+    def callback(**values: Any) -> None:
+        _run(op.name, {name: value for name, value in values.items() if value is not None})
+    return click.Command(op.cli, callback=with_appcontext(callback), params=_params(op), help=op.summary + ".")
 
 
-@lab_cli.command("arm")
-@click.argument("consumer_id", type=int)
-@click.argument("point", required=False)
-@click.option("--action", type=click.Choice(["crash", "freeze"]), default="crash")
-@click.option("--always", is_flag=True, help="every time, not once")
-def arm(consumer_id, point, action, always):
-    """Arm a crash point on a consumer (no POINT: disarm)."""
-    _run(operations.arm, consumer_id, {"point": point, "action": action, "always": always})
+for _op in ops.OPERATIONS.values():
+    if _op.cli:
+        lab_cli.add_command(_command(_op))
 
-
-@lab_cli.command("strategy")
-@click.argument("group")
-@click.argument("strategy")
-def strategy(group, strategy):
-    """Switch a group's deduplication strategy."""
-    _run(operations.set_strategy, group, {"strategy": strategy})
-
-
-@lab_cli.command("reset-offsets")
-@click.argument("group")
-@click.option("--mode", type=click.Choice(["earliest", "offset", "back", "timestamp"]), default="earliest")
-@click.option("--back", type=int, default=None)
-@click.option("--offsets", default=None, help='JSON, like {"0": 3}')
-@click.option("--timestamp", default=None)
-def reset_offsets(group, mode, back, offsets, timestamp):
-    """Move a group's committed offsets (stops and restarts its consumers)."""
-    _run(operations.reset_offsets, group, {"mode": mode, "back": back, "offsets": offsets, "timestamp": timestamp})
-
-
-@lab_cli.command("ttl-cleanup")
-@click.option("--ttl-seconds", type=float, default=None)
-def ttl_cleanup(ttl_seconds):
-    """Delete dedup keys older than the TTL now."""
-    _run(operations.ttl_cleanup, {} if ttl_seconds is None else {"ttl_seconds": ttl_seconds})
-
-
-@lab_cli.command("lost-ack")
-@click.argument("count", type=click.IntRange(0, operations.MAX_DROPPED_RESPONSES))
-@click.option("--delay-ms", type=click.IntRange(0, operations.MAX_RESPONSE_DELAY_MS), default=0,
-              help="also hold every Produce response this long")
-def lost_ack(count, delay_ms):
-    """Arm the fault proxy: drop the next COUNT Produce responses (0 disarms)."""
-    _run(operations.arm_fault_proxy, {"drop_produce_responses": count, "delay_ms": delay_ms})
 
 def init_app(app: Flask) -> None:
     from .scenarios.cli import scenario_cli

@@ -1,21 +1,21 @@
-"""The command channel: the web and the CLI ask a lab agent to act, through PostgreSQL.
+"""The command channel, the web's side: the web and the CLI ask a lab agent to act, through PostgreSQL.
 
 A command is a row in ``lab_control.commands`` plus a NOTIFY that wakes the agents. The agent
-that claims it (FOR UPDATE SKIP LOCKED) carries it out and writes the result. This works when
-the web app and the consumers run in different containers: both reach the database.
+that claims it carries it out and writes the result (webapp/agent/queue.py). This works when the
+web app and the consumers run in different containers: both reach the database. This module
+imports no Kafka client, directly or not: gunicorn never loads one.
 """
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
-from .db import CONTROL_SCHEMA
-
-CHANNEL = "lab_commands"
-AGENT_FRESH_SECONDS = 5.0
+from .domain.vocabulary import AGENT_FRESH_SECONDS  # noqa: F401  (re-exported for the web)
+from .store import agents as agent_rows
+from .store import commands as command_rows
+from .store.commands import CHANNEL  # noqa: F401  (re-exported)
 
 
 class CommandError(RuntimeError):
@@ -32,38 +32,38 @@ class CommandNotFound(CommandError):
 
 def live_agents(engine: Engine) -> list[str]:
     with engine.connect() as conn:
-        return list(conn.execute(text(
-            f"SELECT id FROM {CONTROL_SCHEMA}.agents "
-            f"WHERE heartbeat_at > now() - make_interval(secs => :fresh) ORDER BY started_at"),
-            {"fresh": AGENT_FRESH_SECONDS}).scalars())
+        return agent_rows.live_ids(conn)
 
 
 def enqueue(engine: Engine, lab: str, verb: str, args: dict[str, Any] | None = None,
             agent_id: str | None = None) -> int:
     with engine.begin() as conn:
-        command_id = conn.execute(text(
-            f"INSERT INTO {CONTROL_SCHEMA}.commands (lab, verb, args, agent_id, status) "
-            "VALUES (:lab, :verb, CAST(:args AS jsonb), :agent_id, 'pending') RETURNING id"),
-            {"lab": lab, "verb": verb, "args": json.dumps(args or {}), "agent_id": agent_id}).scalar_one()
-        conn.execute(text("SELECT pg_notify(:channel, :payload)"), {"channel": CHANNEL, "payload": str(command_id)})
-    return command_id
+        return command_rows.insert(conn, lab, verb, args or {}, agent_id)
 
 
 def wait_for(engine: Engine, command_id: int, timeout: float) -> dict[str, Any]:
-    """Block until the command is done; its result, or CommandError with the agent's reason."""
+    """Block until the command is done; its result, or CommandError with the agent's reason.
+
+    A command still pending at the deadline is withdrawn, so no agent carries it out later, when
+    nobody waits for it any more."""
     deadline = time.monotonic() + timeout
-    query = text(f"SELECT status, result, error FROM {CONTROL_SCHEMA}.commands WHERE id = :id")
     while True:
         with engine.connect() as conn:
-            status, result, error = conn.execute(query, {"id": command_id}).one()
-        if status == "done":
+            status, result, error = command_rows.outcome(conn, command_id)
+        if status == command_rows.DONE:
             return result or {}
-        if status == "failed":
+        if status == command_rows.FAILED:
             kind = CommandNotFound if (result or {}).get("kind") == "not found" else CommandError
             raise kind(error or "the command failed")
         if time.monotonic() > deadline:
-            raise CommandError(f"no lab agent finished command {command_id} within {timeout:.0f}s "
-                               f"(it is {status}); is the agent running?")
+            reason = (f"no lab agent finished command {command_id} within {timeout:.0f}s (it is {status}); "
+                      "is the agent running?")
+            if status == command_rows.PENDING:
+                with engine.begin() as conn:
+                    if command_rows.withdraw(conn, command_id, f"withdrawn: {reason}"):
+                        raise CommandError(reason)
+                continue  # claimed just now: report what it became
+            raise CommandError(reason)
         time.sleep(0.02)
 
 

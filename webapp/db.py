@@ -12,7 +12,6 @@ from typing import Iterator
 import psycopg
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
-from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Session
 
@@ -40,28 +39,18 @@ def psycopg_conninfo(url: str) -> str:
 
 
 def connect(url: str, schema: str | None = None, **kwargs) -> psycopg.Connection:
-    """A psycopg connection for processes outside Flask (consumers, supervisor)."""
+    """A psycopg connection for processes outside Flask (consumers, the lab agent)."""
     options = f"-c search_path={schema}" if schema else None
     return psycopg.connect(psycopg_conninfo(url), options=options, **kwargs)
 
 
-def _set_search_path(schema: str):
-    def after_begin(session, transaction, connection):
-        # set_config(..., true) is SET LOCAL: it ends with the transaction, so a pooled
-        # connection never carries one lab's search_path into another's request.
-        connection.exec_driver_sql("SELECT set_config('search_path', %(schema)s, true)", {"schema": schema})
-    return after_begin
-
-
 @contextmanager
 def lab_session(schema: str) -> Iterator[Session]:
-    """An ORM session whose every transaction works in ``schema``."""
-    session = Session(db.engine, expire_on_commit=False)
-    event.listen(session, "after_begin", _set_search_path(schema))
-    try:
+    """An ORM session on the app's engine whose every transaction works in ``schema``."""
+    from .store.schema import session_in
+
+    with session_in(db.engine, schema) as session:
         yield session
-    finally:
-        session.close()
 
 
 def init_app(app: Flask) -> None:

@@ -1,8 +1,15 @@
 """The payment event: build, encode, decode, validate. Pure: no I/O.
 
 On the topic an event is UTF-8 JSON, keyed by account id:
-``{"event_id", "transaction_id", "type": "credit"|"set_status", "account_id",
-"amount_cents" | "status", "occurred_at"}``.
+``{"event_id", "transaction_id", "type", "account_id", "occurred_at"}`` plus the field of its type:
+
+- ``credit``: ``amount_cents``, a delta (``balance = balance + 100``: not idempotent);
+- ``set_status``: ``status``, an absolute set (``UPDATE order SET status = 'PAID'``);
+- ``set_balance``: ``balance_cents``, an absolute set (the seed's ``SET saldo = 500``);
+- ``set_score``: ``score``, an upsert by primary key (the seed's credit-score upsert).
+
+``occurred_at`` is the event time (ISO-8601 with a UTC offset), set once when the event is created:
+a resend or a redelivery carries the same one, so a set can be ordered by it.
 """
 from __future__ import annotations
 
@@ -12,9 +19,14 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 
-EVENT_TYPES = ("credit", "set_status")
+EVENT_TYPES = ("credit", "set_status", "set_balance", "set_score")
+# The field each type carries; a field of another type is refused.
+TYPE_FIELDS = {"credit": "amount_cents", "set_status": "status", "set_balance": "balance_cents", "set_score": "score"}
+SET_TYPES = ("set_status", "set_balance", "set_score")
 STATUSES = ("ACTIVE", "BLOCKED", "PAID", "CLOSED")
 MAX_AMOUNT_CENTS = 100_000_000  # R$ 1,000,000.00: a lab, not a bank
+MAX_BALANCE_CENTS = 100_000_000
+SCORE_RANGE = (0, 1000)          # a credit score, as Brazilian bureaus give it
 ACCOUNT_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 TRANSACTION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
@@ -36,6 +48,8 @@ class PaymentEvent:
     occurred_at: str
     amount_cents: int | None = None
     status: str | None = None
+    balance_cents: int | None = None
+    score: int | None = None
 
     @property
     def key(self) -> bytes:
@@ -59,19 +73,36 @@ def new_transaction_id() -> str:
     return "E" + uuid.uuid4().hex[:31].upper()
 
 
-def credit(account_id: str, amount_cents: int, transaction_id: str | None = None) -> PaymentEvent:
+def new_event(type_: str, account_id: str, transaction_id: str | None = None, occurred_at: str | None = None,
+              **fields) -> PaymentEvent:
+    """A new event (a new event id) of ``type_``, validated; ``occurred_at`` defaults to now."""
     event = PaymentEvent(event_id=str(uuid.uuid4()), transaction_id=transaction_id or new_transaction_id(),
-                         type="credit", account_id=account_id, amount_cents=amount_cents,
-                         occurred_at=_now_iso())
-    validate(event)
-    return event
+                         type=type_, account_id=account_id, occurred_at=occurred_at or _now_iso(), **fields)
+    return validate(event)
 
 
-def set_status(account_id: str, status: str, transaction_id: str | None = None) -> PaymentEvent:
-    event = PaymentEvent(event_id=str(uuid.uuid4()), transaction_id=transaction_id or new_transaction_id(),
-                         type="set_status", account_id=account_id, status=status, occurred_at=_now_iso())
-    validate(event)
-    return event
+def credit(account_id: str, amount_cents: int, transaction_id: str | None = None,
+           occurred_at: str | None = None) -> PaymentEvent:
+    return new_event("credit", account_id, transaction_id, occurred_at, amount_cents=amount_cents)
+
+
+def set_status(account_id: str, status: str, transaction_id: str | None = None,
+               occurred_at: str | None = None) -> PaymentEvent:
+    return new_event("set_status", account_id, transaction_id, occurred_at, status=status)
+
+
+def set_balance(account_id: str, balance_cents: int, transaction_id: str | None = None,
+                occurred_at: str | None = None) -> PaymentEvent:
+    return new_event("set_balance", account_id, transaction_id, occurred_at, balance_cents=balance_cents)
+
+
+def set_score(account_id: str, score: int, transaction_id: str | None = None,
+              occurred_at: str | None = None) -> PaymentEvent:
+    return new_event("set_score", account_id, transaction_id, occurred_at, score=score)
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def validate(event: PaymentEvent) -> PaymentEvent:
@@ -86,16 +117,31 @@ def validate(event: PaymentEvent) -> PaymentEvent:
         raise InvalidEvent(f"type must be one of {', '.join(EVENT_TYPES)}: {event.type!r}")
     if not isinstance(event.account_id, str) or not ACCOUNT_ID.match(event.account_id):
         raise InvalidEvent(f"account_id must be 1-32 letters, digits, _ or -: {event.account_id!r}")
+    for other_type, field in TYPE_FIELDS.items():
+        if other_type != event.type and getattr(event, field) is not None:
+            raise InvalidEvent(f"{field} is for type {other_type}, not {event.type}")
     if event.type == "credit":
         amount = event.amount_cents
-        if not isinstance(amount, int) or isinstance(amount, bool) or not 0 < amount <= MAX_AMOUNT_CENTS:
+        if not _whole(amount) or not 0 < amount <= MAX_AMOUNT_CENTS:
             raise InvalidEvent(f"amount_cents must be an integer from 1 to {MAX_AMOUNT_CENTS}: {amount!r}")
     if event.type == "set_status" and event.status not in STATUSES:
         raise InvalidEvent(f"status must be one of {', '.join(STATUSES)}: {event.status!r}")
+    if event.type == "set_balance":
+        cents = event.balance_cents
+        if not _whole(cents) or not 0 <= cents <= MAX_BALANCE_CENTS:
+            raise InvalidEvent(f"balance_cents must be an integer from 0 to {MAX_BALANCE_CENTS}: {cents!r}")
+    if event.type == "set_score":
+        low, high = SCORE_RANGE
+        if not _whole(event.score) or not low <= event.score <= high:
+            raise InvalidEvent(f"score must be an integer from {low} to {high}: {event.score!r}")
     try:
-        datetime.fromisoformat(event.occurred_at)
+        when = datetime.fromisoformat(event.occurred_at)
     except (TypeError, ValueError):
         raise InvalidEvent(f"occurred_at is not an ISO-8601 timestamp: {event.occurred_at!r}") from None
+    if when.tzinfo is None:
+        # A set is ordered by its event time: a time without an offset means a different instant
+        # to every reader.
+        raise InvalidEvent(f"occurred_at needs a UTC offset (like +00:00 or Z): {event.occurred_at!r}")
     return event
 
 
@@ -111,7 +157,7 @@ def decode(value: bytes | None) -> PaymentEvent:
         raise InvalidEvent(f"value is not JSON: {error.msg} at position {error.pos}") from None
     if not isinstance(data, dict):
         raise InvalidEvent(f"value is JSON but not an object: {type(data).__name__}")
-    known = {"event_id", "transaction_id", "type", "account_id", "occurred_at", "amount_cents", "status"}
+    known = {"event_id", "transaction_id", "type", "account_id", "occurred_at", *TYPE_FIELDS.values()}
     missing = sorted({"event_id", "transaction_id", "type", "account_id", "occurred_at"} - data.keys())
     if missing:
         raise InvalidEvent(f"missing field(s): {', '.join(missing)}")

@@ -5,74 +5,30 @@ schema or a topic: everything takes the Lab it works in.
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
 from sqlalchemy import Connection, text
 
 from .db import CONTROL_SCHEMA
-from .models import control_tables, lab_tables
+from .domain.lab import NAME, InvalidLabName, Lab  # noqa: F401  (re-exported)
+from .migrations import create_lab_schema, upgrade_connection
 
-NAME = re.compile(r"^[a-z][a-z0-9_]{0,23}$")
 SEED_ACCOUNTS = [
     ("acc-1", "Ana"), ("acc-2", "Bruno"), ("acc-3", "Carla"), ("acc-4", "Diego"), ("acc-5", "Elisa"),
 ]
 
 
-class InvalidLabName(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class Lab:
-    name: str
-
-    def __post_init__(self):
-        if not NAME.match(self.name):
-            raise InvalidLabName(
-                f"lab name must start with a letter and hold 1-24 lowercase letters, digits or _: {self.name!r}")
-
-    @property
-    def schema(self) -> str:
-        return f"lab_{self.name}"
-
-    @property
-    def topic(self) -> str:
-        return f"{self.name}.payments"
-
-    @property
-    def dlq_topic(self) -> str:
-        return f"{self.name}.payments.dlq"
-
-    def group_id(self, group: str) -> str:
-        """The Kafka group id of a group name local to this lab."""
-        return group if group.startswith(f"{self.name}.") else f"{self.name}.{group}"
-
-    def lane_schema(self, lane: str) -> str:
-        """The schema of a strategy lane: its own copy of the accounts."""
-        if not NAME.match(lane):
-            raise InvalidLabName(f"lane name must be lowercase letters, digits or _: {lane!r}")
-        return f"{self.schema}__{lane}"
-
-    def owns_schema(self, schema: str) -> bool:
-        return schema == self.schema or schema.startswith(f"{self.schema}__")
-
-
 def ensure_control_schema(conn: Connection) -> None:
-    conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{CONTROL_SCHEMA}"'))
-    for table in control_tables():
-        table.create(conn, checkfirst=True)
+    """Bring the database to the migrations' head: the control schema and every lab schema.
+
+    For processes that start (launcher, ``flask lab init``, the agent, the fault proxy), never a
+    web request; inside the caller's transaction, a no-op when the database is at head.
+    """
+    upgrade_connection(conn)
 
 
 def ensure_schema(conn: Connection, schema: str) -> bool:
-    """Create ``schema`` with every lab table if missing. True when it was created."""
-    exists = conn.execute(text("SELECT 1 FROM information_schema.schemata WHERE schema_name = :s"),
-                          {"s": schema}).first()
-    conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
-    conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": schema})
-    for table in lab_tables():
-        table.create(conn, checkfirst=True)
-    return exists is None
+    """Create ``schema`` with every lab table (at the migrations' head) if missing. True when it
+    was created. Leaves the transaction's search_path on ``schema``."""
+    return create_lab_schema(conn, schema)
 
 
 def seed_accounts(conn: Connection, schema: str) -> None:

@@ -16,13 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from sqlalchemy import create_engine
-from sqlalchemy.pool import NullPool
-
 from .config import RUNNING_FILE, ConfigError, load_config
-from .db import sqlalchemy_url
 from .embedded import LOOPBACK, EmbeddedBroker, EmbeddedPostgres, die_with_parent, stop_process
-from .labs import Lab, ensure_control_schema
+from .labs import Lab
 from .waits import free_port, port_open, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,25 +64,17 @@ class Launcher:
         return database_url, bootstrap, broker_is_fresh
 
     def prepare_lab(self, database_url: str, bootstrap: str, broker_is_fresh: bool) -> None:
-        from .supervisor import Supervisor
+        from .agent.setup import ensure_lab, reset_lab
 
-        engine = create_engine(sqlalchemy_url(database_url), poolclass=NullPool)
-        with engine.begin() as conn:
-            ensure_control_schema(conn)
-        engine.dispose()
         lab = Lab(self.config["LAB_NAME"])
-        agent = Supervisor(database_url, bootstrap, data_dir=str(self.data_dir))
-        try:
-            args = {"partitions": self.config["LAB_PARTITIONS"]}
-            if broker_is_fresh:
-                # The embedded broker starts empty: a journal kept from a previous run would lie.
-                agent.reset_lab(lab, args)
-                say("Lab", f"{lab.name}: fresh (the embedded broker keeps nothing across restarts)")
-            else:
-                agent.ensure_lab(lab, args)
-                say("Lab", f"{lab.name}: ready")
-        finally:
-            agent.shutdown()
+        partitions = self.config["LAB_PARTITIONS"]
+        if broker_is_fresh:
+            # The embedded broker starts empty: a journal kept from a previous run would lie.
+            reset_lab(database_url, bootstrap, lab, partitions)
+            say("Lab", f"{lab.name}: fresh (the embedded broker keeps nothing across restarts)")
+        else:
+            ensure_lab(database_url, bootstrap, lab, partitions)
+            say("Lab", f"{lab.name}: ready")
 
     def start_fault_proxy(self, database_url: str, upstream: str) -> str:
         """The lost-ack fault proxy in front of the embedded broker; its address once it listens."""
@@ -123,7 +111,7 @@ class Launcher:
         env = {**os.environ, **running, "LAB_DATA_DIR": str(self.data_dir),
                "LAB_HOST": str(self.config["LAB_HOST"]), "LAB_PORT": str(self.config["LAB_PORT"])}
         self.prepare_lab(database_url, bootstrap, fresh)
-        agent = self.spawn("agent", [sys.executable, "-m", "webapp.supervisor"], env)
+        agent = self.spawn("agent", [sys.executable, "-m", "webapp.agent"], env)
         say("Lab agent", f"pid {agent.pid}")
         host, port = self.config["LAB_HOST"], self.config["LAB_PORT"]
         web = self.spawn("web", [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"), "app:app"], env)

@@ -7,7 +7,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Optional
 
-from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text, func, text
+from sqlalchemy import BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, func, text
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -25,6 +25,27 @@ class Account(db.Model):
     owner: Mapped[str] = mapped_column(String(80))
     balance: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # cents
     status: Mapped[str] = mapped_column(String(32), default="ACTIVE", server_default="ACTIVE")
+    # Event time of the set that wrote status / balance (set_status, set_balance): the guard of
+    # the natural strategy compares against it, so an older set re-sent later cannot regress state.
+    status_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
+    balance_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
+
+
+class Score(db.Model):
+    """A customer's latest credit score (the seed's risco-service): written by an upsert by primary key."""
+    __tablename__ = "scores"
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    score: Mapped[int] = mapped_column(Integer)
+    score_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))  # event time of the set_score
+
+
+# check-then-act's key table: deliberately no primary key and no unique constraint (the developer
+# trusted the SELECT); the index makes the lookup fast and guarantees nothing.
+seen_events = db.Table(
+    "seen_events",
+    db.Column("event_id", UUID, nullable=False, index=True),
+    db.Column("processed_at", DateTime, nullable=False, server_default=func.now(), index=True),
+)
 
 
 class Payment(db.Model):
@@ -89,6 +110,50 @@ class PublishedEvent(db.Model):
     )
 
 
+class LogRecord(db.Model):
+    """The log mirror: one row per record of the lab's topic, whoever produced it (the truth).
+
+    Written only by the log reader (webapp/logreader), which reads every partition from the start
+    without a group; (partition, offset) is the record's identity, so a re-read inserts nothing.
+    """
+    __tablename__ = "log_records"
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    offset: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    timestamp: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))  # the record's Kafka timestamp (create or log-append time)
+    key: Mapped[Optional[str]] = mapped_column(Text)
+    headers: Mapped[list[Any]] = mapped_column(JSONB, default=list, server_default="[]")  # [[name, value], ...]
+    value: Mapped[Optional[str]] = mapped_column(Text)  # as text (undecodable bytes backslash-escaped)
+    # The decoded event (NULL when invalid): its fields, and the whole event as events.to_dict gave it.
+    event_id: Mapped[Optional[uuid.UUID]] = mapped_column(UUID)
+    transaction_id: Mapped[Optional[str]] = mapped_column(String(64))
+    type: Mapped[Optional[str]] = mapped_column(String(16))
+    account_id: Mapped[Optional[str]] = mapped_column(String(32))
+    amount_cents: Mapped[Optional[int]] = mapped_column(BigInteger)
+    status: Mapped[Optional[str]] = mapped_column(String(32))
+    balance_cents: Mapped[Optional[int]] = mapped_column(BigInteger)
+    score: Mapped[Optional[int]] = mapped_column(BigInteger)
+    occurred_at: Mapped[Optional[str]] = mapped_column(Text)
+    event: Mapped[Optional[dict[str, Any]]] = mapped_column(JSONB)
+    invalid_reason: Mapped[Optional[str]] = mapped_column(Text)
+    # The first valid record of its transaction in log order (set by the reader as it inserts):
+    # the one exactly-once applies. Later records of the same transaction are duplicates.
+    first_of_transaction: Mapped[bool] = mapped_column(default=False, server_default="false")
+    read_at: Mapped[datetime] = _now()
+    __table_args__ = (
+        # The valid records of a transaction in log order: the reader's "first?" check, the why.
+        Index("log_records_truth", "transaction_id", "partition", "offset",
+              postgresql_where=text("invalid_reason IS NULL")),
+        # Ground truth per account (expected balance, latest set), read from the index alone.
+        Index("log_records_firsts", "account_id", "type",
+              postgresql_include=["partition", "offset", "amount_cents", "status", "balance_cents", "score"],
+              postgresql_where=text("first_of_transaction")),
+        # The same event at several offsets (a producer retry after a lost ack, a resend), the drill-down.
+        Index("log_records_event_id", "event_id"),
+        # The newest batch the reader wrote: the panels' change fingerprint and the chart's time span.
+        Index("log_records_read_at", "read_at"),
+    )
+
+
 class Delivery(db.Model):
     """The delivery ledger: every delivery of every record to a consumer, with its outcome.
 
@@ -132,6 +197,10 @@ class ConsumerGroup(db.Model):
     strategy: Mapped[str] = mapped_column(String(24))
     # The schema the group applies its effects to: the lab's own, or a strategy lane's copy.
     effects_schema: Mapped[str] = mapped_column(String(63))
+    # What the consumer does with a unique violation (strategies.ON_UNIQUE_VIOLATION): the seed's
+    # "already processed" (absorb, commit the offset) or "retry" (a generic error: backoff, then the DLQ).
+    on_unique_violation: Mapped[str] = mapped_column(String(24), default="already-processed",
+                                                     server_default="already-processed")
     created_at: Mapped[datetime] = _now()
 
 
@@ -153,10 +222,10 @@ class Setting(db.Model):
 # --- control: shared by all labs on this database ---------------------------------------
 
 class Agent(db.Model):
-    """A lab agent (supervisor) process: owns consumer processes on its host, holds the Kafka clients."""
+    """A lab agent process: owns consumer processes on its host, holds the Kafka clients."""
     __tablename__ = "agents"
     __table_args__ = {"schema": CONTROL_SCHEMA}
-    id: Mapped[str] = mapped_column(String(128), primary_key=True)  # host:pid
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)  # host:pid:<6 hex>, unique per start
     host: Mapped[str] = mapped_column(String(128))
     pid: Mapped[int]
     started_at: Mapped[datetime] = _now()
@@ -213,6 +282,10 @@ class Command(db.Model):
     error: Mapped[Optional[str]] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
     finished_at: Mapped[Optional[datetime]]
+    # The lease: the agent that claimed the command renews it with each heartbeat; a running
+    # command whose lease ran out belongs to a dead agent, and the reaper fails it.
+    claimed_by: Mapped[Optional[str]] = mapped_column(String(128))
+    lease_expires_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
 
 
 class FaultProxy(db.Model):

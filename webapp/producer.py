@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from . import events, timeline
 from .kafka import producer_config
@@ -80,6 +80,63 @@ class Publisher:
         for producer in self._producers.values():
             producer.flush(5)
         self._producers.clear()
+
+
+RAW_MAX_BYTES = 512 * 1024
+
+
+def _raw_bytes(name: str, value: str | bytes | None) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise PublishError(f"{name} must be text")
+
+
+def produce_raw(producer_config: dict[str, Any], topic: str, key: str | bytes | None, value: str | bytes | None,
+                headers: dict[str, str] | list[tuple[str, str | bytes]] | None = None,
+                partition: int | None = None, timeout: float = FLUSH_TIMEOUT) -> dict[str, Any]:
+    """Produce one record exactly as typed (any text, JSON or not) and wait for its delivery report.
+
+    ``producer_config`` is a confluent-kafka config (``kafka.producer_config(...)``); ``partition``
+    None lets the partitioner choose from the key. Nothing is journaled: the log reader sees this
+    record like any other producer's. Returns ``{"partition", "offset"}`` (offset None when the
+    broker kept it but the report carried none); raises PublishError naming the field.
+    """
+    key_bytes, value_bytes = _raw_bytes("key", key), _raw_bytes("value", value)
+    if value_bytes is not None and len(value_bytes) > RAW_MAX_BYTES:
+        raise PublishError(f"value must be at most {RAW_MAX_BYTES} bytes")
+    if partition is not None and (not isinstance(partition, int) or isinstance(partition, bool) or partition < 0):
+        raise PublishError("partition must be a whole number from 0, or empty")
+    pairs = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
+    encoded = []
+    for pair in pairs:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str) or not pair[0]:
+            raise PublishError("headers must be name/value pairs with a non-empty name")
+        encoded.append((pair[0], _raw_bytes(f"header {pair[0]}", pair[1])))
+    outcome: dict[str, Any] = {}
+
+    def on_delivery(error: KafkaError | None, message) -> None:
+        outcome["error"] = error.str() if error is not None else None
+        offset = message.offset() if message is not None else None
+        outcome["partition"] = message.partition() if message is not None else None
+        outcome["offset"] = offset if offset is not None and offset >= 0 else None
+
+    producer = Producer(producer_config)
+    try:
+        extra = {"partition": partition} if partition is not None else {}
+        try:
+            producer.produce(topic, value=value_bytes, key=key_bytes, headers=encoded or None,
+                             on_delivery=on_delivery, **extra)
+        except KafkaException as error:
+            raise PublishError(str(error.args[0].str() if error.args else error)) from None
+        if producer.flush(timeout):
+            raise PublishError(f"the record was not acknowledged by Kafka within {timeout:.0f}s")
+    finally:
+        producer.flush(0)
+    if outcome.get("error"):
+        raise PublishError(f"Kafka refused the record: {outcome['error']}")
+    return {"partition": outcome.get("partition"), "offset": outcome.get("offset")}
 
 
 def _int(args: dict, name: str, low: int, high: int, default: int | None = None) -> int:

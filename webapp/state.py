@@ -1,8 +1,10 @@
 """The read model: what the panels and ``GET /api/v1/state`` show, read from PostgreSQL only.
 
-Kafka facts arrive here through the lab agent (committed offsets in ``group_offsets``) and the
-consumers (positions in their control rows); the log-end offset comes from the journal of
-delivery reports and from deliveries, not from the broker's high watermark (BROKER.md).
+Kafka facts arrive here through the lab agent (committed offsets in ``group_offsets``), the
+consumers (positions in their control rows) and the log reader (``log_records``: every record of
+the topic, whoever wrote it). The log-end offset is the log reader's: the last record it fetched,
+never the broker's high watermark (wrong on Tansu for multi-record batches, BROKER.md). The
+journal (``published_events``) is shown beside the log as "what the lab asked to publish".
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from . import verdict as verdict_module
+from .readmodel import why as why_module
 from .commands import AGENT_FRESH_SECONDS
 from .db import CONTROL_SCHEMA
 from .labs import Lab
@@ -34,13 +37,16 @@ def partition_count(session: Session, default: int = 3) -> int:
 @dataclass
 class Cell:
     offset: int
-    outcome: str  # pending | applied | applied-twice | absorbed | dead-lettered | lost
+    # pending | applied | applied-twice | re-applied | absorbed | dead-lettered | invalid | gap
+    outcome: str
     event_id: str | None
     label: str
     deliveries: int
-    # Same event id at another offset of this partition, and one of them has no delivery report:
-    # the producer's retry after a lost acknowledgement wrote it again.
+    # Same event id at another offset of this partition: a producer wrote the record twice (a
+    # retry after a lost acknowledgement, a resend, another client).
     producer_retry: bool = False
+    journaled: bool = False  # the lab's journal has a delivery report for this offset
+    why: str | None = None
 
 
 @dataclass
@@ -56,18 +62,14 @@ class PartitionView:
         return self.log_end - (committed or 0)
 
 
+# The newest offsets of one partition as the log holds them (log_records), each with what the
+# group did with it (deliveries) and what the lab's journal knows of it (published_events).
 CELLS_SQL = """
 WITH window_ AS (
-    SELECT :partition AS partition, generate_series(greatest(0, :log_end - :length), :log_end - 1) AS "offset"
-),
-journal AS (
-    SELECT DISTINCT ON ("offset") "offset", event_id, type, account_id, amount_cents, status, mode
-    FROM published_events WHERE partition = :partition AND "offset" >= :log_end - :length
-    ORDER BY "offset", id
+    SELECT generate_series(greatest(0, :log_end - :length), :log_end - 1) AS "offset"
 ),
 delivered AS (
-    SELECT "offset", max(event_id::text) AS event_id,
-           count(*) FILTER (WHERE outcome = 'applied') AS applied,
+    SELECT "offset", count(*) FILTER (WHERE outcome = 'applied') AS applied,
            count(*) FILTER (WHERE outcome = 'absorbed') AS absorbed,
            count(*) FILTER (WHERE outcome = 'dead-lettered') AS dead,
            count(*) AS n
@@ -75,69 +77,81 @@ delivered AS (
       AND "offset" >= :log_end - :length
     GROUP BY "offset"
 )
-SELECT w."offset", coalesce(j.event_id::text, d.event_id) AS event_id, coalesce(j.type, e.type),
-       coalesce(j.account_id, e.account_id), coalesce(j.amount_cents, e.amount_cents), coalesce(j.status, e.status),
-       coalesce(j.mode, e.mode), coalesce(d.applied, 0), coalesce(d.absorbed, 0), coalesce(d.dead, 0), coalesce(d.n, 0),
-       -- another effect row of the same transaction (index lookups: no scan of all payments)
-       EXISTS (SELECT 1 FROM {effects}.payments p JOIN {effects}.payments q
-                 ON q.transaction_id = p.transaction_id AND q.id <> p.id
-               WHERE p.event_id = CAST(coalesce(j.event_id::text, d.event_id) AS uuid)) AS doubled,
-       j."offset" IS NOT NULL AS journaled,
-       -- every offset of this partition holding the same event: from delivery reports, from consumers
+SELECT w."offset", r.event_id::text AS event_id, r.type, r.account_id, r.amount_cents, r.status, r.balance_cents,
+       r.score, r.invalid_reason, j.mode,
+       coalesce(d.applied, 0) AS applied, coalesce(d.absorbed, 0) AS absorbed, coalesce(d.dead, 0) AS dead,
+       coalesce(d.n, 0) AS n,
+       -- another effect row of the same credit transaction (index lookups: no scan of all payments)
+       r.type = 'credit' AND (SELECT count(*) FROM {effects}.payments p
+                              WHERE p.transaction_id = r.transaction_id) > 1 AS doubled,
+       r."offset" IS NOT NULL AS mirrored,
+       j.mode IS NOT NULL AS journaled,
+       -- every offset of this partition holding the same event, and which of them the journal knows
+       ARRAY(SELECT x."offset" FROM log_records x WHERE x.partition = :partition AND x.event_id = r.event_id
+             ORDER BY 1) AS copies,
        ARRAY(SELECT p."offset" FROM published_events p WHERE p.partition = :partition AND p."offset" IS NOT NULL
-             AND p.event_id = CAST(coalesce(j.event_id::text, d.event_id) AS uuid) ORDER BY 1) AS journaled_at,
-       ARRAY(SELECT DISTINCT x."offset" FROM {effects}.deliveries x WHERE x.partition = :partition
-             AND x.event_id = CAST(coalesce(j.event_id::text, d.event_id) AS uuid) ORDER BY 1) AS delivered_at
-FROM window_ w LEFT JOIN journal j USING ("offset") LEFT JOIN delivered d USING ("offset")
--- a record with no delivery report at its offset: describe it from the journal row of its event
-LEFT JOIN LATERAL (SELECT type, account_id, amount_cents, status, mode FROM published_events p
-                   WHERE j."offset" IS NULL AND p.event_id = CAST(d.event_id AS uuid) ORDER BY p.id LIMIT 1) e ON true
+             AND p.event_id = r.event_id ORDER BY 1) AS journaled_at
+FROM window_ w
+LEFT JOIN log_records r ON r.partition = :partition AND r."offset" = w."offset"
+LEFT JOIN delivered d ON d."offset" = w."offset"
+LEFT JOIN LATERAL (SELECT mode FROM published_events p WHERE p.partition = :partition AND p."offset" = w."offset"
+                   ORDER BY p.id LIMIT 1) j ON true
 ORDER BY w."offset"
 """
 
+LABELS = {
+    "credit": lambda r: f"credit {r.account_id} +{(r.amount_cents or 0) / 100:.2f}",
+    "set_status": lambda r: f"status {r.account_id} = {r.status}",
+    "set_balance": lambda r: f"balance {r.account_id} = {(r.balance_cents or 0) / 100:.2f}",
+    "set_score": lambda r: f"score {r.account_id} = {r.score}",
+}
+
 
 def _cell(row) -> Cell:
-    (offset, event_id, type_, account, amount, status, mode, applied, absorbed, dead, n, doubled,
-     journaled, journaled_at, delivered_at) = row
-    if dead:
+    if not row.mirrored:
+        # An offset with no record: a transaction marker or a compacted record (Kafka leaves gaps).
+        return Cell(offset=row.offset, outcome="gap", event_id=None, label="no record at this offset",
+                    deliveries=row.n)
+    if row.dead:
         outcome = "dead-lettered"
-    elif applied > 1 or (applied and doubled):
-        outcome = "applied-twice"
-    elif applied:
+    elif row.applied > 1 or (row.applied and row.doubled):
+        # Red only for a delta really applied twice; a set written again changes nothing.
+        outcome = "applied-twice" if row.type == "credit" else "re-applied"
+    elif row.applied:
         outcome = "applied"
-    elif absorbed:
+    elif row.absorbed:
         outcome = "absorbed"
     else:
         outcome = "pending"
-    if mode == "poison":
-        label = "poison pill"
-    elif type_ == "credit":
-        label = f"credit {account} +{amount / 100:.2f}"
-    elif type_ == "set_status":
-        label = f"status {account} = {status}"
+    if row.invalid_reason is not None:
+        label = ("poison pill: " if row.mode == "poison" else "invalid: ") + row.invalid_reason
     else:
-        label = "record"
-    # A lost ack without enable.idempotence: the first attempt's record has no delivery report
-    # (the journal never learned its offset), the retry's record has one. Both carry the event id.
-    copies = sorted(set(journaled_at or []) | set(delivered_at or []) | {offset})
-    producer_retry = bool(event_id) and len(copies) > 1 and any(o not in (journaled_at or []) for o in copies)
+        label = LABELS.get(row.type, lambda r: str(r.type))(row)
+    if not row.journaled:
+        label += " · not in the lab's journal (another producer, a raw record, or an ack that was lost)"
+    copies = sorted(set(row.copies or []) | {row.offset}) if row.event_id else [row.offset]
+    producer_retry = len(copies) > 1
     if producer_retry:
-        others = ", ".join(str(o) for o in copies if o != offset)
-        label += (f" · record written by a producer retry (same event at offset {others})" if journaled else
-                  f" · written by an attempt whose ack was lost; a producer retry wrote it again at offset {others}")
-    elif event_id and not journaled and type_ is not None:
-        label += " · its ack was lost: the delivery report carried no offset"
-    return Cell(offset=offset, outcome=outcome, event_id=event_id, label=label, deliveries=n,
-                producer_retry=producer_retry)
+        others = ", ".join(str(o) for o in copies if o != row.offset)
+        journaled_at = set(row.journaled_at or [])
+        if journaled_at and any(o not in journaled_at for o in copies):
+            label += f" · the same event is at offset {others}: a producer retry after a lost ack wrote it again"
+        else:
+            label += f" · the same event is also at offset {others}: written twice by its producer"
+    return Cell(offset=row.offset, outcome=outcome, event_id=row.event_id, label=label, deliveries=row.n,
+                producer_retry=producer_retry, journaled=bool(row.journaled))
+
+
+# The log end per partition: where the log reader's mirror ends (the primary key answers).
+LOG_ENDS_SQL = """
+SELECT p, (SELECT max("offset") FROM log_records WHERE partition = p) + 1
+FROM generate_series(0, :n - 1) AS p
+"""
 
 
 def log_ends(session: Session, effects_schema: str) -> dict[int, int]:
-    # Two index lookups per partition (published_events and deliveries are indexed on
-    # partition, offset) instead of scanning both tables.
-    rows = session.execute(text(
-        f'SELECT p, greatest((SELECT max("offset") FROM published_events WHERE partition = p),'
-        f'                   (SELECT max("offset") FROM "{effects_schema}".deliveries WHERE partition = p)) + 1'
-        f' FROM generate_series(0, :n - 1) AS p'), {"n": partition_count(session)}).all()
+    """Each partition's log end as the log reader saw it (``effects_schema`` kept for callers)."""
+    rows = session.execute(text(LOG_ENDS_SQL), {"n": partition_count(session)}).all()
     return {int(p): int(end) for p, end in rows if end is not None}
 
 
@@ -163,7 +177,7 @@ def partitions(session: Session, lab: Lab, group_id: str | None = None) -> list[
         view = PartitionView(partition, end, committed.get(partition, {}), positions.get(partition, {}))
         if end:
             rows = session.execute(cells_sql, {"partition": partition, "log_end": end, "length": STRIP_LENGTH,
-                                               "group": group})
+                                               "group": group}).all()
             view.cells = [_cell(row) for row in rows]
         views.append(view)
     return views
@@ -240,42 +254,33 @@ def verdict(session: Session, lab: Lab) -> verdict_module.Verdict:
     return verdict_module.verdict(session, lab.schema)
 
 
-# Records in the log whose event id is at more than one offset. The journal knows each record
-# the producer got a delivery report for; the consumers' deliveries know every record they read.
-# An event at several offsets with one of them unknown to the journal was written twice by the
-# producer's retry after a lost ack (no consumer caused it); resends are journaled each time.
+# Records in the log whose event id is at more than one offset, as the log reader saw them. The
+# journal knows each record the lab's producer got a delivery report for: an event at several
+# offsets with some of them unknown to the journal (and one known) was written again by the
+# producer's retry after a lost ack; resends are journaled each time; another producer's
+# records are in no journal at all.
 PRODUCER_DUPLICATES_SQL = """
-WITH journaled AS (
-    SELECT DISTINCT event_id, partition, "offset" FROM published_events
-    WHERE event_id IS NOT NULL AND "offset" IS NOT NULL
-),
-seen AS (
-    SELECT event_id, partition, "offset" FROM journaled
-    {deliveries}
-),
-repeated AS (
+WITH repeated AS (
     SELECT event_id, count(*) AS records,
-           count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM journaled j WHERE j.event_id = s.event_id
-                            AND j.partition = s.partition AND j."offset" = s."offset")) AS unreported,
+           count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM published_events j WHERE j.partition = r.partition
+                                              AND j."offset" = r."offset")) AS unreported,
            array_agg(partition || '@' || "offset" ORDER BY partition, "offset") AS positions
-    FROM seen s GROUP BY event_id HAVING count(*) > 1
+    FROM log_records r WHERE event_id IS NOT NULL
+    GROUP BY event_id HAVING count(*) > 1
 )
 SELECT event_id::text, records, unreported, positions FROM repeated ORDER BY positions[1]
 """
 
 
 def producer_duplicates(session: Session, lab: Lab, listed: int = 20) -> dict[str, Any]:
-    """Producer-side duplicates: records in the log with an event id seen at more than one offset.
+    """Producer-side duplicates: records in the log with an event id at more than one offset.
 
     ``producer_retry_duplicates`` counts the records written by a producer retry after a lost
-    ack (no delivery report for them); ``extra_records`` counts every record beyond the first of
-    an event, resends included. A record is seen once a consumer has read it.
+    ack (the lab's journal has a report for another copy, none for these); ``extra_records``
+    counts every record beyond the first of an event (resends, other producers' repeats).
     """
-    deliveries = "".join(
-        f' UNION SELECT event_id, partition, "offset" FROM {_q(schema)}.deliveries WHERE event_id IS NOT NULL'
-        for schema in effects_schemas(session, lab))
-    rows = session.execute(text(PRODUCER_DUPLICATES_SQL.format(deliveries=deliveries))).all()
-    retried = [row for row in rows if row.unreported]
+    rows = session.execute(text(PRODUCER_DUPLICATES_SQL)).all()
+    retried = [row for row in rows if 0 < row.unreported < row.records]
     return {
         "producer_retry_duplicates": sum(row.unreported for row in retried),
         "events_at_several_offsets": len(rows),
@@ -304,7 +309,9 @@ def _q(schema: str) -> str:
 FINGERPRINT_SQL = """
 SELECT
   (SELECT oid::text FROM pg_namespace WHERE nspname = current_schema()) AS schema,
-  (SELECT coalesce(max(id), 0) FROM published_events) AS journal,
+  -- what the lab asked to publish, and what the log holds (the reader's newest batch)
+  concat_ws(':', (SELECT coalesce(max(id), 0) FROM published_events),
+            (SELECT max(read_at) FROM log_records)) AS journal,
   (SELECT coalesce(max(id), 0) FROM timeline) AS timeline,
   (SELECT md5(coalesce(string_agg(concat_ws(':', group_id, strategy, effects_schema), ',' ORDER BY group_id), ''))
      FROM consumer_groups) AS groups,
@@ -379,7 +386,7 @@ class Lane:
 FIRST_DIVERGENCE_SQL = """
 WITH ledger_effects AS MATERIALIZED (
     SELECT j.transaction_id, l.event_id, l.recorded_at AS at, 0::bigint AS id FROM {s}.ledger l
-    JOIN LATERAL (SELECT transaction_id FROM {journal}.published_events WHERE event_id = l.event_id LIMIT 1) j ON true
+    JOIN LATERAL (SELECT transaction_id FROM {journal}.log_records WHERE event_id = l.event_id LIMIT 1) j ON true
 ),
 doubled AS (
     SELECT transaction_id FROM (SELECT transaction_id FROM {s}.payments
@@ -400,10 +407,10 @@ lost AS (
     SELECT d.delivered_at AS at, d.event_id::text AS event_id, d.transaction_id, 'effect lost' AS what
     FROM {s}.deliveries d
     WHERE d.outcome = 'absorbed' AND d.transaction_id IS NOT NULL
-      AND EXISTS (SELECT 1 FROM {journal}.published_events j WHERE j.transaction_id = d.transaction_id
-                  AND j.type = 'credit' AND j.error IS NULL)
+      AND EXISTS (SELECT 1 FROM {journal}.log_records j WHERE j.transaction_id = d.transaction_id
+                  AND j.type = 'credit' AND j.invalid_reason IS NULL)
       AND NOT EXISTS (SELECT 1 FROM {s}.payments p WHERE p.transaction_id = d.transaction_id)
-      AND NOT EXISTS (SELECT 1 FROM {journal}.published_events j JOIN {s}.ledger l ON l.event_id = j.event_id
+      AND NOT EXISTS (SELECT 1 FROM {journal}.log_records j JOIN {s}.ledger l ON l.event_id = j.event_id
                       WHERE j.transaction_id = d.transaction_id)
     ORDER BY d.delivered_at LIMIT 1
 ),
@@ -432,12 +439,12 @@ def lanes(session: Session, lab: Lab) -> list[Lane]:
 
 CHART_BUCKETS = 240
 
-# Cumulative credited cents over time: ``truth`` (each transaction once, at its first publish)
+# Cumulative credited cents over time: ``truth`` (each transaction once, at its first record's time)
 # and the effects of each copy of the accounts, summed into time buckets of ``:width`` seconds.
 CHART_TRUTH_SQL = """
 SELECT floor(extract(epoch FROM at) / :width) * :width AS t, sum(amount_cents) FROM (
-    SELECT DISTINCT ON (transaction_id) published_at AS at, amount_cents FROM published_events
-    WHERE type = 'credit' AND error IS NULL ORDER BY transaction_id, id
+    SELECT amount_cents, coalesce("timestamp" AT TIME ZONE current_setting('TimeZone'), read_at) AS at
+    FROM log_records WHERE first_of_transaction AND type = 'credit'
 ) truth GROUP BY 1 ORDER BY 1
 """
 CHART_EFFECTS_SQL = """
@@ -450,8 +457,8 @@ SELECT floor(extract(epoch FROM at) / :width) * :width AS t, sum(amount_cents) F
 # id (index lookups) stand for the earliest and latest; buckets are cut from the data itself,
 # so a row just outside this span still lands in a bucket of its own.
 CHART_SPAN_SQL = """
-SELECT extract(epoch FROM least((SELECT published_at FROM published_events ORDER BY id LIMIT 1){lanes_min})),
-       extract(epoch FROM greatest((SELECT published_at FROM published_events ORDER BY id DESC LIMIT 1){lanes_max}))
+SELECT extract(epoch FROM least((SELECT min(read_at) FROM log_records){lanes_min})),
+       extract(epoch FROM greatest((SELECT max(read_at) FROM log_records){lanes_max}))
 """
 
 
@@ -490,14 +497,22 @@ def event_drilldown(session: Session, lab: Lab, event_id: str | None = None,
     journal_where = "event_id = CAST(:event AS uuid)" if event_id else 'partition = :partition AND "offset" = :offset'
     params = {"event": event_id, "partition": position[0] if position else None,
               "offset": position[1] if position else None}
+    # What the log holds: the record at that position, or every record of the event.
+    log = [dict(r) for r in session.execute(text(
+        'SELECT partition, "offset", "timestamp", key, headers, value, event_id::text AS event_id, transaction_id, '
+        "type, account_id, amount_cents, status, balance_cents, score, invalid_reason, read_at "
+        f"FROM log_records WHERE {journal_where} ORDER BY partition, \"offset\""), params).mappings()]
+    if event_id is None and log and log[0]["event_id"]:
+        event_id = params["event"] = log[0]["event_id"]
+        journal_where = "event_id = CAST(:event AS uuid)"
     journal = [dict(r) for r in session.execute(text(
         "SELECT id, event_id::text AS event_id, transaction_id, type, account_id, amount_cents, status, mode, "
         f'idempotent_producer, partition, "offset", error, published_at FROM published_events WHERE {journal_where} '
         "ORDER BY id"), params).mappings()]
     if event_id is None and journal and journal[0]["event_id"]:
         event_id = params["event"] = journal[0]["event_id"]
-    transaction_ids = sorted({j["transaction_id"] for j in journal if j["transaction_id"]})
-    deliveries, effects, keys = [], [], []
+    transaction_ids = sorted({j["transaction_id"] for j in journal + log if j["transaction_id"]})
+    deliveries, effects, keys, why = [], [], [], []
     for schema in effects_schemas(session, lab):
         copy = "lab" if schema == lab.schema else schema[len(lab.schema) + 2:]
         where = "event_id = CAST(:event AS uuid)" if event_id else 'partition = :partition AND "offset" = :offset'
@@ -519,5 +534,11 @@ def event_drilldown(session: Session, lab: Lab, event_id: str | None = None,
             keys += [{"lane": copy, "table": "processed_events", "key": k, "at": at} for k, at in session.execute(
                 text(f"SELECT event_id::text, processed_at FROM {_q(schema)}.processed_events "
                      "WHERE event_id = CAST(:event AS uuid)"), params)]
-    return {"event_id": event_id, "position": position, "journal": journal, "transaction_ids": transaction_ids,
-            "deliveries": deliveries, "effects": effects, "dedup_keys": keys}
+        # Why, for an anomaly of this transaction in this copy: read from its ledger and the timeline.
+        session.execute(text("SELECT set_config('search_path', :s, true)"), {"s": schema})
+        for transaction_id in transaction_ids:
+            why += [{"lane": copy, **item} for item in why_module.explain_transaction(session, lab.schema, transaction_id)]
+        session.execute(text("SELECT set_config('search_path', :s, true)"), {"s": lab.schema})
+    return {"event_id": event_id, "position": position, "log": log, "journal": journal,
+            "transaction_ids": transaction_ids, "deliveries": deliveries, "effects": effects, "dedup_keys": keys,
+            "why": why}

@@ -1,44 +1,75 @@
-"""Ground truth vs actual, computed in PostgreSQL from what the lab produced and what was applied.
+"""Ground truth vs actual, computed in PostgreSQL from what the log holds and what was applied.
 
-Ground truth is what exactly-once delivery would give: each distinct ``transaction_id`` in the
-journal credited once. The queries run in an effects schema (the lab's, or a lane's) and read
-the journal from the lab's schema, so lanes are judged against the same stream.
+The log is the truth: ``log_records`` is the log reader's mirror of every record of the lab's
+topic, whoever produced it (the lab's producer, a raw record typed in the UI, any other Kafka
+client). The producer's journal (``published_events``) is only "what the lab asked to publish".
+
+Ground truth is what exactly-once delivery would give: each distinct ``transaction_id`` applied
+once, from its first valid record in log order (partition, offset); for sets, the value of the
+latest distinct transaction, so an old one re-sent or re-delivered later does not move it.
+Invalid records are expected in the dead-letter topic, not in balances.
+
+The queries run in an effects schema (the lab's, or a lane's) and read the log from the lab's
+schema, so lanes are judged against the same log.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-# Credits the lab published with a delivery report and no error: one row per transaction.
-TRUTH = """
-truth AS (
-    SELECT DISTINCT ON (transaction_id) transaction_id, account_id, amount_cents
-    FROM {journal}.published_events
-    WHERE type = 'credit' AND error IS NULL
-    ORDER BY transaction_id, id
+SET_TYPES = ("set_status", "set_balance", "set_score")
+
+# The first valid record of each transaction, in log order: the one exactly-once applies. The
+# log reader marks it as it mirrors the log (``first_of_transaction``); an index holds them.
+FIRSTS = """
+firsts AS (
+    SELECT transaction_id, type, account_id, amount_cents, status, balance_cents, score, partition, "offset"
+    FROM {journal}.log_records WHERE first_of_transaction
+)"""
+
+# Kept for readers of the old name: the truth is the log's first records, one per transaction.
+TRUTH = FIRSTS
+
+EXPECTED = """
+latest_set AS (
+    -- per account and kind of set: the latest distinct transaction (where its first record is),
+    -- so re-sending or re-delivering an old one does not move it
+    SELECT DISTINCT ON (account_id, type) account_id, type, status, balance_cents, score, partition, "offset"
+    FROM {journal}.log_records WHERE first_of_transaction AND type IN ('set_status', 'set_balance', 'set_score')
+    ORDER BY account_id, type, partition DESC, "offset" DESC
+),
+expected AS (
+    -- one credit per transaction; after an absolute set of the balance, only the credits after it
+    SELECT f.account_id, sum(f.amount_cents) AS cents
+    FROM {journal}.log_records f LEFT JOIN latest_set b ON b.account_id = f.account_id AND b.type = 'set_balance'
+    WHERE f.first_of_transaction AND f.type = 'credit'
+      AND (b.account_id IS NULL OR (f.partition, f."offset") > (b.partition, b."offset"))
+    GROUP BY f.account_id
 )"""
 
 ACCOUNTS_SQL = f"""
-WITH {TRUTH},
-expected AS (SELECT account_id, sum(amount_cents) AS cents FROM truth GROUP BY account_id),
-ledger_sum AS (SELECT account_id, sum(amount_cents) AS cents FROM ledger GROUP BY account_id),
-expected_status AS (
-    SELECT DISTINCT ON (account_id) account_id, status FROM {{journal}}.published_events
-    WHERE type = 'set_status' AND error IS NULL ORDER BY account_id, id DESC
-)
-SELECT a.id, a.owner, (a.balance + coalesce(l.cents, 0))::bigint AS actual, coalesce(e.cents, 0)::bigint AS expected,
-       a.status, coalesce(s.status, 'ACTIVE') AS expected_status
+WITH {EXPECTED},
+ledger_sum AS (SELECT account_id, sum(amount_cents) AS cents FROM ledger GROUP BY account_id)
+SELECT a.id, a.owner, (a.balance + coalesce(l.cents, 0))::bigint AS actual,
+       (coalesce(sb.balance_cents, 0) + coalesce(e.cents, 0))::bigint AS expected,
+       a.status, coalesce(ss.status, 'ACTIVE') AS expected_status,
+       {{score}} AS score, sc.score AS expected_score
 FROM accounts a
 LEFT JOIN expected e ON e.account_id = a.id
 LEFT JOIN ledger_sum l ON l.account_id = a.id
-LEFT JOIN expected_status s ON s.account_id = a.id
+LEFT JOIN latest_set ss ON ss.account_id = a.id AND ss.type = 'set_status'
+LEFT JOIN latest_set sb ON sb.account_id = a.id AND sb.type = 'set_balance'
+LEFT JOIN latest_set sc ON sc.account_id = a.id AND sc.type = 'set_score'
 ORDER BY a.id
 """
 
-# One hash aggregation per transaction over the journal's credits and the effects together
-# (no DISTINCT, no sort, no join of two 100,000-row aggregates).
+# One hash aggregation per transaction over the log's records and the effects together (no
+# DISTINCT, no sort, no join of two big aggregates). A record is consumed once a group applying
+# to this copy has committed past it, or (beyond the committed offset: few records, index
+# lookups) has a delivery of it.
 VERDICT_SQL = """
 WITH committed AS (
     -- how far the groups applying to this schema have committed, per partition
@@ -47,41 +78,92 @@ WITH committed AS (
     JOIN {journal}.consumer_groups cg ON cg.group_id = g.group_id AND cg.effects_schema = current_schema()
     GROUP BY g.partition
 ),
-facts AS (
-    -- keyed by 64-bit hashes of the ids: integers hash and compare fast (about 100 ms at 100,000
-    -- transactions, against 150 ms on the strings); two of 100,000 ids share a hash with odds near 1e-10
-    SELECT hashtextextended(j.transaction_id, 0) AS tx, uuid_hash_extended(j.event_id, 0) AS event,
-           coalesce(c.committed > j."offset", false) AS consumed, 0 AS effect
-    FROM {journal}.published_events j LEFT JOIN committed c ON c.partition = j.partition
-    WHERE j.type = 'credit' AND j.error IS NULL
-    UNION ALL
-    SELECT hashtextextended(transaction_id, 0), NULL, false, 1 FROM payments
-    UNION ALL
-    SELECT hashtextextended(j.transaction_id, 0), NULL, false, 1 FROM ledger l
-    CROSS JOIN LATERAL (SELECT transaction_id FROM {journal}.published_events p
-                        WHERE p.event_id = l.event_id LIMIT 1) j
+dead AS (SELECT DISTINCT partition, "offset" FROM deliveries WHERE outcome = 'dead-lettered'),
+records AS MATERIALIZED (
+    SELECT r.partition, r."offset", r.transaction_id, r.event_id, r.type, r.invalid_reason,
+           CASE WHEN r."offset" < c.committed THEN true
+                ELSE EXISTS (SELECT 1 FROM deliveries d WHERE d.partition = r.partition AND d."offset" = r."offset")
+           END AS consumed,
+           x.partition IS NOT NULL AS dead
+    FROM {journal}.log_records r
+    LEFT JOIN committed c ON c.partition = r.partition
+    LEFT JOIN dead x ON x.partition = r.partition AND x."offset" = r."offset"
 ),
-per_transaction AS (
-    SELECT min(event) <> max(event) AS several_events, bool_or(consumed) AS consumed, sum(effect) AS n
+facts AS (
+    -- keyed by 64-bit hashes of the ids: integers hash and compare fast; two of 100,000 ids
+    -- share a hash with odds near 1e-10
+    SELECT hashtextextended(transaction_id, 0) AS tx, uuid_hash_extended(event_id, 0) AS event,
+           type = 'credit' AS delta, consumed, dead, 0 AS effect,
+           -- a set leaves no effect row: what the consumers say they applied is its trace
+           CASE WHEN type <> 'credit' THEN (SELECT count(*) FROM deliveries d WHERE d.partition = r.partition
+                                            AND d."offset" = r."offset" AND d.outcome = 'applied') ELSE 0 END AS applied
+    FROM records r WHERE invalid_reason IS NULL
+    UNION ALL
+    -- the effects of credits: payment rows, and ledger rows (natural) through their event's record
+    SELECT hashtextextended(transaction_id, 0), NULL, NULL, NULL, NULL, 1, 0 FROM payments
+    UNION ALL
+    SELECT hashtextextended(coalesce(r.transaction_id, 'ledger:' || l.event_id), 0), NULL, NULL, NULL, NULL, 1, 0
+    FROM ledger l LEFT JOIN LATERAL (SELECT transaction_id FROM {journal}.log_records x
+                                     WHERE x.event_id = l.event_id LIMIT 1) r ON true
+),
+per_transaction AS MATERIALIZED (
+    SELECT tx, count(event) AS records, min(event) <> max(event) AS several_events,
+           coalesce(bool_or(delta), false) AS delta, coalesce(bool_or(consumed), false) AS consumed,
+           coalesce(bool_or(dead), false) AS dead, sum(effect) AS effects, sum(applied) AS applied
     FROM facts GROUP BY tx
-    HAVING count(event) > 0  -- published by the lab (an effect alone is not ground truth)
+),
+judged AS (
+    SELECT count(*) FILTER (WHERE records > 0) AS transactions,
+           coalesce(sum(greatest(effects - 1, 0)) FILTER (WHERE records > 0 AND delta), 0) AS duplicates_applied,
+           count(*) FILTER (WHERE records > 0 AND delta AND effects > 1) AS transactions_applied_twice,
+           count(*) FILTER (WHERE records > 0 AND CASE WHEN delta THEN effects ELSE applied END = 0
+                            AND consumed AND NOT dead) AS effects_lost,
+           count(*) FILTER (WHERE records > 0 AND several_events
+                            AND CASE WHEN delta THEN effects ELSE applied END = 1) AS source_duplicates_absorbed,
+           count(*) FILTER (WHERE records > 0 AND several_events) AS source_duplicates,
+           count(*) FILTER (WHERE records > 0 AND CASE WHEN delta THEN effects ELSE applied END = 0
+                            AND NOT consumed) AS not_yet_applied,
+           count(*) FILTER (WHERE records > 0 AND NOT delta AND applied > 1) AS sets_reapplied
+    FROM per_transaction
+),
+orphans AS (
+    -- effect rows whose transaction has no valid record in the log: written by a consumer (it has
+    -- a delivery: the reader has not mirrored that record yet) or by no consumer at all (by hand)
+    SELECT count(*) FILTER (WHERE NOT delivered) AS by_hand, count(*) FILTER (WHERE delivered) AS unmirrored
+    FROM (SELECT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.event_id) AS delivered
+          FROM (SELECT event_id, transaction_id FROM payments
+                UNION ALL
+                SELECT l.event_id, NULL FROM ledger l
+                WHERE NOT EXISTS (SELECT 1 FROM {journal}.log_records x WHERE x.event_id = l.event_id)) e
+          WHERE e.transaction_id IS NULL OR hashtextextended(e.transaction_id, 0) IN (
+              SELECT tx FROM per_transaction WHERE records = 0)) o
 ),
 outcomes AS (
     SELECT count(*) FILTER (WHERE outcome = 'absorbed') AS absorbed,
            count(*) FILTER (WHERE outcome = 'dead-lettered') AS dead
     FROM deliveries WHERE outcome <> 'applied'
+),
+log AS (
+    SELECT count(*) AS records, count(*) FILTER (WHERE NOT consumed) AS pending,
+           count(*) FILTER (WHERE invalid_reason IS NOT NULL) AS invalid,
+           count(*) FILTER (WHERE invalid_reason IS NOT NULL AND consumed AND NOT dead) AS invalid_kept
+    FROM records
 )
-SELECT
-    count(*) AS transactions,
-    coalesce(sum(greatest(n - 1, 0)), 0) AS duplicates_applied,
-    count(*) FILTER (WHERE n > 1) AS transactions_applied_twice,
-    count(*) FILTER (WHERE n = 0 AND consumed) AS effects_lost,
-    count(*) FILTER (WHERE several_events AND n = 1) AS source_duplicates_absorbed,
-    count(*) FILTER (WHERE several_events) AS source_duplicates,
-    (SELECT absorbed FROM outcomes) AS redeliveries_absorbed,
-    (SELECT dead FROM outcomes) AS dead_letters,
-    count(*) FILTER (WHERE n = 0) AS not_yet_applied
-FROM per_transaction
+SELECT j.transactions, j.duplicates_applied, j.transactions_applied_twice, j.effects_lost,
+       j.source_duplicates_absorbed, j.source_duplicates, outcomes.absorbed AS redeliveries_absorbed,
+       outcomes.dead AS dead_letters, j.not_yet_applied,
+       log.records, log.pending AS records_pending, log.invalid AS invalid_records,
+       log.invalid_kept AS invalid_not_dead_lettered, j.sets_reapplied,
+       orphans.by_hand AS effects_without_record, orphans.unmirrored AS effects_not_yet_mirrored
+FROM judged j, outcomes, log, orphans
+"""
+
+# Accounts whose balance or status differs from the log's truth.
+MISMATCHES_SQL = """
+SELECT count(*) FILTER (WHERE actual <> expected) AS balances_mismatched,
+       count(*) FILTER (WHERE status <> expected_status OR (expected_score IS NOT NULL AND score IS DISTINCT FROM expected_score))
+           AS statuses_mismatched
+FROM ({accounts}) a
 """
 
 
@@ -96,14 +178,43 @@ class Verdict:
     redeliveries_absorbed: int
     dead_letters: int
     not_yet_applied: int
+    # --- from the log (added by "the log is the truth") ---
+    records: int = 0                     # records in the log (valid or not)
+    records_pending: int = 0             # records no group applying to this copy has consumed yet
+    invalid_records: int = 0             # records that are not valid events: expected in the DLQ
+    invalid_not_dead_lettered: int = 0   # invalid records consumed without reaching the DLQ
+    sets_reapplied: int = 0              # sets applied more than once: harmless
+    effects_without_record: int = 0      # effect rows no record in the log explains (added by hand)
+    effects_not_yet_mirrored: int = 0    # effects of records the log reader has not mirrored yet
+    balances_mismatched: int = 0
+    statuses_mismatched: int = 0
+    anomalies: tuple = field(default=(), compare=False)  # one dict per anomaly, with its "why"
+
+    @property
+    def pending(self) -> int:
+        """Records (or effects) not settled yet: what "pending: N records not yet applied" counts."""
+        return self.records_pending + self.effects_not_yet_mirrored
+
+    @property
+    def status(self) -> str:
+        """``no-events``, ``anomalies`` (red), ``pending`` (neutral) or ``exactly-once`` (green)."""
+        if self.duplicates_applied or self.effects_lost or self.effects_without_record or self.invalid_not_dead_lettered:
+            return "anomalies"
+        if self.pending or self.not_yet_applied:
+            return "pending" if self.records or self.effects_not_yet_mirrored else "no-events"
+        if self.balances_mismatched or self.statuses_mismatched:
+            return "anomalies"
+        return "exactly-once" if self.records else "no-events"
 
     @property
     def exactly_once(self) -> bool:
-        """True when no effect was doubled and none was lost."""
-        return self.duplicates_applied == 0 and self.effects_lost == 0
+        """Green: every record consumed, every transaction applied once, every balance and status right."""
+        return self.status == "exactly-once"
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "exactly_once": self.exactly_once}
+        data = asdict(self)
+        data["anomalies"] = [dict(a) for a in self.anomalies]
+        return {**data, "exactly_once": self.exactly_once, "status": self.status, "pending": self.pending}
 
 
 @dataclass(frozen=True)
@@ -114,6 +225,8 @@ class AccountLine:
     expected: int
     status: str
     expected_status: str
+    score: int | None = None
+    expected_score: int | None = None
 
     @property
     def difference(self) -> int:
@@ -121,21 +234,52 @@ class AccountLine:
 
     @property
     def ok(self) -> bool:
-        return self.difference == 0 and self.status == self.expected_status
+        return (self.difference == 0 and self.status == self.expected_status
+                and (self.expected_score is None or self.score == self.expected_score))
 
 
 def _journal(journal_schema: str) -> str:
-    return f'"{journal_schema}"'
+    return '"' + journal_schema.replace('"', '""') + '"'
+
+
+def _accounts_sql(session: Session, journal_schema: str) -> str:
+    # The score is a set_score's upsert into ``scores`` (a table of its own, one row per account).
+    has_scores = session.execute(text("SELECT to_regclass('scores') IS NOT NULL")).scalar()
+    score = "(SELECT s.score FROM scores s WHERE s.account_id = a.id)::bigint" if has_scores else "NULL::bigint"
+    return ACCOUNTS_SQL.format(journal=_journal(journal_schema), score=score)
 
 
 def accounts(session: Session, journal_schema: str) -> list[AccountLine]:
-    rows = session.execute(text(ACCOUNTS_SQL.format(journal=_journal(journal_schema)))).all()
+    rows = session.execute(text(_accounts_sql(session, journal_schema))).all()
     return [AccountLine(*row) for row in rows]
 
 
-def verdict(session: Session, journal_schema: str) -> Verdict:
+def verdict(session: Session, journal_schema: str, explain: bool = True) -> Verdict:
     # The per-transaction hash table holds one entry per transaction: give it the memory to stay
     # off disk (100,000 transactions spill out of the default 4 MB).
     session.execute(text("SET LOCAL work_mem = '64MB'"))
-    row = session.execute(text(VERDICT_SQL.format(journal=_journal(journal_schema)))).one()
-    return Verdict(*(int(value) for value in row))
+    row = session.execute(text(VERDICT_SQL.format(journal=_journal(journal_schema)))).mappings().one()
+    values = {key: int(value or 0) for key, value in row.items()}
+    mismatch = session.execute(text(MISMATCHES_SQL.format(accounts=_accounts_sql(session, journal_schema)))).one()
+    values["balances_mismatched"], values["statuses_mismatched"] = int(mismatch[0]), int(mismatch[1])
+    result = Verdict(**values)
+    if explain and (result.status == "anomalies" or result.sets_reapplied):
+        from .readmodel.why import explain as explain_anomalies
+        result = Verdict(**values, anomalies=tuple(explain_anomalies(session, journal_schema, result)))
+    return result
+
+
+def verdict_fields() -> tuple[str, ...]:
+    """The counts a scenario may expect (every integer field of the verdict)."""
+    return tuple(name for name, f in Verdict.__dataclass_fields__.items() if name != "anomalies")
+
+
+def headline(v: Verdict) -> dict[str, Any]:
+    """What the verdict panel says first, as words and a style: green, red or neutral."""
+    if v.status == "no-events":
+        return {"style": "neutral", "text": "No events yet"}
+    if v.status == "pending":
+        return {"style": "neutral", "text": f"Pending: {v.pending} record(s) not yet applied"}
+    if v.status == "exactly-once":
+        return {"style": "ok", "text": "✓ Every record consumed, every transaction applied exactly once"}
+    return {"style": "bad", "text": "✕ Effects differ from exactly-once"}

@@ -8,6 +8,20 @@ Second SIGTERM: exit at once.
 
 Crash points are real: ``crash`` is SIGKILL to ourselves (no commit, no group leave);
 ``freeze`` is SIGSTOP to ourselves (a process pause like a long GC; the agent sends SIGCONT).
+
+Every error class has a defined, visible outcome; none ends the process (ERROR_OUTCOMES):
+
+- an invalid record (undecodable, invalid field, unknown account): the dead-letter topic with its
+  reason at once, the offset committed;
+- ``UniqueViolation`` with the group's ``on_unique_violation = already-processed`` (the default,
+  the 001 seed's way): the transaction is rolled back, the delivery recorded as absorbed
+  ("unique violation: already processed") in a new transaction, the offset committed;
+- any other database error, and ``UniqueViolation`` under ``retry``: rolled back, recorded as a
+  ``failed`` delivery, retried after a backoff while its partition is paused (it stalls, its lag
+  grows; other partitions flow), and after MAX_ATTEMPTS attempts dead-lettered with the reason;
+- a lost connection or a timeout (``OperationalError``: session terminated, PostgreSQL down,
+  lock_timeout): transient, retried with a growing backoff as long as it takes, never
+  dead-lettered (a record is not bad because the database is away).
 """
 from __future__ import annotations
 
@@ -16,6 +30,7 @@ import os
 import signal
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -25,19 +40,45 @@ from .. import events, strategies, timeline
 from ..db import connect
 from ..kafka import consumer_config, producer_config
 from ..labs import Lab
-from ..strategies.base import ABSORBED, APPLIED, DEAD_LETTERED, RECORD_DELIVERY
+from ..strategies.base import ABSORBED, APPLIED, DEAD_LETTERED, FAILED, RECORD_DELIVERY, UNIQUE_VIOLATION_REASON
 from .control import ControlRow, Report
 
 log = logging.getLogger("idempotency_lab.consumer")
 
 POLL_TIMEOUT = 0.2
 HEARTBEAT_EVERY = 0.5
+# A failing record is attempted this many times in all, then dead-lettered; between attempts its
+# partition waits BACKOFF_SECONDS[attempt - 1] (the last value for every later transient retry).
+MAX_ATTEMPTS = 3
+BACKOFF_SECONDS = (1.0, 2.0, 4.0, 5.0)
+ERROR_OUTCOMES = (
+    ("invalid record (events.InvalidEvent: undecodable, invalid field, unknown account)",
+     "dead-lettered at once with its reason; offset committed"),
+    ("psycopg.errors.UniqueViolation, on_unique_violation = already-processed",
+     f"rolled back; delivery recorded as absorbed ('{UNIQUE_VIOLATION_REASON}'); offset committed"),
+    ("psycopg.errors.UniqueViolation, on_unique_violation = retry",
+     f"as any other database error: failed, retried with backoff, dead-lettered after {MAX_ATTEMPTS} attempts"),
+    ("other database error (psycopg.Error: data, integrity, programming, internal)",
+     f"rolled back; 'failed' delivery; partition paused for a backoff, retried; after {MAX_ATTEMPTS} attempts "
+     "dead-lettered with the error; offset committed"),
+    ("psycopg.OperationalError or a closed connection (session terminated, database down, lock_timeout)",
+     "transient: reconnect and retry with a growing backoff, never dead-lettered; offset not committed"),
+)
 STEP_LABELS = {"before-effect": "poll", "between-check-and-act": "check", "between-key-and-effect": "key",
                "after-effect-before-commit": "effect", "after-commit": "commit"}
 
 
 class Stop(Exception):
     """Raised inside processing when the consumer was asked to stop mid-step."""
+
+
+@dataclass
+class Retry:
+    """A record of one partition that failed: how often, and when its partition resumes."""
+    offset: int
+    attempts: int = 0
+    resume_at: float = 0.0
+    paused: bool = False
 
 
 class ConsumerProcess:
@@ -56,6 +97,7 @@ class ConsumerProcess:
         self._last_heartbeat = 0.0
         self._dlq: Producer | None = None
         self._agent_pid = os.getppid()
+        self.retrying: dict[tuple[str, int], Retry] = {}
 
         self.control_conn = connect(database_url, autocommit=True)
         self.control = ControlRow(self.control_conn, consumer_id)
@@ -63,8 +105,9 @@ class ConsumerProcess:
         self.step_seen = self.desired.step_advance
         # Counts are the consumer's over all its processes: a restart carries on from them.
         self.report.counts = self.control.counts()
-        self.strategy_name, effects_schema = self._group_settings()
-        self.effects_conn = connect(database_url, schema=effects_schema, autocommit=True)
+        self.strategy_name, self.effects_schema = self._group_settings()
+        self.effects_conn: psycopg.Connection | None = connect(database_url, schema=self.effects_schema,
+                                                               autocommit=True)
         self.consumer = Consumer(consumer_config(bootstrap_servers, group_id, client_id=name))
 
     # --- settings ----------------------------------------------------------------------
@@ -76,6 +119,12 @@ class ConsumerProcess:
         if row is None:
             raise RuntimeError(f"group {self.group_id} is not defined in lab {self.lab.name}")
         return row
+
+    def _on_unique_violation(self) -> str:
+        row = self.control_conn.execute(
+            f'SELECT on_unique_violation FROM "{self.lab.schema}".consumer_groups WHERE group_id = %s',
+            [self.group_id]).fetchone()
+        return row[0] if row and row[0] in strategies.ON_UNIQUE_VIOLATION else "already-processed"
 
     def _current_strategy(self) -> strategies.Strategy:
         # Read per message: a strategy switch applies from the next message on.
@@ -154,10 +203,12 @@ class ConsumerProcess:
                   f"(generation {self.report.generation})", partitions=self.report.assigned)
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._forget_retries(partitions)
         self.report.assigned = []
         self.control.write(self.report)
 
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._forget_retries(partitions)
         self.report.assigned = []
         self._say("rebalanced", f"{self.name} lost partitions {sorted(p.partition for p in partitions)}")
 
@@ -190,6 +241,7 @@ class ConsumerProcess:
         try:
             while not self.stopping:
                 self.heartbeat()
+                self._resume_due()
                 message = self.consumer.poll(POLL_TIMEOUT)
                 if message is None:
                     continue
@@ -206,7 +258,8 @@ class ConsumerProcess:
                 self._dlq.flush(5)
             self.control.write(self.report)
             self._say("stopped", f"{self.name} left group {self.group_id}")
-            self.effects_conn.close()
+            if self.effects_conn is not None:
+                self.effects_conn.close()
             self.control_conn.close()
 
     def _on_error(self, error: KafkaError) -> None:
@@ -222,17 +275,20 @@ class ConsumerProcess:
         self.statement_log.clear()
         # Faults and step mode armed before this message was polled apply to it.
         self.desired = self.control.read()
+        event: events.PaymentEvent | None = None
         try:
+            self._ensure_effects_conn()
             event = events.decode(message.value())
             outcome = self._current_strategy().apply(self, event)
         except events.InvalidEvent as invalid:
             self.dead_letter(message, invalid.reason)
             outcome = DEAD_LETTERED
-        except psycopg.OperationalError as error:
-            # The database ended our session (for example a frozen transaction past
-            # idle_in_transaction_session_timeout): nothing committed; go back and redo it.
-            self._redo(message, f"database error, will retry: {error}")
-            return
+        except psycopg.Error as error:
+            # The strategy's transaction was rolled back when the error left it.
+            outcome = self._on_database_error(message, event, error)
+            if outcome is None:
+                return  # to be retried: the partition waits, the offset is not committed
+        self.retrying.pop((message.topic(), message.partition()), None)
         counts = self.report.counts
         if outcome == APPLIED:
             counts.applied += 1
@@ -246,15 +302,94 @@ class ConsumerProcess:
         self.checkpoint("after-commit")
         self.current = None
 
-    def _redo(self, message: Message, reason: str) -> None:
+    # --- database errors ---------------------------------------------------------------------
+
+    def _ensure_effects_conn(self) -> None:
+        """Reconnect after a lost session; raises OperationalError while the database is away."""
+        conn = self.effects_conn
+        if conn is None or conn.closed or conn.broken:
+            if conn is not None:
+                conn.close()
+                self.effects_conn = None
+            self.effects_conn = connect(self.database_url, schema=self.effects_schema, autocommit=True)
+
+    def _on_database_error(self, message: Message, event: events.PaymentEvent | None,
+                           error: psycopg.Error) -> str | None:
+        """The outcome of a delivery whose transaction failed, or None when it is to be retried."""
+        conn = self.effects_conn
+        if isinstance(error, psycopg.OperationalError) or conn is None or conn.closed or conn.broken:
+            # A lost session (terminated, database restarted) or a timeout: nothing committed, and the
+            # record is not at fault. Retry as long as it takes; never dead-letter for this.
+            return self._retry_later(message, event, error, limit=None)
+        if isinstance(error, psycopg.errors.UniqueViolation) and self._on_unique_violation() == "already-processed":
+            # The 001 seed: "catches that exception specifically and treats it as 'already
+            # processed' — not as a generic error to be propagated to the retry mechanism".
+            constraint = error.diag.constraint_name
+            reason = UNIQUE_VIOLATION_REASON + (f" ({constraint})" if constraint else "")
+            try:
+                with self.transaction():
+                    self.record_delivery(event, ABSORBED, reason)
+            except psycopg.Error as again:
+                return self._retry_later(message, event, again, limit=None)
+            return ABSORBED
+        return self._retry_later(message, event, error, limit=MAX_ATTEMPTS)
+
+    def _retry_later(self, message: Message, event: events.PaymentEvent | None, error: psycopg.Error,
+                     limit: int | None) -> str | None:
+        """Count an attempt; under the limit, pause the partition for a backoff and seek back to the
+        record (the partition stalls, its lag grows); at the limit, dead-letter it."""
+        key = (message.topic(), message.partition())
+        retry = self.retrying.get(key)
+        if retry is None or retry.offset != message.offset():
+            retry = self.retrying[key] = Retry(message.offset())
+        retry.attempts += 1
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        what = f"{type(error).__name__}: {first_line}"
+        if limit is not None and retry.attempts >= limit:
+            del self.retrying[key]
+            self.dead_letter(message, f"gave up after {retry.attempts} attempts: {what}", event)
+            return DEAD_LETTERED
+        delay = BACKOFF_SECONDS[min(retry.attempts, len(BACKOFF_SECONDS)) - 1]
+        of = f" of {limit}" if limit is not None else ""
+        reason = f"attempt {retry.attempts}{of} failed: {what}; partition {message.partition()} waits {delay:g} s"
         self.report.last_error = reason
+        if limit is not None:
+            try:
+                with self.transaction():
+                    self.record_delivery(event, FAILED, reason)
+            except psycopg.Error:
+                log.warning("could not record the failed delivery: %s", reason)
         self._say("error", f"{self.name}: {reason}", partition=message.partition(), offset=message.offset())
-        self.effects_conn.close()
-        self.effects_conn = connect(self.database_url, schema=self._group_settings()[1], autocommit=True)
+        retry.resume_at = time.monotonic() + delay
         try:
+            self.consumer.pause([TopicPartition(message.topic(), message.partition())])
+            retry.paused = True
             self.consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
         except KafkaException:
             pass  # the partition moved to another member, which will deliver it again
+        self.current = None
+        return None
+
+    def _resume_due(self) -> None:
+        now = time.monotonic()
+        for (topic, partition), retry in self.retrying.items():
+            if retry.paused and retry.resume_at <= now:
+                retry.paused = False
+                try:
+                    self.consumer.resume([TopicPartition(topic, partition)])
+                except KafkaException:
+                    pass
+
+    def _forget_retries(self, partitions: list[TopicPartition]) -> None:
+        """A revoked partition is resumed (its next owner, maybe us again, starts it unpaused) and its
+        attempts are forgotten: the next owner counts from one."""
+        for tp in partitions:
+            retry = self.retrying.pop((tp.topic, tp.partition), None)
+            if retry is not None and retry.paused:
+                try:
+                    self.consumer.resume([TopicPartition(tp.topic, tp.partition)])
+                except KafkaException:
+                    pass
 
     def commit(self, message: Message) -> None:
         try:
@@ -269,7 +404,7 @@ class ConsumerProcess:
                       partition=message.partition(), offset=message.offset())
         self.heartbeat(force=True)
 
-    def dead_letter(self, message: Message, reason: str) -> None:
+    def dead_letter(self, message: Message, reason: str, event: events.PaymentEvent | None = None) -> None:
         """Produce the raw record to the DLQ with its reason, then record the delivery."""
         if self._dlq is None:
             self._dlq = Producer(producer_config(self.bootstrap_servers, idempotent=True))
@@ -279,7 +414,7 @@ class ConsumerProcess:
         if self._dlq.flush(15) != 0:
             raise KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT, "dead-letter record not acknowledged"))
         with self.transaction():
-            self.record_delivery(None, DEAD_LETTERED, reason)
+            self.record_delivery(event, DEAD_LETTERED, reason)
 
 
 @contextmanager

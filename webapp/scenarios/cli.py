@@ -2,7 +2,8 @@
 
 ``run`` prints each step with what was observed, then the verdict table, and exits 0 only
 when every expectation held (1: an expectation or a step failed; 2: not run, with the reason;
-3: the file is malformed or the lab cannot be reached).
+3: the file is malformed or the lab cannot be reached). ``list`` needs no running lab: it reads
+the files only.
 """
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from .. import commands
-from ..db import db
-from ..labs import Lab
+from ..domain.lab import Lab
 from . import built_in, find, journal
 from .loader import ScenarioError, load
 from .runner import RunState, Runner, broker_kind, fresh_lab_name
@@ -27,7 +27,15 @@ EXIT = {"passed": 0, "failed": 1, "error": 1, "not-run": 2}
 MARK = {"ok": "✓", "failed": "✕", "error": "✕", "not-run": "–"}
 
 
-@scenario_cli.command("list")
+def _engine():
+    """The app's database engine, or a one-line reason when no lab runs (``list`` does without)."""
+    if current_app.config.get("NO_DATABASE"):
+        raise click.ClickException(current_app.config["NO_DATABASE"])
+    from ..db import db
+    return db.engine
+
+
+@scenario_cli.command("list", with_appcontext=False)
 def list_scenarios():
     """The built-in exercises."""
     for path in built_in():
@@ -59,7 +67,8 @@ def verdict_table(run: RunState) -> str:
 
 
 def execute(scenario, *, lab_name: str | None, as_json: bool) -> RunState:
-    engine = db.engine
+    engine = _engine()
+    journal.install()  # the run's operations land in its lab's session log, as a person's would
     broker, how = broker_kind(current_app.config)
     lab = Lab(lab_name) if lab_name else Lab(fresh_lab_name(engine, scenario.name))
     run = RunState(scenario=scenario.name, lab=lab.name)
@@ -67,7 +76,7 @@ def execute(scenario, *, lab_name: str | None, as_json: bool) -> RunState:
         click.echo(f"scenario {scenario.name}: {scenario.title}")
         click.echo(f"lab {lab.name} (topic {lab.topic}) · broker {broker} ({how})")
     runner = Runner(engine, scenario, run, broker=broker, echo=None if as_json else _echo_text,
-                    command_timeout=current_app.config.get("LAB_COMMAND_TIMEOUT", 30.0))
+                    config=current_app.config)
     runner.run_all()
     return run
 
@@ -109,7 +118,7 @@ def export(lab_name, output):
     """Export a lab's recorded session as a scenario file that replays it."""
     lab = Lab(lab_name or current_app.config["LAB_NAME"])
     try:
-        document = journal.export_yaml(db.engine, lab)
+        document = journal.export_yaml(_engine(), lab)
     except journal.NothingRecorded as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(1)

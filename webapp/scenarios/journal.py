@@ -1,38 +1,45 @@
 """Record and replay.
 
-Record: every operation that changes a lab (``webapp.operations``: publish, start_consumer,
-consumer_action, arm, ... — the same calls the API, the dashboard's forms, the CLI and the
-scenario runner make) is appended, as it happens, to the lab's ``session_log`` table: the
-operation, its arguments, what it returned, and what the lab looked like just before it
-(each consumer's state, the verdict of the lab and of each lane).
+Record: :func:`install` adds a hook pair to the operation registry (webapp/ops): every operation
+that changes a lab — whoever calls it: the API, the dashboard's forms, the CLI, the scenario
+runner — is appended, as it happens, to the lab's ``session_log`` table: the operation's name,
+its validated arguments, what it returned, and what the lab looked like just before it (each
+consumer's state, the verdict of the lab and of each lane). The registry knows nothing of this
+module; the app factory and the headless runner call ``install()``.
 
-Replay: ``export_yaml`` turns the log into an ordinary scenario file. Each operation becomes a
-step; before it, a wait until the lab looks as it did when the operation was first performed
-(that is "the same waits": a person who killed a consumer after its effect landed is replayed
-as "wait until the verdict shows the effect, then kill"). The last wait and the expectations
-are the lab's state at export: the replay passes when a fresh lab ends with the same verdict.
-Nothing is replayed from wall-clock time: event ids are new on replay (resends and source
-duplicates point at the replayed event), a reset to a timestamp is replayed as the offsets it
-resolved to.
+Replay: ``export_yaml`` turns the log into an ordinary scenario file. Each operation becomes the
+step the registry names for it (``op.step``) with its arguments, consumer ids mapped back to the
+names they were started with and event ids to ``as:`` references; before it, a wait until the lab
+looks as it did when the operation was first performed (that is "the same waits": a person who
+killed a consumer after its effect landed is replayed as "wait until the verdict shows the
+effect, then kill"). The last wait and the expectations are the lab's state at export: the replay
+passes when a fresh lab ends with the same verdict. Nothing is replayed from wall-clock time:
+event ids are new on replay (resends and source duplicates point at the replayed event), a reset
+to a timestamp is replayed as the offsets it resolved to.
 """
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from datetime import datetime, timezone
 from typing import Any, Callable
 
 import yaml
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..labs import Lab
-from .loader import VERDICT_FIELDS
+from .. import ops
+from ..domain.lab import Lab
+from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY
+from ..models import SessionOperation
+from ..store.schema import begin_in
+from .conditions import VERDICT_FIELDS
 from .observe import Snapshot, observe
 
 log = logging.getLogger("idempotency_lab.journal")
 
-CONSUMER_OPERATIONS = ("consumer_action", "arm", "set_step_mode", "step")
+LOG = SessionOperation.__table__
 # Verdict fields that only grow as consumers work, and the one that only shrinks: a replay that
 # runs faster than the recording may be past the recorded value, never short of it.
 GROWING = ("duplicates_applied", "transactions_applied_twice", "effects_lost", "source_duplicates_absorbed",
@@ -47,19 +54,53 @@ class NothingRecorded(LookupError):
 
 # --- recording ----------------------------------------------------------------------------------
 
+def install() -> None:
+    """Record every state-changing operation in its lab's session log (once per process)."""
+    ops.add_hooks(_before, _after)
+
+
+def _before(ctx: ops.Context, op: ops.Operation) -> dict[str, Any] | None:
+    return None if op.name == "reset_lab" else summarize(_snapshot(ctx.engine, ctx.lab))
+
+
+def _after(ctx: ops.Context, op: ops.Operation, args: dict, before: dict[str, Any] | None, result: dict) -> None:
+    append(ctx.engine, ctx.lab, op.name, args, before, result)
+
+
+def append(engine: Engine, lab: Lab, operation: str, args: dict, before: dict[str, Any] | None, result: Any) -> None:
+    """One entry of the lab's session log; recording never breaks the operation itself."""
+    try:
+        with begin_in(engine, lab.schema) as conn:
+            if conn.exec_driver_sql("SELECT to_regclass('session_log')").scalar() is None:
+                return  # no lab schema (yet): nothing to record into
+            conn.execute(LOG.insert().values(operation=operation, args=_jsonable(args), before=_jsonable(before or {}),
+                                             result=_jsonable(result if isinstance(result, dict) else {"value": result})))
+    except SQLAlchemyError as error:
+        log.warning("could not record %s in lab %s: %s", operation, lab.name, error)
+
+
 def recorded(function: Callable) -> Callable:
-    """Decorate an operation of ``webapp.operations`` that changes a lab: each call is appended to
-    the lab's session log, under the operation's name, with what the lab looked like before it."""
+    """The decorator of the old ``webapp.operations`` (until it is deleted): the same entries as the
+    registry's hook, under the registry's operation names and argument names."""
     name = function.__name__
 
     @functools.wraps(function)
     def wrapper(engine: Engine, lab: Lab, *args: Any, **kwargs: Any) -> Any:
-        before = _snapshot(engine, lab) if name != "reset_lab" else None
+        before = None if name == "reset_lab" else summarize(_snapshot(engine, lab))
         result = function(engine, lab, *args, **kwargs)
+        rest, raw = list(args), {}
+        if name in ("consumer_action", "arm", "set_step_mode", "step"):
+            raw["consumer_id"] = rest.pop(0)
+        if name in ("set_strategy", "reset_offsets"):
+            raw["group"] = rest.pop(0)
+        operation = f"{rest.pop(0)}_consumer" if name == "consumer_action" else name
+        raw.update(next((a for a in rest if isinstance(a, dict)), {}))
+        op = ops.OPERATIONS.get(operation)
         try:
-            _append(engine, lab, name, args, before, result)
-        except SQLAlchemyError as error:  # recording must never break the operation itself
-            log.warning("could not record %s in lab %s: %s", name, lab.name, error)
+            raw = ops.validate(op, raw).model_dump(mode="json", exclude_none=True) if op else raw
+        except ops.InvalidRequest:
+            pass
+        append(engine, lab, operation, raw, before, result)
         return result
     return wrapper
 
@@ -82,54 +123,14 @@ def summarize(snap: Snapshot | None) -> dict[str, Any]:
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
-
-
-def _append(engine: Engine, lab: Lab, name: str, args: tuple, before: Snapshot | None, result: Any) -> None:
-    from ..models import SessionOperation
-
-    recorded: dict[str, Any] = {}
-    if name in CONSUMER_OPERATIONS:
-        recorded["consumer_id"] = args[0]
-        rest = args[1:]
-    else:
-        rest = args
-    if name in ("set_strategy", "reset_offsets"):
-        recorded["group"], rest = rest[0], rest[1:]
-    if name == "consumer_action":
-        recorded["verb"], rest = rest[0], rest[1:]
-    if rest and isinstance(rest[0], dict):
-        recorded["body"] = rest[0]
-    with engine.begin() as conn:
-        conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": lab.schema})
-        if conn.execute(text("SELECT to_regclass('session_log')")).scalar() is None:
-            if conn.execute(text("SELECT to_regclass('consumer_groups')")).scalar() is None:
-                return  # no lab schema (yet): nothing to record into
-            SessionOperation.__table__.create(conn, checkfirst=True)
-        conn.execute(text("INSERT INTO session_log (operation, args, before, result) "
-                          "VALUES (:op, CAST(:args AS jsonb), CAST(:before AS jsonb), CAST(:result AS jsonb))"),
-                     {"op": name, "args": _dumps(recorded), "before": _dumps(summarize(before)),
-                      "result": _dumps(result if isinstance(result, dict) else {"value": result})})
-
-
-def _dumps(value: Any) -> str:
-    import json
-    return json.dumps(_jsonable(value))
+    return json.loads(json.dumps(value, default=str))
 
 
 def session_log(engine: Engine, lab: Lab) -> list[dict[str, Any]]:
-    with engine.begin() as conn:
-        conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": lab.schema})
-        if conn.execute(text("SELECT to_regclass('session_log')")).scalar() is None:
+    with begin_in(engine, lab.schema) as conn:
+        if conn.exec_driver_sql("SELECT to_regclass('session_log')").scalar() is None:
             return []
-        return [dict(row) for row in conn.execute(text(
-            "SELECT id, at, operation, args, before, result FROM session_log ORDER BY id")).mappings()]
+        return [dict(row) for row in conn.execute(select(LOG).order_by(LOG.c.id)).mappings()]
 
 
 # --- export: the log as a scenario ----------------------------------------------------------------
@@ -140,13 +141,10 @@ class _Exporter:
         self.partitions = partitions
         self.steps: list[dict[str, Any]] = []
         self.names: dict[int, str] = {}          # consumer id -> name in the scenario
-        self.groups: dict[str, dict[str, Any]] = {"payments": {"strategy": "none"}}
-        self.lanes: dict[str, str] = {}          # lane -> group
-        self.events: dict[str, str] = {}         # recorded event id -> ref
+        self.groups: set[str] = {DEFAULT_GROUP}
+        self.lanes: set[str] = set()
+        self.events: dict[str, str] = {}         # recorded event id -> reference
         self.last_wait: dict[str, Any] | None = None
-
-    def consumer(self, consumer_id: int) -> str | None:
-        return self.names.get(consumer_id)
 
     def wait_for(self, summary: dict[str, Any], final: bool = False) -> None:
         conditions: list[dict[str, Any]] = []
@@ -168,156 +166,70 @@ class _Exporter:
                 value = verdict.get(key, 0)
                 if final or key not in GROWING + SHRINKING:
                     wanted[key] = value
-                elif key in GROWING:
-                    if value:
-                        wanted[key] = f">= {value}"
+                elif key in GROWING and value:
+                    wanted[key] = f">= {value}"
                 elif key in SHRINKING:
                     wanted[key] = f"<= {value}"
-            condition = {"verdict": wanted}
-            if lane:
-                condition["lane"] = lane
-            conditions.append(condition)
-        if not conditions:
-            return
+            conditions.append({"verdict": wanted, **({"lane": lane} if lane else {})})
         wait = {"all": conditions, "timeout": WAIT_TIMEOUT}
-        if wait == self.last_wait:
-            return
-        self.last_wait = wait
-        self.steps.append({"wait": wait})
+        if conditions and wait != self.last_wait:
+            self.last_wait = wait
+            self.steps.append({"wait": wait})
 
     def add(self, entry: dict[str, Any]) -> None:
-        op, args, result = entry["operation"], entry["args"] or {}, entry["result"] or {}
-        body = args.get("body") or {}
-        handler = getattr(self, f"_{op}", None)
-        if handler is None:
+        op = ops.OPERATIONS.get(entry["operation"])
+        if op is None or op.step is None:
             return
         self.wait_for(entry["before"] or {})
-        step = handler(args, body, result)
+        step = self.step(op, dict(entry["args"] or {}), entry["result"] or {})
         if step:
-            step.setdefault("note", f"recorded {entry['at']:%H:%M:%S}" if isinstance(entry["at"], datetime)
-                            else "recorded")
+            at = entry["at"]
+            step["note"] = f"recorded {at:%H:%M:%S}" if isinstance(at, datetime) else "recorded"
             self.steps.append(step)
 
-    # one method per operation: the scenario step that performs it again
-    def _publish(self, args, body, result):
-        mode = body.get("mode", "normal")
-        step: dict[str, Any] = {"mode": mode}
-        if body.get("idempotent") is not None and body.get("idempotent") not in (True, "true", "on", "1", 1, "yes"):
-            step["idempotent"] = False
-        if mode == "poison":
-            step["poison_kind"] = body.get("poison_kind", "not-json")
-        elif mode in ("resend", "source-duplicate"):
-            ref = self.events.get(str(body.get("event_id"))) if body.get("event_id") else None
-            if ref:
-                step["event"] = ref
-        else:
-            step["account"] = body.get("account_id")
-            step["type"] = body.get("type", "credit")
-            if step["type"] == "credit":
-                if body.get("amount_cents") not in (None, ""):
-                    step["amount_cents"] = int(body["amount_cents"])
-                else:
-                    step["amount_cents"] = round(float(str(body.get("amount")).strip().replace(",", ".")) * 100)
-            else:
-                step["status"] = body.get("status")
-            if mode == "burst":
-                step["count"] = int(body.get("count") or 10)
-            if body.get("transaction_id"):
-                step["transaction_id"] = body["transaction_id"]
-        records = result.get("records") or []
-        if records and records[0].get("event_id"):
-            ref = f"e{len(self.events) + 1}"
-            self.events[str(records[0]["event_id"])] = ref
-            step["as"] = ref
-        return {"publish": step}
-
-    def _start_consumer(self, args, body, result):
-        name = result.get("name") or f"c{len(self.names) + 1}"
-        while name in self.names.values():
-            name = f"{name}_2"
-        self.names[result["consumer_id"]] = name
-        group = body.get("group") or "payments"
-        group = group[len(self.lab.name) + 1:] if group.startswith(f"{self.lab.name}.") else group
-        steps = []
-        if group not in self.groups:
-            self.groups[group] = {"strategy": body.get("strategy") or "none"}
-            steps.append({"group": {"name": group, "strategy": self.groups[group]["strategy"]}})
-        start = {"start": {"consumer": name, "group": group}}
-        if steps:
-            self.steps.extend(steps)
-        return start
-
-    def _consumer_action(self, args, body, result):
-        name = self.consumer(args.get("consumer_id"))
-        return {args["verb"]: name} if name else None
-
-    def _arm(self, args, body, result):
-        name = self.consumer(args.get("consumer_id"))
-        if not name:
-            return None
-        if not body.get("point"):
-            return {"disarm": name}
-        step = {"consumer": name, "point": body["point"], "action": body.get("action") or "crash"}
-        if body.get("always") in (True, "true", "on", "1", 1, "yes"):
-            step["always"] = True
-        return {"arm": step}
-
-    def _set_step_mode(self, args, body, result):
-        name = self.consumer(args.get("consumer_id"))
-        return {"step_mode": {"consumer": name, "on": bool(result.get("step_mode"))}} if name else None
-
-    def _step(self, args, body, result):
-        name = self.consumer(args.get("consumer_id"))
-        return {"step": name} if name else None
-
-    def _create_group(self, args, body, result):
-        group = result["group_id"][len(self.lab.name) + 1:]
-        lane = body.get("lane") or None
-        self.groups[group] = {"strategy": result["strategy"], **({"lane": lane} if lane else {})}
-        if lane:
-            self.lanes[lane] = group
-        return {"group": {"name": group, "strategy": result["strategy"], **({"lane": lane} if lane else {})}}
-
-    def _set_strategy(self, args, body, result):
-        group = str(args.get("group"))
-        group = group[len(self.lab.name) + 1:] if group.startswith(f"{self.lab.name}.") else group
-        return {"strategy": {"group": group, "strategy": result["strategy"]}}
-
-    def _reset_offsets(self, args, body, result):
-        group = str(args.get("group"))
-        group = group[len(self.lab.name) + 1:] if group.startswith(f"{self.lab.name}.") else group
-        mode = body.get("mode", "earliest")
-        step: dict[str, Any] = {"group": group, "mode": mode}
-        if mode == "back":
-            step["back"] = int(body.get("back"))
-        elif mode in ("offset", "timestamp"):
-            # A timestamp means other records on another day: replay the offsets it resolved to.
-            step["mode"] = "offset"
-            step["offsets"] = {int(p): int(o) for p, o in (result.get("offsets") or {}).items()}
-            if not step["offsets"]:
+    def step(self, op: ops.Operation, args: dict[str, Any], result: dict[str, Any]) -> dict[str, Any] | None:
+        """The step that performs ``op`` again: its arguments minus the model's defaults, with the
+        scenario's references for the consumer and the event it names."""
+        fields = op.model.model_fields
+        body = {k: v for k, v in args.items() if k in fields and v != fields[k].default}
+        if "group" in body:
+            body["group"] = self.local(body["group"])
+        consumer = None
+        if "consumer_id" in fields:
+            consumer = self.names.get(body.pop("consumer_id", None))
+            if consumer is None:
                 return None
-        return {"reset_offsets": step}
+        if "event_id" in body and (ref := self.events.get(str(body.pop("event_id")))):
+            body["event"] = ref
+        records = result.get("records") or []
+        if "event_id" in fields and records and records[0].get("event_id"):
+            body["as"] = self.events[str(records[0]["event_id"])] = f"e{len(self.events) + 1}"
+        if op.step == "start":
+            consumer_name = result.get("name") or body.get("name") or f"c{len(self.names) + 1}"
+            while consumer_name in self.names.values():
+                consumer_name += "_2"
+            self.names[result["consumer_id"]] = body["name"] = consumer_name
+            group = body.get("group", DEFAULT_GROUP)
+            if group not in self.groups:  # started in a group of its own: create it first
+                self.groups.add(group)
+                self.steps.append({"group": {"group": group, "strategy": body.get("strategy", DEFAULT_STRATEGY)}})
+        elif op.step == "group":
+            self.groups.add(body["group"])
+            self.lanes.update([body["lane"]] if body.get("lane") else [])
+        elif op.step == "reset_offsets" and body.get("mode") == "timestamp":
+            # A timestamp means other records on another day: replay the offsets it resolved to.
+            body.pop("timestamp", None)
+            body.update(mode="offset", offsets={int(p): int(o) for p, o in (result.get("offsets") or {}).items()})
+            if not body["offsets"]:
+                return None
+        if op.step == "arm" and not body.get("point"):
+            return {"disarm": consumer}
+        if consumer is not None:
+            return {op.step: {"consumer": consumer, **body} if body else consumer}
+        return {op.step: body}
 
-    def _set_ttl(self, args, body, result):
-        step = {}
-        if "ttl_seconds" in body:
-            step["seconds"] = float(result.get("ttl_seconds", body["ttl_seconds"]))
-        if "ttl_schedule_seconds" in body:
-            step["schedule_seconds"] = float(result.get("ttl_schedule_seconds") or 0)
-        return {"ttl": step} if step else None
-
-    def _ttl_cleanup(self, args, body, result):
-        return {"ttl_cleanup": {"seconds": float(result["ttl_seconds"])}}
-
-    def _arm_fault_proxy(self, args, body, result):
-        drops = int(body.get("drop_produce_responses") or 0)
-        if drops < 1:
-            return None
-        return {"lost_ack": {"drop_produce_responses": drops, "delay_ms": int(body.get("delay_ms") or 0)}}
-
-    def _reset_lab(self, args, body, result):
-        self.partitions = int(result.get("partitions") or self.partitions)
-        return None
+    def local(self, group: str) -> str:
+        return group[len(self.lab.name) + 1:] if group.startswith(f"{self.lab.name}.") else group
 
 
 def export(engine: Engine, lab: Lab) -> dict[str, Any]:
@@ -328,8 +240,9 @@ def export(engine: Engine, lab: Lab) -> dict[str, Any]:
     final = observe(engine, lab)
     exporter = _Exporter(lab, final.partitions)
     if entries[0]["operation"] == "reset_lab":
-        exporter._reset_lab({}, {}, entries[0]["result"] or {})
-        entries = entries[1:]
+        first = entries.pop(0)
+        exporter.partitions = int((first["result"] or {}).get("partitions") or (first["args"] or {}).get("partitions")
+                                  or exporter.partitions)
     for entry in entries:
         exporter.add(entry)
     summary = summarize(final)
@@ -350,7 +263,6 @@ def export(engine: Engine, lab: Lab) -> dict[str, Any]:
     if lanes:
         expect["lanes"] = lanes
     now = datetime.now(timezone.utc)
-    groups = {"payments": {"strategy": "none"}}
     return {
         "title": f"Recorded session of lab {lab.name}",
         "summary": f"{len(entries)} operation(s) recorded in lab {lab.name}, exported {now:%Y-%m-%d %H:%M} UTC",
@@ -361,7 +273,7 @@ def export(engine: Engine, lab: Lab) -> dict[str, Any]:
             "fresh lab ends with the same verdict and the same balances.\n\n"
             "*The effect must not repeat* — whatever the recording showed, the replay must show again."),
         "recorded": {"lab": lab.name, "exported_at": now.isoformat(timespec="seconds"), "operations": len(entries)},
-        "setup": {"partitions": exporter.partitions, "groups": groups},
+        "setup": {"partitions": exporter.partitions, "groups": {DEFAULT_GROUP: {"strategy": DEFAULT_STRATEGY}}},
         "steps": exporter.steps,
         "expect": expect,
     }
@@ -372,8 +284,7 @@ class _Dumper(yaml.SafeDumper):
 
 
 def _text(dumper, value: str):
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
 
 
 _Dumper.add_representer(str, _text)

@@ -1,9 +1,11 @@
-"""Runs a scenario against a fresh lab, through the same operations a person clicks.
+"""Runs a scenario against a fresh lab, through the operations a person clicks.
 
-Every step calls one function of ``webapp.operations`` (publish, start_consumer,
-consumer_action, arm, ...); every wait and every expectation reads the lab through
-``observe`` (state.py and verdict.py). The run's progress is a plain ``RunState`` so that the
-guided mode can keep it in PostgreSQL between two clicks and the headless runner in memory.
+Every step that changes the lab is ``ops.call(step.operation, ctx, args)``: the same registry
+operation, with the same checks, as the API, the dashboard's forms and the CLI. The runner's own
+part is the scenario's references (a consumer's name → its id, ``event: NAME`` → an event id).
+Every wait and every expectation reads the lab through ``observe`` (state.py and verdict.py).
+The run's progress is a plain ``RunState`` so that the guided mode can keep it in PostgreSQL
+between two clicks and the headless runner in memory.
 """
 from __future__ import annotations
 
@@ -11,18 +13,23 @@ import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from .. import commands, operations, timeline
-from ..labs import Lab
-from .loader import (CAPABILITIES, Expectation, Scenario, Step, compare, describe_condition, format_comparison)
+from .. import commands, ops
+from ..domain.lab import Lab
+from ..domain.vocabulary import LIVE_STATES
+from ..store.labdata import say
+from ..store.schema import begin_in
+from .conditions import Expectation, compare, describe_condition, format_comparison
+from .loader import CAPABILITIES, Scenario, Step
 from .observe import Snapshot, observe
 
 POLL_INTERVAL = 0.2
-LIVE = ("starting", "running", "frozen", "stepping")
+# What makes a step an error (not a failed wait): the operation refused, or named nothing.
+OPERATION_ERRORS = (ops.InvalidRequest, ops.NotFound, commands.CommandError)
 
 # Which broker can do what a scenario may require (../shared/BROKER.md, measured).
 SUPPORT = {"max-poll-interval-handover": {"tansu": False, "kafka": True}}
@@ -31,10 +38,16 @@ NOT_SUPPORTED_WHY = {
         "on the embedded Tansu broker a new member loops in JoinGroup/SyncGroup and is never assigned while a "
         "member stalls past max.poll.interval.ms (BROKER.md): this hand-over does not complete on Tansu",
 }
+NO_FAULT_PROXY = ("it needs the lost-ack fault proxy between the lab's producer and the broker, and this stack has "
+                  "none (`make run` starts one with the embedded broker; with docker compose, the faultproxy service)")
 
 
 class NotRunnable(Exception):
     """The scenario needs something this lab cannot do; the message says what and why."""
+
+
+class StepFailed(Exception):
+    """A wait that did not hold in time; the message says what was wanted and what was seen."""
 
 
 @dataclass
@@ -45,6 +58,7 @@ class RunState:
     prepared: bool = False
     status: str = "ready"                # ready | running | passed | failed | not-run | error
     reason: str | None = None
+    error: str | None = None             # why the last click could not act (guided mode), shown once
     consumers: dict[str, int] = field(default_factory=dict)
     events: dict[str, str] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
@@ -64,9 +78,9 @@ class RunState:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
-# --- broker kind ------------------------------------------------------------------------------
+# --- what this stack can do -------------------------------------------------------------------
 
-def broker_kind(config: dict[str, Any], probe: bool = True) -> tuple[str, str]:
+def broker_kind(config: Mapping[str, Any], probe: bool = True) -> tuple[str, str]:
     """(kind, how we know): ``tansu``, ``kafka`` or ``unknown``.
 
     ``LAB_BROKER_KIND`` (setting or environment) wins; else, where allowed (the CLI and tests,
@@ -88,11 +102,18 @@ def broker_kind(config: dict[str, Any], probe: bool = True) -> tuple[str, str]:
     return ("tansu" if cluster.startswith("tansu") else "kafka"), f"cluster id {cluster!r}"
 
 
-def fault_proxy_available() -> bool:
-    return callable(getattr(operations, "arm_fault_proxy", None))
+def has_fault_proxy(ctx: ops.Context) -> bool:
+    """Whether this stack was started with a lost-ack fault proxy: the lab's producer is set to go
+    through one (``make run``), or one has reported to this database (compose, the tests), even if
+    it is not answering now. Then a missing proxy is a failure, not a reason to skip."""
+    producer, broker = ctx.config.get("KAFKA_PRODUCER_BOOTSTRAP_SERVERS"), ctx.config.get("KAFKA_BOOTSTRAP_SERVERS")
+    if producer and broker and producer != broker:
+        return True
+    proxy = ops.call("get_fault_proxy", ctx)
+    return proxy["running"] or proxy["heartbeat_age"] is not None
 
 
-def preflight(scenario: Scenario, broker: str, engine: Engine | None = None) -> str | None:
+def preflight(scenario: Scenario, broker: str, ctx: ops.Context | None = None) -> str | None:
     """Why this scenario cannot run here, or None."""
     for capability in scenario.requires:
         supported = SUPPORT.get(capability, {}).get(broker)
@@ -101,16 +122,10 @@ def preflight(scenario: Scenario, broker: str, engine: Engine | None = None) -> 
                     f"({broker}); set LAB_BROKER_KIND=kafka or tansu")
         if not supported:
             return NOT_SUPPORTED_WHY.get((capability, broker), f"the {broker} broker cannot do: {capability}")
-    if any(step.action == "lost_ack" for step in scenario.steps) and not fault_proxy_available():
-        return ("it needs the lost-ack fault proxy (operations.arm_fault_proxy), which this build of the lab "
-                "does not have yet")
-    if any(step.action == "lost_ack" for step in scenario.steps) and engine is not None:
-        state_of = getattr(operations, "fault_proxy_state", None)
-        if callable(state_of) and not state_of(engine, Lab("preflight")).get("running"):
-            return ("it needs the lost-ack fault proxy between the lab's producer and the broker, and no fault "
-                    "proxy is running (`make run` starts one with the embedded broker)")
+    if ctx is not None and any(step.operation == "arm_fault_proxy" for step in scenario.steps) \
+            and not has_fault_proxy(ctx):
+        return NO_FAULT_PROXY
     return None
-
 
 
 # --- lab names --------------------------------------------------------------------------------
@@ -230,14 +245,14 @@ Echo = Callable[[str, dict[str, Any]], None]
 
 class Runner:
     def __init__(self, engine: Engine, scenario: Scenario, run: RunState, *, broker: str = "unknown",
-                 echo: Echo | None = None, command_timeout: float = 60.0):
+                 echo: Echo | None = None, config: Mapping[str, Any] | None = None):
         self.engine = engine
         self.scenario = scenario
         self.run = run
         self.lab = Lab(run.lab)
+        self.ctx = ops.Context(engine, self.lab, dict(config or {}))
         self.broker = broker
         self.echo = echo or (lambda kind, data: None)
-        self.command_timeout = command_timeout
 
     # --- the whole run --------------------------------------------------------------------
 
@@ -253,11 +268,27 @@ class Runner:
             self.stop_consumers()
         return self.run
 
+    def advance(self) -> None:
+        """One click of the guided mode: prepare, or the next step, or the expectations."""
+        if self.run.finished:
+            return
+        if not self.run.prepared:
+            self.prepare()
+            if self.run.status == "not-run":
+                self.conclude()
+        elif self.run.position < len(self.scenario.steps):
+            self.next_step()
+            if self.run.finished:
+                self.stop_consumers()
+        else:
+            self.conclude()
+            self.stop_consumers()
+
     def prepare(self) -> dict[str, Any]:
         """Check the scenario can run here, then a fresh lab: topics, accounts, groups, TTL."""
         started = time.monotonic()
         self.run.status = "running"
-        reason = preflight(self.scenario, self.broker, self.engine)
+        reason = preflight(self.scenario, self.broker, self.ctx)
         if reason:
             self.run.status, self.run.reason = "not-run", reason
             result = {"index": 0, "action": "setup", "description": "check what the scenario needs",
@@ -265,24 +296,22 @@ class Runner:
             self.run.steps.append(result)
             self.echo("step", result)
             return result
-        if not commands.live_agents(self.engine):
-            raise commands.NoAgent("no lab agent is running: start the lab with `make run` "
-                                   "(or `flask --app app lab agent`)")
-        operations.reset_lab(self.engine, self.lab, {"partitions": self.scenario.partitions})
+        ops.call("reset_lab", self.ctx, {"partitions": self.scenario.partitions})
         done = [f"lab {self.lab.name}: {self.scenario.partitions} partition(s), 5 accounts"]
+        created_by_steps = {s.args.get("group") for s in self.scenario.steps if s.action == "group"}
         for group in self.scenario.groups:
             if group.name == "payments" and not group.lane:
                 if group.strategy != "none":
-                    operations.set_strategy(self.engine, self.lab, "payments", {"strategy": group.strategy})
-            elif not self._is_created_by_a_step(group.name):
-                operations.create_group(self.engine, self.lab, {"group": group.name, "strategy": group.strategy,
-                                                                "lane": group.lane})
+                    ops.call("set_strategy", self.ctx, {"group": "payments", "strategy": group.strategy})
+            elif group.name not in created_by_steps:
+                ops.call("create_group", self.ctx, {"group": group.name, "strategy": group.strategy,
+                                                    "lane": group.lane})
             else:
                 continue
             done.append(f"group {group.name}: {group.strategy}" + (f" on lane {group.lane}" if group.lane else ""))
         if self.scenario.ttl:
-            operations.set_ttl(self.engine, self.lab, self._ttl_body(self.scenario.ttl))
-            done.append("TTL " + ", ".join(f"{k} {v}" for k, v in self.scenario.ttl.items()))
+            ops.call("set_ttl", self.ctx, self.scenario.ttl)
+            done.append("TTL " + ", ".join(f"{k} {v:g} s" for k, v in self.scenario.ttl.items()))
         self.run.prepared = True
         result = {"index": 0, "action": "setup", "description": "a fresh lab", "status": "ok",
                   "observed": "; ".join(done), "seconds": round(time.monotonic() - started, 2)}
@@ -291,21 +320,18 @@ class Runner:
         self.echo("step", result)
         return result
 
-    def _is_created_by_a_step(self, group: str) -> bool:
-        return any(s.action == "group" and s.args["name"] == group for s in self.scenario.steps)
-
     def next_step(self) -> dict[str, Any]:
         step = self.scenario.steps[self.run.position]
         started = time.monotonic()
         self.echo("start", {"index": step.index, "description": step.describe()})
         status, observed = "ok", ""
         try:
-            observed = getattr(self, f"_do_{step.action}")(step)
+            observed = self.wait(step) if step.operation is None else self.operate(step)
         except StepFailed as failure:
             status, observed = "failed", str(failure)
         except NotRunnable as reason:
             status, observed = "not-run", str(reason)
-        except (operations.InvalidRequest, operations.NotFound, commands.CommandError) as error:
+        except OPERATION_ERRORS as error:
             status, observed = "error", f"{type(error).__name__}: {error}"
         result = {"index": step.index, "action": step.action, "description": step.describe(), "status": status,
                   "observed": observed, "seconds": round(time.monotonic() - started, 2), "line": step.line}
@@ -343,122 +369,41 @@ class Runner:
         """Stop every live consumer of this run's lab (stop sends SIGCONT first to a frozen one)."""
         snap = observe(self.engine, self.lab)
         for consumer_id, row in snap.consumers_by_id.items():
-            if row["state"] in LIVE:
+            if row["state"] in LIVE_STATES:
                 try:
-                    operations.consumer_action(self.engine, self.lab, consumer_id, "stop")
-                except (operations.InvalidRequest, operations.NotFound, commands.CommandError):
+                    ops.call("stop_consumer", self.ctx, {"consumer_id": consumer_id})
+                except OPERATION_ERRORS:
                     pass  # it ended by itself meanwhile
 
     # --- steps ----------------------------------------------------------------------------
 
-    def _id(self, name: str) -> int:
-        return self.run.consumers[name]
-
-    def _do_publish(self, step: Step) -> str:
-        a = step.args
-        body: dict[str, Any] = {"mode": a["mode"], "idempotent": a["idempotent"]}
-        if a["mode"] == "poison":
-            body["poison_kind"] = a["poison_kind"]
-        elif a["mode"] in ("resend", "source-duplicate"):
-            if a.get("event"):
-                body["event_id"] = self.run.events[a["event"]]
-        else:
-            body.update({"type": a["type"], "account_id": a["account"]})
-            for key in ("amount_cents", "status", "count", "transaction_id"):
-                if key in a:
-                    body[key] = a[key]
-        result = operations.publish(self.engine, self.lab, body)
-        records = result.get("records", [])
-        if a.get("as") and records and records[0].get("event_id"):
-            self.run.events[a["as"]] = records[0]["event_id"]
-        errors = [r["error"] for r in records if r.get("error")]
-        where = ", ".join(f"p{r['partition']}@{r['offset']}" if r.get("offset") is not None
-                          else f"p{r.get('partition')}@(no offset in the delivery report)" for r in records[:5])
-        return (f"{len(records)} record(s) written: {where}" + (" …" if len(records) > 5 else "")
-                + (f"; delivery errors: {errors}" if errors else ""))
-
-    def _do_start(self, step: Step) -> str:
-        result = operations.start_consumer(self.engine, self.lab, {"group": step.args["group"],
-                                                                   "name": step.args["consumer"]})
-        self.run.consumers[step.args["consumer"]] = result["consumer_id"]
-        return f"consumer {result['name']} (id {result['consumer_id']}, pid {result.get('pid')}) in {result['group_id']}"
-
-    def _verb(self, step: Step) -> str:
-        result = operations.consumer_action(self.engine, self.lab, self._id(step.args["consumer"]), step.action)
-        return f"{step.args['consumer']}: " + ", ".join(f"{k} {v}" for k, v in result.items() if k != "consumer_id")
-
-    _do_kill = _do_freeze = _do_thaw = _do_stop = _do_restart = _verb
-
-    def _do_arm(self, step: Step) -> str:
-        a = step.args
-        operations.arm(self.engine, self.lab, self._id(a["consumer"]),
-                       {"point": a["point"], "action": a["action"], "always": a["always"]})
-        return f"{a['consumer']} armed: {a['action']} at {a['point']}" + (" every time" if a["always"] else " once")
-
-    def _do_disarm(self, step: Step) -> str:
-        operations.arm(self.engine, self.lab, self._id(step.args["consumer"]), {})
-        return f"{step.args['consumer']} disarmed"
-
-    def _do_step_mode(self, step: Step) -> str:
-        result = operations.set_step_mode(self.engine, self.lab, self._id(step.args["consumer"]),
-                                          {"on": step.args["on"]})
-        return f"{step.args['consumer']} step mode {'on' if result['step_mode'] else 'off'}"
-
-    def _do_step(self, step: Step) -> str:
-        result = operations.step(self.engine, self.lab, self._id(step.args["consumer"]))
-        return f"{step.args['consumer']} advanced past {result.get('was_at') or 'its point'}"
-
-    def _do_group(self, step: Step) -> str:
-        a = step.args
-        result = operations.create_group(self.engine, self.lab, {"group": a["name"], "strategy": a["strategy"],
-                                                                 "lane": a.get("lane")})
-        return f"group {result['group_id']} ({result['strategy']}) applies to {result['effects_schema']}"
-
-    def _do_strategy(self, step: Step) -> str:
-        result = operations.set_strategy(self.engine, self.lab, step.args["group"],
-                                         {"strategy": step.args["strategy"]})
-        return f"{result['group_id']} now uses {result['strategy']}"
-
-    def _do_reset_offsets(self, step: Step) -> str:
-        a = step.args
-        result = operations.reset_offsets(self.engine, self.lab, a["group"],
-                                          {k: v for k, v in a.items() if k != "group"})
-        return (f"{result['group_id']} offsets now " + ", ".join(f"p{p}@{o}" for p, o in sorted(result["offsets"].items()))
-                + f"; restarted consumer(s) {result.get('restarted')}")
-
-    @staticmethod
-    def _ttl_body(args: dict[str, Any]) -> dict[str, Any]:
-        body = {}
-        if "seconds" in args:
-            body["ttl_seconds"] = args["seconds"]
-        if "schedule_seconds" in args:
-            body["ttl_schedule_seconds"] = args["schedule_seconds"]
-        return body
-
-    def _do_ttl(self, step: Step) -> str:
-        result = operations.set_ttl(self.engine, self.lab, self._ttl_body(step.args))
-        return f"TTL {result['ttl_seconds']} s, schedule {result['ttl_schedule_seconds'] or 'off'}"
-
-    def _do_ttl_cleanup(self, step: Step) -> str:
-        result = operations.ttl_cleanup(self.engine, self.lab, self._ttl_body(step.args))
-        deleted = {table: n for counts in result["deleted"].values() for table, n in counts.items() if n}
-        return f"older than {result['ttl_seconds']:g} s: deleted " + (
-            ", ".join(f"{n} from {t}" for t, n in deleted.items()) if deleted else "nothing")
-
-    def _do_lost_ack(self, step: Step) -> str:
-        arm = getattr(operations, "arm_fault_proxy", None)
-        if not callable(arm):
-            raise NotRunnable("the lost-ack fault proxy (operations.arm_fault_proxy) is not in this build")
+    def operate(self, step: Step) -> str:
+        """The step's operation, its references resolved: what a person clicking would do."""
+        args = dict(step.args)
+        if "consumer" in step.refs:
+            args["consumer_id"] = self.run.consumers[step.refs["consumer"]]
+        if "event" in step.refs:
+            args["event_id"] = self.run.events[step.refs["event"]]
         try:
-            result = arm(self.engine, self.lab, dict(step.args))
-        except (operations.InvalidRequest, operations.NotFound,
-                getattr(operations, "NoFaultProxy", operations.NotFound)) as error:
-            raise NotRunnable(f"the lost-ack fault proxy cannot be armed here: {error}") from None
-        state_of = getattr(operations, "fault_proxy_state", None)
-        seen = state_of(self.engine, self.lab) if callable(state_of) else result
-        return f"fault proxy armed: {_short(seen)}"
+            result = ops.call(step.operation, self.ctx, args)
+        except ops.NoFaultProxy as error:
+            if has_fault_proxy(self.ctx):
+                raise StepFailed(f"this stack has a lost-ack fault proxy, and it did not answer: {error}") from None
+            raise NotRunnable(f"{NO_FAULT_PROXY}: {error}") from None
+        if step.action == "start":
+            self.run.consumers[args["name"]] = result["consumer_id"]
+        records = result.get("records") or []
+        if "as" in step.refs and records and records[0].get("event_id"):
+            self.run.events[step.refs["as"]] = records[0]["event_id"]
+        if "records" in result:
+            errors = [r["error"] for r in records if r.get("error")]
+            where = ", ".join(f"p{r.get('partition')}@{r['offset']}" if r.get("offset") is not None
+                              else f"p{r.get('partition')}@(no offset in the delivery report)" for r in records[:5])
+            return (f"{len(records)} record(s) written: {where}" + (" …" if len(records) > 5 else "")
+                    + (f"; delivery errors: {errors}" if errors else ""))
+        return _short(result)
 
-    def _do_wait(self, step: Step) -> str:
+    def wait(self, step: Step) -> str:
         condition = {k: v for k, v in step.args.items() if k != "timeout"}
         deadline = time.monotonic() + step.args["timeout"]
         started = time.monotonic()
@@ -472,19 +417,12 @@ class Runner:
                                  f"observed {seen}")
             time.sleep(POLL_INTERVAL)
 
-    # --- helpers --------------------------------------------------------------------------
-
     def _say(self, summary: str) -> None:
         try:
-            with self.engine.begin() as conn:
-                conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": self.lab.schema})
-                timeline.record(conn.exec_driver_sql, "scenario", summary)
+            with begin_in(self.engine, self.lab.schema) as conn:
+                say(conn, "scenario", summary)
         except SQLAlchemyError:  # the timeline note is a courtesy; never fail a run for it
             pass
-
-
-class StepFailed(Exception):
-    """A wait that did not hold in time; the message says what was wanted and what was seen."""
 
 
 def _short(value: Any, limit: int = 200) -> str:
@@ -493,4 +431,4 @@ def _short(value: Any, limit: int = 200) -> str:
 
 
 __all__ = ["NotRunnable", "RunState", "Runner", "broker_kind", "check_expectations", "evaluate", "format_comparison",
-           "fresh_lab_name", "preflight"]
+           "fresh_lab_name", "has_fault_proxy", "preflight"]

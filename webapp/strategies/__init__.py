@@ -1,12 +1,12 @@
 """The deduplication strategies, by name. Each module holds its SQL text and ``apply``."""
 from __future__ import annotations
 
-from . import business_key, check_then_act, eventid_atomic, eventid_split, natural, none
-from .base import POINTS, Strategy
+from . import business_key, check_then_act, eventid_atomic, eventid_split, insert_first, natural, none
+from .base import ON_UNIQUE_VIOLATION, POINTS, Strategy
 
 STRATEGIES: dict[str, Strategy] = {
     module.STRATEGY.name: module.STRATEGY
-    for module in (none, check_then_act, eventid_atomic, eventid_split, business_key, natural)
+    for module in (none, check_then_act, insert_first, eventid_atomic, eventid_split, business_key, natural)
 }
 NAMES = tuple(STRATEGIES)
 
@@ -22,4 +22,4 @@ def get(name: str) -> Strategy:
         raise UnknownStrategy(f"strategy must be one of {', '.join(NAMES)}: {name!r}") from None
 
 
-__all__ = ["NAMES", "POINTS", "STRATEGIES", "Strategy", "UnknownStrategy", "get"]
+__all__ = ["NAMES", "ON_UNIQUE_VIOLATION", "POINTS", "STRATEGIES", "Strategy", "UnknownStrategy", "get"]

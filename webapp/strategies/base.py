@@ -19,7 +19,16 @@ POINTS = ("before-effect", "between-check-and-act", "between-key-and-effect",
 CREDIT_BALANCE = "UPDATE accounts SET balance = balance + %(amount_cents)s WHERE id = %(account_id)s"
 INSERT_PAYMENT = ("INSERT INTO payments (event_id, transaction_id, account_id, amount_cents)\n"
                   "VALUES (%(event_id)s, %(transaction_id)s, %(account_id)s, %(amount_cents)s)")
-SET_STATUS = "UPDATE accounts SET status = %(status)s WHERE id = %(account_id)s"
+# The sets, plain: idempotent (a replay writes the same value) but not commutative (an older set
+# applied after a newer one wins). Each records the event time it wrote; only `natural` reads it.
+SET_STATUS = "UPDATE accounts SET status = %(status)s, status_at = %(occurred_at)s WHERE id = %(account_id)s"
+SET_BALANCE = ("UPDATE accounts SET balance = %(balance_cents)s, balance_at = %(occurred_at)s "
+               "WHERE id = %(account_id)s")
+# The seed's upsert by primary key, fed from accounts so an unknown account inserts nothing.
+UPSERT_SCORE = ("INSERT INTO scores (account_id, score, score_at)\n"
+                "SELECT id, %(score)s::int, %(occurred_at)s::timestamptz FROM accounts WHERE id = %(account_id)s\n"
+                "ON CONFLICT (account_id) DO UPDATE SET score = EXCLUDED.score, score_at = EXCLUDED.score_at")
+ACCOUNT_EXISTS = "SELECT 1 FROM accounts WHERE id = %(account_id)s"
 RECORD_DELIVERY = (
     'INSERT INTO deliveries (group_id, consumer, partition, "offset", generation, attempt,\n'
     "                        event_id, transaction_id, strategy, outcome, reason)\n"
@@ -31,11 +40,21 @@ RECORD_DELIVERY = (
 APPLIED = "applied"
 ABSORBED = "absorbed"
 DEAD_LETTERED = "dead-lettered"
+# A delivery whose transaction failed with a database error and was rolled back; the consumer
+# retries it after a backoff (the partition waits), then dead-letters it. Not an effect.
+FAILED = "failed"
+
+# What the consumer does when a strategy's plain INSERT of a key raises a unique violation
+# (a group setting): the 001 seed's "already processed" (absorb, commit the offset), or "retry"
+# (a generic error: retried with backoff while the partition stalls, then the DLQ).
+ON_UNIQUE_VIOLATION = ("already-processed", "retry")
+UNIQUE_VIOLATION_REASON = "unique violation: already processed"
 
 
 @dataclass(frozen=True)
 class Step:
-    """One line of a strategy's plan: ``begin``, ``commit``, ``sql`` (with text), ``point`` or ``note``."""
+    """One line of a strategy's plan: ``begin``, ``commit``, ``sql`` (with text), ``point``, ``note``
+    or ``ddl`` (a table definition the strategy relies on, shown, never run by it)."""
     kind: str
     text: str = ""
     note: str = ""
@@ -57,6 +76,10 @@ def point(name: str, note: str = "") -> Step:
 
 def note(text: str) -> Step:
     return Step("note", text)
+
+
+def ddl(text: str, note_text: str = "") -> Step:
+    return Step("ddl", text, note_text)
 
 
 class Context(Protocol):
@@ -89,25 +112,38 @@ class Strategy:
 
 def params(event: PaymentEvent) -> dict[str, Any]:
     return {"event_id": event.event_id, "transaction_id": event.transaction_id, "account_id": event.account_id,
-            "amount_cents": event.amount_cents, "status": event.status}
+            "amount_cents": event.amount_cents, "status": event.status, "balance_cents": event.balance_cents,
+            "score": event.score, "occurred_at": event.occurred_at}
+
+
+def no_account(event: PaymentEvent) -> InvalidEvent:
+    # Raised inside the transaction: it rolls back; the consumer dead-letters the record with this reason.
+    return InvalidEvent(f"no account {event.account_id!r} in this lab")
+
+
+PLAIN_SETS = {"set_status": SET_STATUS, "set_balance": SET_BALANCE, "set_score": UPSERT_SCORE}
 
 
 def apply_effect(ctx: Context, event: PaymentEvent) -> None:
-    """The business effect, not idempotent for credits: a delta and a new payment row."""
-    if event.type == "set_status":
-        cursor = ctx.execute(SET_STATUS, params(event))
-    else:
+    """The business effect: a credit is a delta and a new payment row (not idempotent); a set is
+    written plainly, whatever its event time (idempotent, not commutative)."""
+    if event.type == "credit":
         cursor = ctx.execute(CREDIT_BALANCE, params(event))
         if cursor.rowcount == 1:
             ctx.execute(INSERT_PAYMENT, params(event))
+    else:
+        cursor = ctx.execute(PLAIN_SETS[event.type], params(event))
     if cursor.rowcount != 1:
-        # Rolls the transaction back; the consumer dead-letters the record with this reason.
-        raise InvalidEvent(f"no account {event.account_id!r} in this lab")
+        raise no_account(event)
 
 
 def effect_steps(note_text: str = "") -> tuple[Step, ...]:
-    return (sql(CREDIT_BALANCE, note_text or "the effect: a delta, not idempotent"),
-            sql(INSERT_PAYMENT, "one payment row per applied credit"))
+    return (sql(CREDIT_BALANCE, note_text or "credit: a delta, not idempotent"),
+            sql(INSERT_PAYMENT, "credit: one payment row per applied credit"),
+            sql(SET_STATUS, "set_status: a plain set — idempotent, not commutative: an older status "
+                            "re-sent after a newer one overwrites it"),
+            sql(SET_BALANCE, "set_balance: an absolute value (SET saldo = 500), plain like set_status"),
+            sql(UPSERT_SCORE, "set_score: an upsert by primary key, plain: the last one applied wins"))
 
 
 RECORD_STEP = sql(RECORD_DELIVERY, "lab bookkeeping: the delivery ledger, in the same transaction as the effect")

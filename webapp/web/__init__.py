@@ -6,6 +6,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from flask import Flask, current_app
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from ..db import lab_session
@@ -50,3 +51,17 @@ def register_error_pages(app: Flask) -> None:
     app.register_error_handler(404, lambda e: page(404, f"There is nothing at {request.path}."))
     app.register_error_handler(405, lambda e: page(405, f"{request.method} is not allowed here."))
     app.register_error_handler(500, lambda e: page(500, "Something broke in the lab; the server log says what."))
+    app.register_error_handler(SQLAlchemyError, lambda e: page(503, database_trouble(e)))
+
+
+def database_trouble(error: Exception) -> str:
+    """Why the lab's database cannot serve this request, in one sentence (the answer is a 503)."""
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    current_app.logger.warning("database error: %s", error)
+    if isinstance(error, ProgrammingError) and "does not exist" in str(error):
+        return ("The lab is not set up in this database yet: run `flask --app app lab init` "
+                "(`make run` does it for you).")
+    if isinstance(error, OperationalError):
+        return "The lab's database does not answer right now; the lab recovers by itself once it is back."
+    return f"The lab's database refused this request ({type(error).__name__}); the server log says why."

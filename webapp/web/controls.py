@@ -1,23 +1,26 @@
-"""The dashboard's controls: HTML forms that call the operations module, as the JSON API does.
+"""The dashboard's controls: HTML forms that run operations of the registry, as the JSON API does.
 
 Every form posts here with its CSRF token (htmx sends it as X-CSRFToken, see layout.html) and
 gets back its own form, which htmx swaps in place:
 - done: the form again, with a notice saying what happened (the panels show the effect);
-- bad input (operations.InvalidRequest): status 422, the error next to the named field, and
-  nothing changed, because operations validate before they act;
+- bad input (ops.InvalidRequest): status 422, the error next to the named field, and nothing
+  changed, because operations validate before they act;
 - unknown consumer or group: 404 with the reason; no running lab agent: 503 with a banner.
-Consumer buttons answer with a notice only (``controls/notice.html``).
+Consumer buttons answer with a notice only (``controls/notice.html``). An operation with no
+dedicated form here gets one through ``POST /controls/op/<name>`` and its template
+``controls/ops/<name>.html``.
 """
 from __future__ import annotations
 
 import json
 from typing import Any, Callable
 
-from flask import Blueprint, current_app, render_template, request
+from flask import Blueprint, abort, render_template, request
+from jinja2 import TemplateNotFound
 
-from .. import commands, events, operations, state, strategies
-from ..db import db
+from .. import events, ops, state, strategies
 from . import current_lab, dashboard, lab_db
+from .api import ops_context
 
 bp = Blueprint("controls", __name__, url_prefix="/controls")
 
@@ -45,19 +48,26 @@ def control_choices() -> dict[str, Any]:
             "strategy_names": strategies.NAMES}
 
 
-def run_form(form: str, render: Renderer, action: Callable[[dict[str, Any]], str]):
-    """Run ``action(values)``; answer with the form rendered for the outcome."""
+def run_op(name: str, body: dict[str, Any]) -> dict:
+    """Run operation ``name`` on the current lab with ``body``."""
+    return ops.call(name, ops_context(), body)
+
+
+def run_form(form: str, render: Renderer, action: Callable[[dict[str, Any]], str],
+             fields: tuple[str, ...] | None = None):
+    """Run ``action(values)``; answer with the form rendered for the outcome. An error about a
+    field the form does not show (``fields``, by default FORM_FIELDS[form]) goes to its top."""
     values = request.form.to_dict()
     try:
         notice = action(values)
-    except operations.InvalidRequest as error:
-        field = error.field if error.field in FORM_FIELDS[form] else "form"
+    except ops.InvalidRequest as error:
+        field = error.field if error.field in (fields or FORM_FIELDS[form]) else "form"
         # The agent's reasons start with the field's name; next to the field it goes without saying.
         message = error.message.removeprefix(f"{error.field}: ")
         return render(form=form, values=values, errors={field: message}, status=422)
-    except operations.NotFound as error:
+    except ops.NotFound as error:
         return render(form=form, values=values, errors={"form": str(error)}, status=404)
-    except commands.NoAgent:
+    except ops.NoAgent:
         return render(form=form, values=values, banner=NO_AGENT, status=503)
     return render(form=form, values=values, notice=notice)
 
@@ -83,7 +93,7 @@ def lab_accounts():
 def publish():
     def action(values: dict[str, Any]) -> str:
         body = {**values, "idempotent": values.get("idempotent", "off")}
-        result = operations.publish(db.engine, current_lab(), body)
+        result = run_op("publish", body)
         records = result["records"]
         where = ", ".join(f"P{r['partition']} @ {r['offset']}" for r in records[:3] if r["partition"] is not None)
         more = f" and {len(records) - 3} more" if len(records) > 3 else ""
@@ -96,7 +106,7 @@ def publish():
 @bp.post("/consumers")
 def start_consumer():
     def action(values: dict[str, Any]) -> str:
-        result = operations.start_consumer(db.engine, current_lab(), values)
+        result = run_op("start_consumer", values)
         return f"Started consumer {result['name']} in {result['group_id']} (pid {result['pid']})."
     return run_form("consumer_add", template_renderer("controls/consumer_add.html"), action)
 
@@ -109,13 +119,13 @@ def run_consumer_action(action: Callable[[], str]):
     """A consumer button: answer with a notice for the page's notice area."""
     try:
         return notice(action())
-    except operations.InvalidRequest as error:
+    except ops.InvalidRequest as error:
         # "must be one of ..." needs its subject; other reasons name it already.
         message = f"{error.field} {error.message}" if error.message.startswith("must") else error.message
         return notice(message, ok=False, status=422)
-    except operations.NotFound as error:
+    except ops.NotFound as error:
         return notice(str(error), ok=False, status=404)
-    except commands.NoAgent:
+    except ops.NoAgent:
         return notice(NO_AGENT, ok=False, status=503)
 
 
@@ -126,8 +136,8 @@ VERB_DONE = {"kill": "killed (SIGKILL)", "freeze": "frozen (SIGSTOP)", "thaw": "
 @bp.post("/consumers/<int:consumer_id>/<any(kill, freeze, thaw, stop, restart):verb>")
 def consumer_action(consumer_id: int, verb: str):
     def action() -> str:
-        operations.consumer_action(db.engine, current_lab(), consumer_id, verb)
-        return f"Consumer {consumer_id} {VERB_DONE[verb]}."
+        result = run_op(f"{verb}_consumer", {"consumer_id": consumer_id})
+        return f"Consumer {result.get('name') or consumer_id} {VERB_DONE[verb]}."
     return run_consumer_action(action)
 
 
@@ -143,10 +153,11 @@ def fault_body(value: str) -> dict[str, Any]:
 @bp.post("/consumers/<int:consumer_id>/arm")
 def arm(consumer_id: int):
     def action() -> str:
-        armed = operations.arm(db.engine, current_lab(), consumer_id, fault_body(request.form.get("fault", "")))["armed"]
+        result = run_op("arm", {**fault_body(request.form.get("fault", "")), "consumer_id": consumer_id})
+        armed, name = result["armed"], result["name"]
         if not armed["point"]:
-            return f"Consumer {consumer_id}: fault disarmed."
-        return (f"Consumer {consumer_id}: {armed['action']} armed at {armed['point']} "
+            return f"Consumer {name}: fault disarmed."
+        return (f"Consumer {name}: {armed['action']} armed at {armed['point']} "
                 f"({'every time' if armed['always'] else 'once'}).")
     return run_consumer_action(action)
 
@@ -154,16 +165,17 @@ def arm(consumer_id: int):
 @bp.post("/consumers/<int:consumer_id>/step-mode")
 def step_mode(consumer_id: int):
     def action() -> str:
-        on = operations.set_step_mode(db.engine, current_lab(), consumer_id, request.form.to_dict())["step_mode"]
-        return f"Consumer {consumer_id}: step mode {'on: it stops at every crash point' if on else 'off'}."
+        result = run_op("set_step_mode", {**request.form.to_dict(), "consumer_id": consumer_id})
+        on = result["step_mode"]
+        return f"Consumer {result['name']}: step mode {'on: it stops at every crash point' if on else 'off'}."
     return run_consumer_action(action)
 
 
 @bp.post("/consumers/<int:consumer_id>/step")
 def step(consumer_id: int):
     def action() -> str:
-        result = operations.step(db.engine, current_lab(), consumer_id)
-        return f"Consumer {consumer_id} moves on from {result['was_at'] or 'where it waits'}."
+        result = run_op("step", {"consumer_id": consumer_id})
+        return f"Consumer {result['name']} moves on from {result['was_at'] or 'where it waits'}."
     return run_consumer_action(action)
 
 
@@ -172,27 +184,27 @@ def step(consumer_id: int):
 @bp.post("/groups/strategy")
 def set_strategy():
     def action(values: dict[str, Any]) -> str:
-        result = operations.set_strategy(db.engine, current_lab(), values.get("group", ""), values)
+        result = run_op("set_strategy", values)
         return f"{result['group_id']} now uses {result['strategy']}, from its next message."
     return run_form("strategy", group_controls_renderer, action)
 
 
 def offsets_body(values: dict[str, Any]) -> dict[str, Any]:
-    """Accept ``0:3, 1:5`` for the offsets field as well as operations' JSON object."""
+    """Accept ``0:3, 1:5`` for the offsets field as well as the operation's JSON object."""
     raw = values.get("offsets", "").strip()
     if raw and not raw.startswith("{"):
         try:
             pairs = [piece.split(":") for piece in raw.split(",") if piece.strip()]
             values = {**values, "offsets": json.dumps({p.strip(): int(o) for p, o in pairs})}
         except ValueError:
-            pass  # left as typed: operations names the field and the expected shape
+            pass  # left as typed: the operation names the field and the expected shape
     return values
 
 
 @bp.post("/groups/reset-offsets")
 def reset_offsets():
     def action(values: dict[str, Any]) -> str:
-        result = operations.reset_offsets(db.engine, current_lab(), values.get("group", ""), offsets_body(values))
+        result = run_op("reset_offsets", offsets_body(values))
         moved = ", ".join(f"P{p} → {o}" for p, o in sorted(result["offsets"].items()))
         return (f"{result['group_id']}: stopped {len(result['restarted'])} consumer(s), reset to {moved}, "
                 "restarted them.")
@@ -205,12 +217,11 @@ def create_lane():
     def action(values: dict[str, Any]) -> str:
         lane = values.get("lane", "")
         try:
-            group = operations.create_group(db.engine, current_lab(), {"group": lane, "lane": lane,
-                                                                       "strategy": values.get("strategy")})
-        except operations.InvalidRequest as error:
+            group = run_op("create_group", {"group": lane, "lane": lane, "strategy": values.get("strategy")})
+        except ops.InvalidRequest as error:
             # The lane's name is its group's name too: an error about either is about this field.
-            raise operations.InvalidRequest("lane" if error.field == "group" else error.field, error.message) from None
-        started = operations.start_consumer(db.engine, current_lab(), {"group": lane})
+            raise ops.InvalidRequest("lane" if error.field == "group" else error.field, error.message) from None
+        started = run_op("start_consumer", {"group": lane})
         return (f"Lane {lane}: group {group['group_id']} with {group['strategy']} on its own accounts, "
                 f"consumer {started['name']} started.")
     return run_form("lane", group_controls_renderer, action)
@@ -219,14 +230,13 @@ def create_lane():
 # --- TTL and lab ---------------------------------------------------------------------------
 
 def ttl_renderer(status: int = 200, **context: Any) -> tuple[str, int]:
-    return render_template("controls/ttl.html", ttl=operations.ttl_settings(db.engine, current_lab()),
-                           **context), status
+    return render_template("controls/ttl.html", ttl=run_op("get_ttl", {}), **context), status
 
 
 @bp.post("/ttl")
 def set_ttl():
     def action(values: dict[str, Any]) -> str:
-        result = operations.set_ttl(db.engine, current_lab(), values)
+        result = run_op("set_ttl", values)
         every = result["ttl_schedule_seconds"]
         return (f"TTL {dashboard.duration_label(result['ttl_seconds'])}, "
                 + (f"cleanup every {dashboard.duration_label(every)}." if every else "cleanup on demand."))
@@ -236,7 +246,7 @@ def set_ttl():
 @bp.post("/ttl/cleanup")
 def ttl_cleanup():
     def action(values: dict[str, Any]) -> str:
-        result = operations.ttl_cleanup(db.engine, current_lab(), {})
+        result = run_op("ttl_cleanup", {})
         total = sum(n for counts in result["deleted"].values() for n in counts.values())
         return f"Cleanup deleted {total} key(s) older than {dashboard.duration_label(result['ttl_seconds'])}."
     return run_form("ttl", ttl_renderer, action)
@@ -249,7 +259,29 @@ def reset_lab():
     def action(values: dict[str, Any]) -> str:
         # The typed lab name is the confirmation: wiping a lab is not undone.
         if values.get("confirm", "").strip() != lab.name:
-            raise operations.InvalidRequest("confirm", f"type the lab's name, {lab.name}, to confirm")
-        result = operations.reset_lab(db.engine, lab, values, current_app.config["LAB_PARTITIONS"])
+            raise ops.InvalidRequest("confirm", f"type the lab's name, {lab.name}, to confirm")
+        result = run_op("reset_lab", values)
         return f"Lab {lab.name} reset: {result['partitions']} partitions, 5 accounts, no consumers."
     return run_form("reset", template_renderer("controls/reset.html", lab=lab), action)
+
+
+# --- any other operation: its form template names its fields --------------------------------
+
+@bp.post("/op/<name>")
+def run_operation(name: str):
+    """Run a state-changing operation from its own form, ``controls/ops/<name>.html``: a new
+    operation needs its registry entry and that template, nothing here."""
+    op = ops.OPERATIONS.get(name)
+    if op is None or not op.changes_state:
+        abort(404)
+    template = f"controls/ops/{name}.html"
+    try:
+        render_template(template, op=op, errors={}, values={})
+    except TemplateNotFound:
+        abort(404)
+
+    def action(values: dict[str, Any]) -> str:
+        result = run_op(name, values)
+        said = ", ".join(f"{key} {value}" for key, value in result.items() if not isinstance(value, (dict, list)))
+        return f"{op.summary.split(' (')[0]}: done" + (f" ({said})" if said else "") + "."
+    return run_form(name, template_renderer(template, op=op), action, fields=tuple(op.model.model_fields))

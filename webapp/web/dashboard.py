@@ -19,7 +19,7 @@ from typing import Any, Callable
 from flask import Blueprint, abort, current_app, g, jsonify, render_template, request, session as web_session
 from sqlalchemy.exc import SQLAlchemyError
 
-from .. import operations, state, strategies
+from .. import ops, state, strategies
 from ..db import db
 from . import current_lab, lab_db
 
@@ -125,7 +125,7 @@ def timeline_panel(lab, session, args) -> dict[str, Any]:
 
 @panel("dedup", depends=("effects", "settings", "oldest_key_age"))
 def dedup_panel(lab, session, args) -> dict[str, Any]:
-    ttl = operations.ttl_settings(db.engine, lab)
+    ttl = ops.call("get_ttl", ops.Context(db.engine, lab), {})
     return {"tables": state.dedup_tables(session, ttl["ttl_seconds"]), "ttl": ttl}
 
 
@@ -252,7 +252,7 @@ def index():
             prints = fingerprints(lab, session)
             contexts = {name: _context(lab, session, name, prints, {}, {}) for name in PANELS}
             accounts = state.accounts(session, lab)
-            ttl = operations.ttl_settings(db.engine, lab)
+            ttl = ops.call("get_ttl", ops.Context(db.engine, lab), {})
     except SQLAlchemyError as error:
         return render_template("errors/error.html", code=503, message=(
             "The lab's database does not answer or the lab is not set up yet. Start it with `make run`, "

@@ -1,0 +1,185 @@
+"""The log reader: every record of a lab's topic mirrored into ``log_records``, whoever wrote it.
+
+Real broker, real PostgreSQL: records come from an outside client (a plain confluent-kafka
+Producer, not the lab's), the reader runs on a thread of this test process and is stopped in
+teardown. Waits are on conditions with deadlines.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
+
+from webapp import kafka
+from webapp.db import connect, sqlalchemy_url
+from webapp.labs import Lab, create_database_state
+from webapp.logreader import LogReader
+from webapp.logreader.reader import _Mirror
+from webapp.producer import PublishError, produce_raw
+from webapp.waits import wait_until
+
+
+def credit_json(account: str = "acc-1", cents: int = 100, transaction_id: str | None = None,
+                event_id: str | None = None) -> str:
+    return json.dumps({"event_id": event_id or str(uuid.uuid4()), "transaction_id": transaction_id or f"T{uuid.uuid4().hex[:12]}",
+                       "type": "credit", "account_id": account, "amount_cents": cents,
+                       "occurred_at": "2026-12-01T00:00:00+00:00"})
+
+
+@pytest.fixture
+def bare_lab(services, lab_name):
+    """A lab's schema and topics, made directly (no agent): what the reader needs and nothing else."""
+    lab = Lab(lab_name)
+    engine = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool)
+    with engine.begin() as conn:
+        create_database_state(conn, lab, 3)
+    admin = kafka.admin_client(services.bootstrap_servers)
+    kafka.ensure_topics(admin, {lab.topic: 3, lab.dlq_topic: 1})
+    yield lab
+    with engine.begin() as conn:
+        conn.execute(text(f'DROP SCHEMA IF EXISTS "{lab.schema}" CASCADE'))
+    kafka.delete_topics(admin, [lab.topic, lab.dlq_topic])
+    engine.dispose()
+
+
+class RunningReader:
+    """A LogReader on a thread of its own, limited to one lab; stopped by ``stop()``."""
+
+    def __init__(self, services, lab: Lab):
+        self.reader = LogReader(services.database_url, services.bootstrap_servers, labs=lambda conn: [lab])
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self.reader.run, args=(self.stop_event,), daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout=15)
+        assert not self.thread.is_alive(), "the log reader thread did not stop"
+
+
+@pytest.fixture
+def start_reader(services):
+    running: list[RunningReader] = []
+
+    def start(lab: Lab) -> RunningReader:
+        running.append(RunningReader(services, lab))
+        return running[-1]
+    yield start
+    for item in running:
+        item.stop()
+
+
+def rows(services, lab: Lab, where: str = "true") -> list[dict]:
+    with connect(services.database_url, schema=lab.schema) as conn:
+        cursor = conn.execute(f'SELECT * FROM log_records WHERE {where} ORDER BY partition, "offset"')
+        names = [c.name for c in cursor.description]
+        return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+
+def wait_rows(services, lab: Lab, count: int, timeout: float = 30) -> list[dict]:
+    return wait_until(lambda: (found := rows(services, lab)) and len(found) >= count and found, timeout=timeout,
+                      message=lambda: f"the mirror never held {count} records: {len(rows(services, lab))}")
+
+
+def outside_producer(services, **extra) -> Producer:
+    """Another Kafka client: not the lab's producer, no idempotence, its own batching."""
+    return Producer({"bootstrap.servers": services.bootstrap_servers, "enable.idempotence": False, "acks": "all",
+                     "log_level": 3, **extra})
+
+
+def test_every_record_of_an_outside_producer_is_mirrored_decoded_or_with_its_reason(services, bare_lab, start_reader):
+    producer = outside_producer(services, **{"linger.ms": 200})
+    valid = credit_json("acc-2", 777)
+    # Five records in one produce batch: the broker's high watermark is wrong for them on Tansu.
+    producer.produce(bare_lab.topic, key=b"acc-2", value=valid.encode(), partition=1,
+                     headers=[("source", b"other-system"), ("trace", b"\x00\xff")])
+    producer.produce(bare_lab.topic, key=b"acc-2", value=b"{this is not json", partition=1)
+    producer.produce(bare_lab.topic, key=None, value=None, partition=1)
+    producer.produce(bare_lab.topic, key=b"acc-2", value=b"\xff\xfe\x00garbage", partition=1)
+    producer.produce(bare_lab.topic, key=b"acc-2", value=credit_json("acc-2", 5).encode(), partition=1)
+    assert producer.flush(30) == 0
+    start_reader(bare_lab)
+
+    mirrored = wait_rows(services, bare_lab, 5)
+    assert [(r["partition"], r["offset"]) for r in mirrored] == [(1, o) for o in range(5)]
+    first, not_json, empty, not_utf8, last = mirrored
+    event = json.loads(valid)
+    assert (first["type"], first["account_id"], first["amount_cents"], first["transaction_id"]) == \
+        ("credit", "acc-2", 777, event["transaction_id"])
+    assert str(first["event_id"]) == event["event_id"] and first["invalid_reason"] is None
+    assert first["headers"] == [["source", "other-system"], ["trace", "\\x00\\xff"]]
+    assert first["key"] == "acc-2" and first["timestamp"] is not None and first["event"]["amount_cents"] == 777
+    assert "not JSON" in not_json["invalid_reason"] and not_json["type"] is None
+    assert empty["invalid_reason"] == "empty record (no value)" and empty["key"] is None and empty["value"] is None
+    assert not_utf8["invalid_reason"] == "value is not UTF-8" and not_utf8["value"] == "\\xff\\xfe\\x00garbage"
+    assert last["amount_cents"] == 5
+
+    # The log end the lab shows is the reader's, not the broker's high watermark.
+    from webapp.state import log_ends
+    engine = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool)
+    try:
+        from sqlalchemy.orm import Session
+        with Session(engine) as session:
+            session.execute(text("SELECT set_config('search_path', :s, true)"), {"s": bare_lab.schema})
+            assert log_ends(session, bare_lab.schema) == {1: 5}
+    finally:
+        engine.dispose()
+
+
+def test_a_restarted_reader_resumes_from_the_table_and_a_reread_writes_nothing(services, bare_lab, start_reader):
+    producer = outside_producer(services)
+    for n in range(4):
+        producer.produce(bare_lab.topic, key=b"acc-1", value=credit_json(cents=n + 1).encode(), partition=0)
+    assert producer.flush(30) == 0
+    first = start_reader(bare_lab)
+    wait_rows(services, bare_lab, 4)
+    first.stop()
+
+    for n in range(3):
+        producer.produce(bare_lab.topic, key=b"acc-1", value=credit_json(cents=10 + n).encode(), partition=0)
+    assert producer.flush(30) == 0
+    second = start_reader(bare_lab)
+    mirrored = wait_rows(services, bare_lab, 7)
+    second.stop()
+    assert [r["offset"] for r in mirrored] == list(range(7))
+    assert [r["amount_cents"] for r in mirrored] == [1, 2, 3, 4, 10, 11, 12]
+
+    # Re-reading the whole partition from the start and writing it again inserts nothing.
+    reader = LogReader(services.database_url, services.bootstrap_servers, labs=lambda conn: [bare_lab])
+    consumer = Consumer({"bootstrap.servers": services.bootstrap_servers, "group.id": "unused", "log_level": 3,
+                         "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(bare_lab.topic, 0, 0)])
+        messages: list = []
+        wait_until(lambda: messages.extend(m for m in consumer.consume(10, 0.5) if not m.error()) or len(messages) >= 7,
+                   timeout=30, message="could not re-read the partition")
+        oid = reader._db().execute("SELECT oid::bigint FROM pg_namespace WHERE nspname = %s",
+                                   [bare_lab.schema]).fetchone()[0]
+        assert reader._write(_Mirror(bare_lab, oid, [0, 1, 2]), messages) == 0
+    finally:
+        consumer.close()
+        reader.close()
+    assert len(rows(services, bare_lab)) == 7
+
+
+def test_produce_raw_writes_exactly_what_was_typed(services, bare_lab, start_reader):
+    config = kafka.producer_config(services.bootstrap_servers, idempotent=True)
+    where = produce_raw(config, bare_lab.topic, key="acc-9", value="hello, not an event",
+                        headers={"from": "the raw form"}, partition=2)
+    assert where == {"partition": 2, "offset": 0}
+    typed = credit_json("acc-3", 250)
+    assert produce_raw(config, bare_lab.topic, key="acc-3", value=typed, headers=None, partition=2)["offset"] == 1
+    with pytest.raises(PublishError, match="partition"):
+        produce_raw(config, bare_lab.topic, key=None, value="x", partition=-1)
+    with pytest.raises(PublishError, match="headers"):
+        produce_raw(config, bare_lab.topic, key=None, value="x", headers=[("", "no name")])
+    start_reader(bare_lab)
+    raw, event = wait_rows(services, bare_lab, 2)
+    assert (raw["key"], raw["value"], raw["headers"]) == ("acc-9", "hello, not an event", [["from", "the raw form"]])
+    assert "not JSON" in raw["invalid_reason"]
+    assert (event["type"], event["amount_cents"], event["invalid_reason"]) == ("credit", 250, None)

@@ -1,0 +1,21 @@
+"""The lab agent: the only process (with the consumers it starts) that holds Kafka clients.
+
+Web processes never touch Kafka: they write commands to PostgreSQL (webapp/commands.py) and read
+what the agents and the consumers report there. An agent
+- claims commands with a lease and carries them out (queue.py, handlers.py): publish,
+  start/stop/kill/freeze/thaw/restart consumers, reset a group's offsets, ensure or reset a lab;
+- owns the consumer processes on its host (processes.py) and records how each one ended;
+- beats on a thread of its own, reaps what dead agents left (commands, consumers), looks at the
+  broker, snapshots committed offsets and runs scheduled TTL cleanups (periodic.py).
+Several agents (one per container) can serve one database: commands about a consumer go to its
+owner, the others to whichever agent claims them first. Lab setup without an agent: setup.py.
+
+This package's ``__init__`` imports nothing, so importing ``webapp.agent`` loads no Kafka client.
+"""
+
+
+def main() -> int:
+    """Run an agent in the foreground until SIGTERM; the exit code."""
+    from .loop import main as run
+
+    return run()

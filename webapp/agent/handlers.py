@@ -1,0 +1,253 @@
+"""Verb → handler: what the agent does for each command.
+
+Each handler takes the agent (its connections, Kafka clients and process pool), the lab and the
+command's arguments, and returns the command's result. ``CommandRejected`` (bad arguments, the
+message names the field) and ``LookupError`` (no such consumer or group) fail the command with
+that reason.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Callable
+
+from confluent_kafka import KafkaException
+
+from .. import commands, kafka, producer, strategies
+from ..domain.lab import Lab
+from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY
+from ..waits import WaitTimeout, wait_until
+from . import consumer_rows, setup
+from .periodic import snapshot_offsets
+from .processes import STOP_TIMEOUT, NotRunning
+
+if TYPE_CHECKING:
+    from .loop import Agent
+
+DEFAULT_PARTITIONS = 3
+GROUP_EMPTY_TIMEOUT = 20.0
+
+
+class CommandRejected(ValueError):
+    """A command with bad arguments; the message names the field."""
+
+
+Handler = Callable[["Agent", Lab, dict], dict]
+
+
+def _partitions(args: dict) -> int:
+    try:
+        return int(args.get("partitions") or DEFAULT_PARTITIONS)
+    except (TypeError, ValueError):
+        raise CommandRejected("partitions must be a whole number") from None
+
+
+def _own_consumer(agent: Agent, lab: Lab, args: dict) -> consumer_rows.Row:
+    consumer_id = args.get("consumer_id")
+    if not isinstance(consumer_id, int) or isinstance(consumer_id, bool):
+        raise CommandRejected("consumer_id must be a whole number")
+    with agent.engine.connect() as conn:
+        row = consumer_rows.get(conn, consumer_id)
+    if row is None or row.lab != lab.name:
+        raise LookupError(f"no consumer {consumer_id} in lab {lab.name}")
+    if row.agent_id != agent.id:
+        raise CommandRejected(f"consumer {consumer_id} belongs to agent {row.agent_id}, not {agent.id}")
+    return row
+
+
+def _running(agent: Agent, consumer_id: int):
+    try:
+        return agent.pool.running(consumer_id)
+    except NotRunning as error:
+        raise CommandRejected(str(error)) from None
+
+
+def _set_state(agent: Agent, consumer_id: int, state: str) -> None:
+    with agent.engine.begin() as conn:
+        consumer_rows.set_state(conn, consumer_id, state)
+
+
+# --- the lab ------------------------------------------------------------------------------
+
+def ensure_lab(agent: Agent, lab: Lab, args: dict) -> dict:
+    """Create the lab's schema, seed accounts, topics and default group if missing."""
+    return setup.ensure(agent.engine, agent.admin, lab, _partitions(args))
+
+
+def reset_lab(agent: Agent, lab: Lab, args: dict) -> dict:
+    """Stop the lab's consumers, delete its topics and schemas, start it fresh."""
+    partitions = _partitions(args)
+    with agent.engine.connect() as conn:
+        rows = consumer_rows.live(conn, lab.name)
+    for row in rows:
+        on_own_or_remote(agent, lab, row, "consumer.stop")
+    for row in rows:
+        agent.pool.forget(row.id)
+    return setup.recreate(agent.engine, agent.admin, lab, partitions)
+
+
+def publish(agent: Agent, lab: Lab, args: dict) -> dict:
+    with agent.in_lab(lab):
+        try:
+            return producer.publish(agent.conn, agent.publisher, lab, args)
+        except producer.PublishError as error:
+            raise CommandRejected(str(error)) from None
+
+
+# --- consumers ------------------------------------------------------------------------------
+
+def _ensure_group(agent: Agent, lab: Lab, group: str, strategy: str | None) -> str:
+    """The group's id, created with ``strategy`` if new. An existing group keeps its strategy:
+    switching it is its own, visible action (every member changes behaviour)."""
+    group_id = lab.group_id(group)
+    with agent.in_lab(lab):
+        row = agent.conn.execute("SELECT strategy FROM consumer_groups WHERE group_id = %s", [group_id]).fetchone()
+        if row is None:
+            agent.conn.execute("INSERT INTO consumer_groups (group_id, strategy, effects_schema) "
+                               "VALUES (%s, %s, %s)", [group_id, strategy or DEFAULT_STRATEGY, lab.schema])
+        elif strategy is not None and strategy != row[0]:
+            raise CommandRejected(f"strategy: group {group_id} uses {row[0]}; switch the group's strategy "
+                                  f"first, or start the consumer in another group")
+    return group_id
+
+
+def start_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
+    group = args.get("group") or DEFAULT_GROUP
+    strategy = args.get("strategy")
+    if strategy is not None:
+        try:
+            strategies.get(strategy)
+        except strategies.UnknownStrategy as error:
+            raise CommandRejected(str(error)) from None
+    group_id = _ensure_group(agent, lab, group, strategy)
+    with agent.engine.begin() as conn:
+        name = args.get("name") or consumer_rows.next_name(conn, lab.name)
+        consumer_id = consumer_rows.create(conn, lab.name, name, group_id, agent.id)
+    pid = agent.spawn(lab, consumer_id, name)
+    agent.say(lab, "started", f"started consumer {name} in group {group_id}", consumer=name, group=group_id)
+    return {"consumer_id": consumer_id, "name": name, "group_id": group_id, "pid": pid}
+
+
+def kill_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
+    row = _own_consumer(agent, lab, args)
+    _running(agent, row.id)
+    agent.pool.kill(row.id)  # SIGKILL: no commit, no group leave, even when frozen
+    agent.reap_children()
+    return {"consumer_id": row.id, "state": "killed"}
+
+
+def freeze_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
+    row = _own_consumer(agent, lab, args)
+    _running(agent, row.id)
+    agent.pool.freeze(row.id)
+    _set_state(agent, row.id, "frozen")
+    agent.say(lab, "frozen", f"{row.name} frozen (SIGSTOP): no heartbeats, no progress", consumer=row.name)
+    return {"consumer_id": row.id, "state": "frozen"}
+
+
+def thaw_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
+    row = _own_consumer(agent, lab, args)
+    _running(agent, row.id)
+    agent.pool.thaw(row.id)
+    _set_state(agent, row.id, "running")
+    agent.say(lab, "thawed", f"{row.name} thawed (SIGCONT): it carries on where it stopped", consumer=row.name)
+    return {"consumer_id": row.id, "state": "running"}
+
+
+def stop_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
+    row = _own_consumer(agent, lab, args)
+    agent.pool.stop(row.id)
+    agent.reap_children()
+    return {"consumer_id": row.id, "state": "stopped"}
+
+
+def restart_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
+    row = _own_consumer(agent, lab, args)
+    agent.pool.stop(row.id)
+    agent.reap_children()
+    pid = agent.spawn(lab, row.id, row.name)
+    agent.say(lab, "started", f"restarted consumer {row.name}", consumer=row.name, group=row.group_id)
+    return {"consumer_id": row.id, "pid": pid}
+
+
+def on_own_or_remote(agent: Agent, lab: Lab, row: consumer_rows.Row, verb: str) -> None:
+    """Carry out a consumer command here, or through its owning agent and wait."""
+    if row.agent_id == agent.id:
+        HANDLERS[verb](agent, lab, {"consumer_id": row.id})
+        return
+    command_id = commands.enqueue(agent.engine, lab.name, verb, {"consumer_id": row.id}, row.agent_id)
+    commands.wait_for(agent.engine, command_id, timeout=STOP_TIMEOUT + 10)
+
+
+# --- groups ---------------------------------------------------------------------------------
+
+def _parse_time(value: Any) -> datetime | None:
+    if value in (None, ""):
+        return None
+    try:
+        return datetime.fromisoformat(str(value))
+    except ValueError:
+        raise ValueError(f"timestamp must be ISO-8601, got {value!r}") from None
+
+
+def reset_group(agent: Agent, lab: Lab, args: dict) -> dict:
+    """Stop the group's consumers, move its committed offsets, restart them."""
+    group_id = lab.group_id(str(args.get("group") or ""))
+    try:
+        reset = kafka.OffsetReset(
+            mode=args.get("mode", "earliest"),
+            offsets={int(p): int(o) for p, o in (args.get("offsets") or {}).items()} or None,
+            back=args.get("back"),
+            timestamp=_parse_time(args.get("timestamp")))
+    except (TypeError, ValueError) as error:
+        raise CommandRejected(str(error)) from None
+    exists = agent.conn.execute(f'SELECT 1 FROM "{lab.schema}".consumer_groups WHERE group_id = %s',
+                                [group_id]).fetchone()
+    if exists is None:
+        raise LookupError(f"no group {group_id} in lab {lab.name}")
+    with agent.engine.connect() as conn:
+        members = consumer_rows.live(conn, lab.name, group_id)
+    for row in members:
+        on_own_or_remote(agent, lab, row, "consumer.stop")
+    agent.say(lab, "offsets-reset", f"stopped {len(members)} consumer(s) of {group_id}: Kafka moves a "
+              "group's offsets only while the group is empty", group=group_id)
+    try:
+        targets = kafka.target_offsets(agent.admin, group_id, lab.topic, reset)
+    except ValueError as error:
+        raise CommandRejected(str(error)) from None
+    # A killed member stays in the group until its session times out: retry until empty.
+    last_error: list[str] = []
+
+    def altered() -> bool:
+        try:
+            kafka.alter_offsets(agent.admin, group_id, lab.topic, targets)
+            return True
+        except KafkaException as error:
+            last_error[:] = [str(error)]
+            return False
+    try:
+        wait_until(altered, timeout=GROUP_EMPTY_TIMEOUT, interval=0.5,
+                   message=lambda: f"group {group_id} did not become empty: {last_error}")
+    except WaitTimeout as error:
+        raise CommandRejected(str(error)) from None
+    agent.say(lab, "offsets-reset", f"{group_id} reset ({reset.mode}) to "
+              + ", ".join(f"p{p}@{o}" for p, o in sorted(targets.items())), group=group_id,
+              offsets={str(p): o for p, o in targets.items()})
+    snapshot_offsets(agent.conn, agent.admin, lab)
+    for row in members:
+        on_own_or_remote(agent, lab, row, "consumer.restart")
+    return {"group_id": group_id, "offsets": {str(p): o for p, o in targets.items()},
+            "restarted": [row.id for row in members]}
+
+
+HANDLERS: dict[str, Handler] = {
+    "publish": publish,
+    "consumer.start": start_consumer,
+    "consumer.stop": stop_consumer,
+    "consumer.kill": kill_consumer,
+    "consumer.freeze": freeze_consumer,
+    "consumer.thaw": thaw_consumer,
+    "consumer.restart": restart_consumer,
+    "group.reset": reset_group,
+    "lab.reset": reset_lab,
+    "lab.ensure": ensure_lab,
+}

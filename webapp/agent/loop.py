@@ -1,0 +1,182 @@
+"""The agent's main loop: claim a command, carry it out, reap children, housekeeping; repeat.
+
+``python -m webapp.agent`` (or ``flask --app app lab agent``). Its id is unique per process start
+(``host:pid:<6 hex>``). First SIGTERM (or Ctrl-C): finish the current command, stop the consumers,
+leave. Second: exit at once.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import psycopg
+from confluent_kafka import KafkaException
+from sqlalchemy import create_engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from .. import commands, kafka, producer, timeline
+from ..config import load_config
+from ..db import connect, sqlalchemy_url
+from ..domain.lab import Lab
+from ..labs import ensure_control_schema
+from ..logreader import LogReader
+from ..store.commands import CHANNEL, Claimed
+from ..waits import WaitTimeout
+from . import consumer_rows, queue
+from .handlers import HANDLERS, CommandRejected
+from .periodic import Heartbeat, Housekeeping
+from .processes import Pool, truthy
+
+log = logging.getLogger("idempotency_lab.agent")
+
+# Failures that fail the command (with their message) and leave the agent running.
+COMMAND_FAILURES = (CommandRejected, LookupError, ValueError, KafkaException, WaitTimeout, commands.CommandError,
+                    psycopg.Error, SQLAlchemyError)
+
+
+def new_agent_id(host: str, pid: int) -> str:
+    return f"{host}:{pid}:{secrets.token_hex(3)}"
+
+
+class Agent:
+    def __init__(self, database_url: str, bootstrap_servers: str, producer_bootstrap_servers: str | None = None,
+                 data_dir: str = ".lab", log_to_stdout: bool = False):
+        self.host, self.pid = socket.gethostname(), os.getpid()
+        self.id = new_agent_id(self.host, self.pid)
+        self.stopping = False
+        self.engine = create_engine(sqlalchemy_url(database_url), pool_size=2, max_overflow=2, pool_pre_ping=True,
+                                    connect_args={"connect_timeout": 3})
+        with self.engine.begin() as conn:
+            ensure_control_schema(conn)
+        # psycopg for LISTEN, the producer's journal and the lab-schema work; SQLAlchemy for the control plane.
+        self.conn = connect(database_url, autocommit=True)
+        self.admin = kafka.admin_client(bootstrap_servers)
+        self.publisher = producer.Publisher(producer_bootstrap_servers or bootstrap_servers)
+        self.pool = Pool(database_url, bootstrap_servers, data_dir, log_to_stdout)
+        self.heartbeat = Heartbeat(database_url, bootstrap_servers, self.id, self.host, self.pid)
+        self.housekeeping = Housekeeping(self.conn)
+        # The log mirror (the lab's ground truth: every record of every lab topic) on a thread.
+        self.log_reader = LogReader(database_url, bootstrap_servers)
+        self._log_reader_stop = threading.Event()
+        self._log_reader_thread = threading.Thread(target=self.log_reader.run, args=(self._log_reader_stop,),
+                                                   name="log reader", daemon=True)
+
+    # --- what handlers use ----------------------------------------------------------------------
+
+    @contextmanager
+    def in_lab(self, lab: Lab) -> Iterator[None]:
+        """A transaction on the agent's psycopg connection working in the lab's schema."""
+        with self.conn.transaction():
+            self.conn.execute("SELECT set_config('search_path', %s, true)", [lab.schema])
+            yield
+
+    def say(self, lab: Lab, kind: str, summary: str, **detail: Any) -> None:
+        with self.in_lab(lab):
+            timeline.record(self.conn.execute, kind, summary, **detail)
+
+    def spawn(self, lab: Lab, consumer_id: int, name: str) -> int:
+        process = self.pool.spawn(lab.name, consumer_id, name)
+        with self.engine.begin() as conn:
+            consumer_rows.spawned(conn, consumer_id, process.pid)
+        return process.pid
+
+    def reap_children(self) -> None:
+        """Record how each exited consumer process ended."""
+        for consumer_id, code in self.pool.reap():
+            with self.engine.begin() as conn:
+                row = consumer_rows.get(conn, consumer_id)
+                if row is None:
+                    continue
+                if code == -signal.SIGKILL:
+                    state = "crashed" if row.state == "crashed" else "killed"
+                elif code in (0, -signal.SIGTERM):
+                    state = "stopped"
+                else:
+                    state = "failed"
+                consumer_rows.set_state(conn, consumer_id, state, code)
+            lab = Lab(row.lab)
+            if state == "killed":
+                self.say(lab, "killed", f"{row.name} killed (SIGKILL): no commit, no graceful leave; "
+                         "its partitions move after the session timeout", consumer=row.name)
+            elif state == "failed":
+                self.say(lab, "error", f"{row.name} exited with code {code}; "
+                         f"{self.pool.log_hint(row.lab, consumer_id)}", consumer=row.name)
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    def carry_out(self, command: Claimed) -> None:
+        try:
+            handler = HANDLERS.get(command.verb)
+            if handler is None:
+                raise CommandRejected(f"unknown command {command.verb!r}")
+            result = handler(self, Lab(command.lab), command.args or {})
+            queue.finish(self.engine, command.id, result)
+        except COMMAND_FAILURES as error:
+            kind = "not found" if isinstance(error, LookupError) else "rejected"
+            log.warning("command %s %s %s: %s", command.id, command.verb, kind, error)
+            if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                self.conn.rollback()
+            queue.fail(self.engine, command.id, str(error), kind)
+
+    def tick(self) -> None:
+        if not self.housekeeping.due():
+            return
+        self.reap_children()
+        self.housekeeping.run(self.admin, broker_ok=self.heartbeat.kafka_error is None)
+
+    def run(self) -> int:
+        try:
+            self.heartbeat.start()
+            self._log_reader_thread.start()
+            self.conn.execute(f"LISTEN {CHANNEL}")
+            log.info("lab agent %s ready", self.id)
+            while not self.stopping:
+                self.tick()
+                while not self.stopping and (command := queue.claim(self.engine, self.id)) is not None:
+                    self.carry_out(command)
+                for _ in self.conn.notifies(timeout=0.25, stop_after=1):
+                    pass
+        finally:
+            self.shutdown()
+        return 0
+
+    def shutdown(self) -> None:
+        self._log_reader_stop.set()
+        self.pool.stop_all()
+        try:
+            self.reap_children()
+        finally:
+            self.publisher.close()
+            self.admin = None  # the AdminClient has no close(): dropping it ends its threads
+            if self._log_reader_thread.is_alive():
+                self._log_reader_thread.join(timeout=10)
+            self.heartbeat.stop()
+            self.conn.close()
+            self.engine.dispose()
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s agent[{os.getpid()}] %(levelname)s %(message)s")
+    config = load_config()
+    if not config["DATABASE_URL"] or not config["KAFKA_BOOTSTRAP_SERVERS"]:
+        print("DATABASE_URL and KAFKA_BOOTSTRAP_SERVERS must be set (or a lab running in LAB_DATA_DIR)",
+              file=sys.stderr)
+        return 2
+    agent = Agent(config["DATABASE_URL"], config["KAFKA_BOOTSTRAP_SERVERS"],
+                  config["KAFKA_PRODUCER_BOOTSTRAP_SERVERS"], config["LAB_DATA_DIR"],
+                  log_to_stdout=truthy(os.environ.get("LAB_LOG_TO_STDOUT")))
+
+    def on_term(signum, frame):
+        if agent.stopping:
+            os._exit(143)
+        agent.stopping = True
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    return agent.run()

@@ -1,0 +1,182 @@
+"""The agent's periodic work.
+
+On a thread of its own, with its own database connection, so it keeps going while the main loop
+carries out a long command (a group reset waits up to 20 s for the group to empty):
+- the heartbeat: the agent's row every half second, the leases of the commands it runs, and the
+  reaper's round (queue.py);
+- a look at the broker every second (its own thread: an unanswered metadata request may block for
+  its timeout, and must not delay the heartbeat).
+
+On the main loop, between commands, about once a second: each lab's committed offsets into
+``group_offsets`` (when they may have moved) and the scheduled TTL cleanups.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import psycopg
+from confluent_kafka import KafkaException
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from .. import kafka, timeline, ttl
+from ..db import CONTROL_SCHEMA, sqlalchemy_url
+from ..domain.lab import Lab
+from ..domain.vocabulary import DEFAULT_TTL_SECONDS
+from ..store import agents, commands
+from .queue import LEASE_SECONDS, Reaper
+
+log = logging.getLogger("idempotency_lab.agent")
+
+BEAT_EVERY = 0.5
+PROBE_EVERY = 1.0
+TICK = 1.0
+
+
+class Heartbeat:
+    """The agent's pulse: its own threads, its own connection, its own admin client."""
+
+    def __init__(self, database_url: str, bootstrap_servers: str, agent_id: str, host: str, pid: int):
+        self.agent_id, self.host, self.pid = agent_id, host, pid
+        self.engine: Engine = create_engine(sqlalchemy_url(database_url), pool_size=1, max_overflow=1,
+                                            pool_pre_ping=True, connect_args={"connect_timeout": 3})
+        self.admin = kafka.admin_client(bootstrap_servers)
+        self.reaper = Reaper(agent_id, host, pid)
+        self.kafka_error: str | None = "not checked yet"
+        self._reported: str | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.beats = 0
+
+    def start(self) -> None:
+        """Reconcile the rows of a dead agent that had our host and pid, report ourselves, then beat."""
+        self.probe()
+        for agent_id in self.reaper.reconcile_predecessors(self.engine):
+            log.warning("agent %s had this host and pid: it died; its commands and consumers are reconciled",
+                        agent_id)
+        self.beat()
+        for target, name in ((self._beat_loop, "heartbeat"), (self._probe_loop, "broker probe")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def probe(self) -> None:
+        self.kafka_error = kafka.broker_error(self.admin, timeout=1.5)
+
+    def beat(self) -> None:
+        with self.engine.begin() as conn:
+            agents.beat(conn, self.agent_id, self.host, self.pid)
+            if self.kafka_error != self._reported or self.beats % 10 == 0:
+                agents.report_kafka(conn, self.agent_id, self.kafka_error)
+                self._reported = self.kafka_error
+            commands.renew_leases(conn, self.agent_id, LEASE_SECONDS)
+            self.reaper.reap(conn)
+        self.reaper.tell(self.engine)
+        self.beats += 1
+
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(BEAT_EVERY):
+            try:
+                self.beat()
+            except SQLAlchemyError as error:  # PostgreSQL restarting: beat again next time
+                log.warning("heartbeat: %s", str(error).splitlines()[0])
+
+    def _probe_loop(self) -> None:
+        while not self._stop.wait(PROBE_EVERY):
+            self.probe()
+
+    def stop(self) -> None:
+        """Stop beating and remove our row (after the commands addressed to us are failed)."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        try:
+            with self.engine.begin() as conn:
+                for command in commands.of_agents(conn, [self.agent_id]):
+                    commands.fail(conn, command.id, f"agent {self.agent_id} stopped before carrying it out",
+                                  "agent stopped", only_if=command.status)
+                agents.remove(conn, self.agent_id)
+        finally:
+            self.engine.dispose()
+            self.admin = None  # the AdminClient has no close(): dropping it ends its threads
+
+
+class Housekeeping:
+    """Offset snapshots and scheduled TTL, on the agent's main connection, between commands."""
+
+    def __init__(self, conn: psycopg.Connection):
+        self.conn = conn
+        self._last_tick = 0.0
+        self._ttl_runs: dict[str, float] = {}
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self._last_tick < TICK:
+            return False
+        self._last_tick = now
+        return True
+
+    def run(self, admin, broker_ok: bool) -> None:
+        if not broker_ok:
+            return
+        for lab in self.known_labs():
+            try:
+                self.scheduled_ttl(lab)
+                if self.offsets_may_have_moved(lab):
+                    snapshot_offsets(self.conn, admin, lab)
+            except KafkaException as problem:
+                # The broker stopped answering mid-round: stop here, the probe reports it.
+                log.warning("lab %s: %s", lab.name, problem)
+                break
+            except psycopg.Error as problem:
+                log.warning("lab %s: %s", lab.name, problem)
+                if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    self.conn.rollback()
+
+    def known_labs(self) -> list[Lab]:
+        schemas = self.conn.execute(
+            "SELECT table_schema FROM information_schema.tables WHERE table_name = 'consumer_groups' "
+            "AND table_schema LIKE 'lab\\_%%' AND table_schema NOT LIKE '%%\\_\\_%%'").fetchall()
+        return [Lab(schema[4:]) for (schema,) in schemas]
+
+    def offsets_may_have_moved(self, lab: Lab) -> bool:
+        """Committed offsets move only by consumers' commits (and by resets, which snapshot
+        themselves): snapshot a lab whose consumers reported lately, or a group never snapshotted."""
+        return self.conn.execute(
+            f"SELECT EXISTS (SELECT 1 FROM {CONTROL_SCHEMA}.consumers WHERE lab = %s "
+            "AND heartbeat_at > now() - interval '30 seconds')"
+            f' OR EXISTS (SELECT 1 FROM "{lab.schema}".consumer_groups g WHERE NOT EXISTS ('
+            f'   SELECT 1 FROM "{lab.schema}".group_offsets o WHERE o.group_id = g.group_id))',
+            [lab.name]).fetchone()[0]
+
+    def scheduled_ttl(self, lab: Lab) -> None:
+        rows = dict(self.conn.execute(f'SELECT key, value FROM "{lab.schema}".settings '
+                                      "WHERE key IN ('ttl_seconds', 'ttl_schedule_seconds')").fetchall())
+        every = rows.get("ttl_schedule_seconds")
+        if not every:
+            return
+        if time.monotonic() - self._ttl_runs.get(lab.name, 0.0) < float(every):
+            return
+        self._ttl_runs[lab.name] = time.monotonic()
+        seconds = float(rows.get("ttl_seconds", DEFAULT_TTL_SECONDS))
+        with self.conn.transaction():
+            self.conn.execute("SELECT set_config('search_path', %s, true)", [lab.schema])
+            deleted = ttl.cleanup(self.conn.execute, seconds)
+            if any(deleted.values()):
+                timeline.record(self.conn.execute, "ttl", f"scheduled TTL cleanup ({seconds:g}s) deleted "
+                                + ", ".join(f"{n} from {t}" for t, n in deleted.items()), **deleted)
+
+
+def snapshot_offsets(conn: psycopg.Connection, admin, lab: Lab) -> None:
+    """Every group's committed offsets, as Kafka has them now, into the lab's ``group_offsets``."""
+    groups = [g for (g,) in conn.execute(f'SELECT group_id FROM "{lab.schema}".consumer_groups')]
+    for group_id in groups:
+        offsets = kafka.committed_offsets(admin, group_id, lab.topic)
+        with conn.transaction():
+            for partition, committed in offsets.items():
+                conn.execute(
+                    f'INSERT INTO "{lab.schema}".group_offsets (group_id, partition, committed) '
+                    "VALUES (%s, %s, %s) ON CONFLICT (group_id, partition) DO UPDATE SET "
+                    "committed = EXCLUDED.committed, read_at = now()", [group_id, partition, committed])

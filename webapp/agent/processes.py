@@ -1,0 +1,138 @@
+"""The agent's process pool: the consumer processes it started, and nothing else.
+
+Spawn ``python -m webapp.consumer``; kill (SIGKILL: no commit, no group leave, even when frozen),
+freeze (SIGSTOP, a real process pause), thaw (SIGCONT), stop (SIGTERM, graceful; SIGKILL after a
+deadline); reap the ones that exited. Every signal goes to a child of this process, by its
+Popen, never by a pid read from the database.
+
+Output: a file per consumer under ``<data dir>/logs`` by default; with ``LAB_LOG_TO_STDOUT=1``
+(docker compose sets it) every line goes to the agent's stdout, prefixed with the consumer's
+lab and name, so ``docker compose logs`` shows them all.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+STOP_TIMEOUT = 15.0
+_stdout_lock = threading.Lock()
+
+
+class NotRunning(ValueError):
+    """The consumer has no running process in this pool."""
+
+
+def truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass
+class Child:
+    process: subprocess.Popen
+    label: str
+    reader: threading.Thread | None = field(default=None)
+
+
+def _copy_lines(pipe: BinaryIO, prefix: bytes, out: BinaryIO) -> None:
+    """Copy a child's output to ``out`` line by line, each line prefixed (a reader thread per child)."""
+    with pipe:
+        for line in iter(pipe.readline, b""):
+            with _stdout_lock:
+                out.write(prefix + (line if line.endswith(b"\n") else line + b"\n"))
+                out.flush()
+
+
+class Pool:
+    def __init__(self, database_url: str, bootstrap_servers: str, data_dir: str | Path, log_to_stdout: bool = False):
+        self.database_url = database_url
+        self.bootstrap_servers = bootstrap_servers
+        self.log_to_stdout = log_to_stdout
+        self.log_dir = Path(data_dir) / "logs"
+        if not log_to_stdout:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.children: dict[int, Child] = {}  # consumer id -> its process
+
+    def log_hint(self, lab: str, consumer_id: int) -> str:
+        """Where a person finds the consumer's output."""
+        if self.log_to_stdout:
+            return "see the agent's output (docker compose logs)"
+        return f"see its log {self.log_dir / f'{lab}-consumer-{consumer_id}.log'}"
+
+    def spawn(self, lab: str, consumer_id: int, name: str) -> subprocess.Popen:
+        env = {**os.environ, "DATABASE_URL": self.database_url, "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers,
+               "PYTHONUNBUFFERED": "1"}
+        argv = [sys.executable, "-m", "webapp.consumer", "--lab", lab, "--consumer-id", str(consumer_id)]
+        label = f"{lab}/{name}"
+        if self.log_to_stdout:
+            process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT)
+            reader = threading.Thread(target=_copy_lines, name=f"log {label}", daemon=True,
+                                      args=(process.stdout, f"[{label}] ".encode(), sys.stdout.buffer))
+            reader.start()
+            self.children[consumer_id] = Child(process, label, reader)
+            return process
+        with open(self.log_dir / f"{lab}-consumer-{consumer_id}.log", "ab") as log:
+            process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       start_new_session=True, cwd=ROOT)
+        self.children[consumer_id] = Child(process, label)
+        return process
+
+    def running(self, consumer_id: int) -> subprocess.Popen:
+        child = self.children.get(consumer_id)
+        if child is None or child.process.poll() is not None:
+            raise NotRunning(f"consumer {consumer_id} is not running")
+        return child.process
+
+    def pid(self, consumer_id: int) -> int:
+        return self.running(consumer_id).pid
+
+    def kill(self, consumer_id: int) -> None:
+        process = self.running(consumer_id)
+        process.kill()
+        process.wait(timeout=10)
+
+    def freeze(self, consumer_id: int) -> None:
+        self.running(consumer_id).send_signal(signal.SIGSTOP)
+
+    def thaw(self, consumer_id: int) -> None:
+        self.running(consumer_id).send_signal(signal.SIGCONT)
+
+    def stop(self, consumer_id: int, timeout: float = STOP_TIMEOUT) -> None:
+        """SIGTERM (after SIGCONT: a frozen process must run to hear it); SIGKILL after ``timeout``."""
+        child = self.children.get(consumer_id)
+        if child is None or child.process.poll() is not None:
+            return
+        child.process.send_signal(signal.SIGCONT)
+        child.process.send_signal(signal.SIGTERM)
+        try:
+            child.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            child.process.wait(timeout=10)
+
+    def forget(self, consumer_id: int) -> None:
+        self.children.pop(consumer_id, None)
+
+    def reap(self) -> list[tuple[int, int]]:
+        """(consumer id, exit code) of every child that exited since the last call."""
+        ended = []
+        for consumer_id, child in list(self.children.items()):
+            code = child.process.poll()
+            if code is None:
+                continue
+            del self.children[consumer_id]
+            if child.reader is not None:
+                child.reader.join(timeout=2)  # the last lines it wrote before dying
+            ended.append((consumer_id, code))
+        return ended
+
+    def stop_all(self) -> None:
+        for consumer_id in list(self.children):
+            self.stop(consumer_id)

@@ -1,0 +1,76 @@
+"""The lab namespace: one PostgreSQL schema and one topic prefix, named both ways.
+
+The default lab, each scenario run and each strategy lane is a Lab. Nothing else names a schema,
+a topic or a group id: everything takes the Lab it works in, and parses names back through it.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+NAME = re.compile(r"^[a-z][a-z0-9_]{0,23}$")
+NAME_RULE = "must start with a letter: 1-24 lowercase letters, digits or _"
+SCHEMA_PREFIX = "lab_"
+LANE_SEPARATOR = "__"
+
+
+class InvalidLabName(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Lab:
+    name: str
+
+    def __post_init__(self):
+        if not NAME.match(self.name):
+            raise InvalidLabName(
+                f"lab name must start with a letter and hold 1-24 lowercase letters, digits or _: {self.name!r}")
+
+    # --- names from the lab ----------------------------------------------------------------
+    @property
+    def schema(self) -> str:
+        return f"{SCHEMA_PREFIX}{self.name}"
+
+    @property
+    def topic(self) -> str:
+        return f"{self.name}.payments"
+
+    @property
+    def dlq_topic(self) -> str:
+        return f"{self.name}.payments.dlq"
+
+    def group_id(self, group: str) -> str:
+        """The Kafka group id of a group name local to this lab."""
+        return group if group.startswith(f"{self.name}.") else f"{self.name}.{group}"
+
+    def lane_schema(self, lane: str) -> str:
+        """The schema of a strategy lane: its own copy of the accounts."""
+        if not NAME.match(lane):
+            raise InvalidLabName(f"lane name must be lowercase letters, digits or _: {lane!r}")
+        return f"{self.schema}{LANE_SEPARATOR}{lane}"
+
+    # --- names back to the lab -------------------------------------------------------------
+    def local_group(self, group_id: str) -> str:
+        """``default.payments`` → ``payments``; a name that is already local is returned as is."""
+        return group_id.removeprefix(f"{self.name}.")
+
+    def lane_of(self, schema: str) -> str | None:
+        """The lane a schema of this lab belongs to; None for the lab's own schema."""
+        if not self.owns_schema(schema) or schema == self.schema:
+            return None
+        return schema.removeprefix(f"{self.schema}{LANE_SEPARATOR}")
+
+    def owns_schema(self, schema: str) -> bool:
+        return schema == self.schema or schema.startswith(f"{self.schema}{LANE_SEPARATOR}")
+
+    @classmethod
+    def of_schema(cls, schema: str) -> "Lab":
+        """The lab a schema (its own or a lane's) belongs to."""
+        if not schema.startswith(SCHEMA_PREFIX):
+            raise InvalidLabName(f"not a lab schema: {schema!r}")
+        return cls(schema.removeprefix(SCHEMA_PREFIX).split(LANE_SEPARATOR, 1)[0])
+
+    @classmethod
+    def of_topic(cls, topic: str) -> "Lab":
+        return cls(topic.split(".", 1)[0])

@@ -1,0 +1,65 @@
+"""One vocabulary for the whole lab: consumer states, delivery outcomes, crash points, freshness
+windows and limits. SQL parameters, templates, the operation registry and tests read them here,
+so a limit lives in one place."""
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ConsumerState(StrEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    FROZEN = "frozen"
+    STEPPING = "stepping"
+    CRASHED = "crashed"
+    KILLED = "killed"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    GONE = "gone"          # its agent died: no process answers for it any more
+
+
+CONSUMER_STATES = tuple(state.value for state in ConsumerState)
+# States in which no process runs for the consumer row.
+ENDED_STATES = (ConsumerState.CRASHED, ConsumerState.KILLED, ConsumerState.STOPPED, ConsumerState.FAILED,
+                ConsumerState.GONE)
+LIVE_STATES = tuple(state for state in ConsumerState if state not in ENDED_STATES)
+
+
+class Outcome(StrEnum):
+    """What a delivery did, as the delivery ledger records it."""
+    APPLIED = "applied"
+    ABSORBED = "absorbed"
+    DEAD_LETTERED = "dead-lettered"
+
+
+# Crash points in the order a message passes them.
+CRASH_POINTS = ("before-effect", "between-check-and-act", "between-key-and-effect",
+                "after-effect-before-commit", "after-commit")
+FAULT_ACTIONS = ("crash", "freeze")
+CONSUMER_VERBS = ("kill", "freeze", "thaw", "stop", "restart")
+OFFSET_RESET_MODES = ("earliest", "offset", "back", "timestamp")
+PUBLISH_MODES = ("normal", "burst", "resend", "source-duplicate", "poison")
+
+# Freshness: a heartbeat older than this says the process is gone.
+AGENT_FRESH_SECONDS = 5.0
+CONSUMER_FRESH_SECONDS = 5.0
+FAULT_PROXY_FRESH_SECONDS = 5.0
+
+
+class Limits:
+    """Every bound a person can hit, in one place (forms, API, CLI, scenario files)."""
+    PARTITIONS = (1, 12)
+    BURST = (1, 10_000)
+    AMOUNT_CENTS = (1, 100_000_000)          # R$ 1,000,000.00: a lab, not a bank
+    TTL_SECONDS = (0, 90 * 24 * 3600)
+    RESET_BACK = (1, 1_000_000)
+    PARTITION_INDEX = (0, 1000)
+    OFFSET = (0, 2**62)
+    DROPPED_RESPONSES = (0, 100)
+    RESPONSE_DELAY_MS = (0, 60_000)
+    NAME_LENGTH = 24
+
+
+DEFAULT_GROUP = "payments"
+DEFAULT_STRATEGY = "none"
+DEFAULT_TTL_SECONDS = 7 * 24 * 3600

@@ -1,0 +1,338 @@
+"""The log reader: a mirror of every record of every lab topic, whoever produced it.
+
+One confluent-kafka Consumer with no group: it is *assigned* every partition of every lab's
+``<lab>.payments`` topic (no subscribe, no rebalance, no offset commits) and reads from where
+the mirror ends (``max(offset) + 1`` per partition of ``log_records``; the start of the log for
+a new lab). Records arrive in batches (``consume(n)``); each batch is decoded with the same
+decoder the consumers use (``events.decode``) and written, one row per record, in one
+``INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING`` per lab: (partition, offset) is
+the primary key, so a reader that re-reads after a crash or a restart writes nothing twice.
+
+The reader never trusts the broker's high watermark (wrong on Tansu for multi-record batches,
+BROKER.md): the log end is the last offset it actually fetched.
+
+A lab that is reset (its schema dropped and created again, its topic deleted and created
+again) gets a new schema oid: the reader notices, forgets its positions for that lab and reads
+the new topic from the table's (empty) end, i.e. from the start. Every write checks the oid
+in its own transaction, so a record fetched from the old topic never lands in the new schema.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterable
+
+import psycopg
+from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, \
+    Message, TopicPartition
+
+from .. import events
+from ..db import connect
+from ..labs import Lab
+
+log = logging.getLogger("idempotency_lab.logreader")
+
+BATCH = 1000
+POLL_TIMEOUT = 0.2
+REFRESH_EVERY = 1.0  # seconds between looks for new, reset or removed labs
+METADATA_TIMEOUT = 5.0
+
+# Labs the reader serves by default: every lab schema (lanes are copies of the accounts, not labs).
+KNOWN_LABS_SQL = """
+SELECT n.nspname, n.oid::bigint FROM pg_namespace n
+WHERE n.nspname LIKE 'lab\\_%' AND n.nspname NOT LIKE '%\\_\\_%'
+  AND EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'log_records')
+"""
+
+SCHEMA_OID_SQL = "SELECT oid::bigint FROM pg_namespace WHERE nspname = %s"
+
+# Where the mirror of each partition ends: the primary key answers per partition.
+POSITIONS_SQL = 'SELECT partition, max("offset") + 1 FROM {schema}.log_records GROUP BY partition'
+
+# One statement per lab and batch; arrays in, one row per record out. Headers and the event are
+# JSON texts cast to jsonb; the record's identity makes a re-read harmless. A valid record is the
+# first of its transaction when it is the first of the batch (in log order) and no earlier batch
+# held one: the reader reads each partition in offset order, so this is log order.
+INSERT_SQL = """
+INSERT INTO {schema}.log_records (partition, "offset", "timestamp", key, headers, value, event_id, transaction_id,
+                                  type, account_id, amount_cents, status, balance_cents, score, occurred_at,
+                                  event, invalid_reason, first_of_transaction)
+SELECT partition, "offset", ts, key, headers::jsonb, value, event_id::uuid, transaction_id, type, account_id,
+       amount_cents, status, balance_cents, score, occurred_at, event::jsonb, invalid_reason,
+       invalid_reason IS NULL AND transaction_id IS NOT NULL
+       AND row_number() OVER (PARTITION BY transaction_id, invalid_reason IS NULL ORDER BY partition, "offset") = 1
+       AND NOT EXISTS (SELECT 1 FROM {schema}.log_records x WHERE x.transaction_id = r.transaction_id
+                       AND x.invalid_reason IS NULL AND x.first_of_transaction)
+FROM unnest(%(partition)s::int[], %(offset)s::bigint[], %(ts)s::timestamptz[], %(key)s::text[],
+            %(headers)s::text[], %(value)s::text[], %(event_id)s::text[], %(transaction_id)s::text[],
+            %(type)s::text[], %(account_id)s::text[], %(amount_cents)s::bigint[], %(status)s::text[],
+            %(balance_cents)s::bigint[], %(score)s::bigint[], %(occurred_at)s::text[], %(event)s::text[],
+            %(invalid_reason)s::text[])
+     AS r(partition, "offset", ts, key, headers, value, event_id, transaction_id, type, account_id, amount_cents,
+          status, balance_cents, score, occurred_at, event, invalid_reason)
+ON CONFLICT (partition, "offset") DO NOTHING
+"""
+
+COLUMNS = ("partition", "offset", "ts", "key", "headers", "value", "event_id", "transaction_id", "type",
+           "account_id", "amount_cents", "status", "balance_cents", "score", "occurred_at", "event",
+           "invalid_reason")
+EVENT_FIELDS = ("event_id", "transaction_id", "type", "account_id", "amount_cents", "status", "balance_cents",
+                "score", "occurred_at")
+MAX_TEXT = 64_000  # a record's value kept as text up to this many characters (the lab's events are ~250)
+
+
+def as_text(data: bytes | str | None, limit: int | None = None) -> str | None:
+    """Bytes as PostgreSQL text: UTF-8, undecodable bytes and NUL as ``\\xNN``."""
+    if data is None:
+        return None
+    text = data if isinstance(data, str) else data.decode("utf-8", errors="backslashreplace")
+    text = text.replace("\x00", "\\x00")
+    return text if limit is None or len(text) <= limit else text[:limit] + f"… ({len(text) - limit} more)"
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def record_row(message: Message) -> dict[str, Any]:
+    """One record as the columns of ``log_records``: its envelope, and its event or why it is invalid."""
+    kind, millis = message.timestamp()
+    row: dict[str, Any] = {
+        "partition": message.partition(), "offset": message.offset(),
+        "ts": None if kind == TIMESTAMP_NOT_AVAILABLE or millis is None or millis < 0
+        else datetime.fromtimestamp(millis / 1000, tz=timezone.utc),
+        "key": as_text(message.key(), 1024),
+        "headers": json.dumps([[name, as_text(value, 1024)] for name, value in (message.headers() or [])]),
+        "value": as_text(message.value(), MAX_TEXT),
+        **{name: None for name in EVENT_FIELDS}, "event": None, "invalid_reason": None,
+    }
+    try:
+        event = events.decode(message.value())
+    except events.InvalidEvent as invalid:
+        row["invalid_reason"] = as_text(invalid.reason, 2000)
+        return row
+    fields = events.to_dict(event)
+    # Whatever types events.py decodes: the known fields get columns, the whole event its JSON.
+    for name in EVENT_FIELDS:
+        value = fields.get(name)
+        if name in ("amount_cents", "balance_cents", "score"):
+            value = _int(value)
+        elif value is not None:
+            value = str(value)
+        row[name] = value
+    row["event"] = json.dumps(fields, default=str)
+    return row
+
+
+def default_labs(conn: psycopg.Connection) -> list[Lab]:
+    return [Lab(schema[4:]) for schema, _ in conn.execute(KNOWN_LABS_SQL).fetchall()]
+
+
+@dataclass
+class _Mirror:
+    """What the reader knows of one lab: its schema's identity and where each partition's mirror ends."""
+    lab: Lab
+    oid: int
+    partitions: list[int] = field(default_factory=list)
+    positions: dict[int, int] = field(default_factory=dict)  # next offset to mirror per partition
+
+
+@dataclass
+class Stats:
+    records: int = 0
+    batches: int = 0
+    errors: int = 0
+    last_error: str | None = None
+    labs: int = 0
+
+
+class LogReader:
+    """Mirror every lab topic into its lab's ``log_records``.
+
+    ``LogReader(database_url, bootstrap_servers).run(stop_event)`` on its own thread (or
+    ``python -m webapp.logreader``); or call ``poll_once()`` from an existing loop. ``labs``
+    chooses the labs to mirror (a callable given a psycopg connection, returning Labs); by
+    default every lab schema in the database.
+    """
+
+    def __init__(self, database_url: str, bootstrap_servers: str,
+                 labs: Callable[[psycopg.Connection], Iterable[Lab]] | None = None,
+                 batch: int = BATCH, poll_timeout: float = POLL_TIMEOUT, client_id: str = "lab-log-reader"):
+        self.database_url = database_url
+        self.bootstrap_servers = bootstrap_servers
+        self.labs_provider = labs or default_labs
+        self.batch = batch
+        self.poll_timeout = poll_timeout
+        self.client_id = client_id
+        self.stats = Stats()
+        self._mirrors: dict[str, _Mirror] = {}  # topic -> mirror
+        self._last_refresh = 0.0
+        self._conn: psycopg.Connection | None = None
+        self._consumer: Consumer | None = None
+
+    # --- clients ---------------------------------------------------------------------------
+
+    def _db(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self.database_url, autocommit=True)
+        return self._conn
+
+    def _kafka(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = Consumer({
+                "bootstrap.servers": self.bootstrap_servers,
+                # Assigned, never subscribed: no group membership, no rebalance, nothing committed.
+                "group.id": f"{self.client_id}-unused",
+                "client.id": self.client_id,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "enable.partition.eof": False,
+                "fetch.wait.max.ms": 100,
+                "log_level": 3,
+            })
+        return self._consumer
+
+    # --- which labs, which partitions ------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Start mirroring new labs, restart reset ones, drop removed ones."""
+        conn = self._db()
+        wanted = {lab.topic: lab for lab in self.labs_provider(conn)}
+        oids = {}
+        for topic, lab in wanted.items():
+            row = conn.execute(SCHEMA_OID_SQL, [lab.schema]).fetchone()
+            if row is not None:
+                oids[topic] = row[0]
+        for topic in list(self._mirrors):
+            mirror = self._mirrors[topic]
+            if oids.get(topic) != mirror.oid:
+                self._forget(topic)
+        missing = [topic for topic in oids if topic not in self._mirrors]
+        if missing:
+            metadata = self._kafka().list_topics(timeout=METADATA_TIMEOUT).topics
+            for topic in missing:
+                info = metadata.get(topic)
+                if info is None or info.error is not None or not info.partitions:
+                    continue  # the lab's topic is not created yet: next round
+                self._start(wanted[topic], oids[topic], sorted(info.partitions))
+        self.stats.labs = len(self._mirrors)
+        self._last_refresh = time.monotonic()
+
+    def _start(self, lab: Lab, oid: int, partitions: list[int]) -> None:
+        positions = dict(self._db().execute(POSITIONS_SQL.format(schema=_q(lab.schema))).fetchall())
+        mirror = _Mirror(lab, oid, partitions, {p: int(positions.get(p, 0)) for p in partitions})
+        self._kafka().incremental_assign([
+            TopicPartition(lab.topic, p, mirror.positions[p] if p in positions else OFFSET_BEGINNING)
+            for p in partitions])
+        self._mirrors[lab.topic] = mirror
+        log.info("mirroring %s (%d partitions) from %s", lab.topic, len(partitions), mirror.positions)
+
+    def _forget(self, topic: str) -> None:
+        mirror = self._mirrors.pop(topic)
+        try:
+            self._kafka().incremental_unassign([TopicPartition(topic, p) for p in mirror.partitions])
+        except KafkaException as error:
+            log.warning("unassigning %s: %s", topic, error)
+
+    def _restart(self, topic: str) -> None:
+        """Forget a lab's positions: the next refresh re-reads them from its table."""
+        if topic in self._mirrors:
+            self._forget(topic)
+        self._last_refresh = 0.0
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def poll_once(self, timeout: float | None = None) -> int:
+        """One batch: look for labs when due, consume up to ``batch`` records, mirror them.
+        Returns the number of records written."""
+        try:
+            if time.monotonic() - self._last_refresh >= REFRESH_EVERY:
+                self.refresh()
+            if not self._mirrors:
+                time.sleep(self.poll_timeout if timeout is None else timeout)
+                return 0
+            messages = self._kafka().consume(self.batch, self.poll_timeout if timeout is None else timeout)
+        except (psycopg.Error, KafkaException) as error:
+            self._failed(error)
+            return 0
+        by_topic: dict[str, list[Message]] = {}
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    self.stats.last_error = error.str()
+                    log.warning("log reader: %s", error.str())
+                    if error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC,
+                                        KafkaError._UNKNOWN_PARTITION):
+                        self._restart(message.topic())
+                continue
+            by_topic.setdefault(message.topic(), []).append(message)
+        written = 0
+        for topic, batch in by_topic.items():
+            mirror = self._mirrors.get(topic)
+            if mirror is None:
+                continue  # fetched before the lab was forgotten
+            try:
+                written += self._write(mirror, batch)
+            except psycopg.Error as error:
+                self._failed(error)
+                self._restart(topic)  # nothing of this batch was written: read it again
+        if written:
+            self.stats.records += written
+            self.stats.batches += 1
+        return written
+
+    def _write(self, mirror: _Mirror, batch: list[Message]) -> int:
+        rows = [record_row(message) for message in batch]
+        params = {column: [row[column] for row in rows] for column in COLUMNS}
+        conn = self._db()
+        with conn.transaction():
+            oid = conn.execute(SCHEMA_OID_SQL, [mirror.lab.schema]).fetchone()
+            if oid is None or oid[0] != mirror.oid:
+                # Reset (or removed) since we assigned it: these records belong to the old topic.
+                self._restart(mirror.lab.topic)
+                return 0
+            written = conn.execute(INSERT_SQL.format(schema=_q(mirror.lab.schema)), params).rowcount
+        for row in rows:
+            mirror.positions[row["partition"]] = max(mirror.positions.get(row["partition"], 0), row["offset"] + 1)
+        return written
+
+    def _failed(self, error: Exception) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = str(error)
+        log.warning("log reader: %s", error)
+        if isinstance(error, psycopg.OperationalError) and self._conn is not None:
+            self._conn.close()  # PostgreSQL restarted or the session was ended: reconnect next round
+            self._conn = None
+        for topic in list(self._mirrors):
+            self._restart(topic)
+        time.sleep(0.5)
+
+    def positions(self) -> dict[str, dict[int, int]]:
+        """Where the mirror of each topic's partitions ends (the next offset it expects)."""
+        return {topic: dict(mirror.positions) for topic, mirror in self._mirrors.items()}
+
+    def run(self, stop: threading.Event) -> None:
+        """Mirror until ``stop`` is set; then close the clients."""
+        try:
+            while not stop.is_set():
+                self.poll_once()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()  # no group: commits nothing, leaves nothing
+            self._consumer = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _q(schema: str) -> str:
+    return '"' + schema.replace('"', '""') + '"'

@@ -1,0 +1,25 @@
+"""Operations that need Kafka or a process are carried out by a lab agent: they go through the
+command channel (a row in PostgreSQL), never a Kafka client in this process."""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import commands
+from .registry import Context, InvalidRequest, NotFound
+
+NoAgent = commands.NoAgent
+
+
+def run_command(ctx: Context, verb: str, args: dict[str, Any], *, agent_id: str | None = None,
+                field: str = "request") -> dict:
+    """Carry out ``verb`` on an agent; its refusals become InvalidRequest naming their field."""
+    try:
+        return commands.run(ctx.engine, ctx.lab.name, verb, args, agent_id=agent_id)
+    except commands.CommandNotFound as error:
+        raise NotFound(str(error)) from None
+    except commands.NoAgent:
+        raise
+    except commands.CommandError as error:
+        message = str(error)
+        named = message.split(":", 1)[0] if ":" in message else ""
+        raise InvalidRequest(named if named.isidentifier() else field, message) from None

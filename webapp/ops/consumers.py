@@ -1,0 +1,113 @@
+"""Consumer processes: start one, act on one (kill, freeze, thaw, stop, restart), arm a crash
+point, step through one message's processing."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .. import strategies
+from ..domain.vocabulary import CONSUMER_VERBS, CRASH_POINTS, DEFAULT_GROUP, FAULT_ACTIONS
+from ..store import consumers as store
+from ..store import schema
+from ..store.labdata import say
+from .agent_commands import run_command
+from .fields import ConsumerId, Name
+from .registry import Args, Context, InvalidRequest, NotFound, operation
+
+
+class StartConsumerArgs(Args):
+    group: Name("the consumer group (local to the lab)") = DEFAULT_GROUP
+    strategy: Literal[tuple(strategies.NAMES)] = Field(
+        None, description="switch the group to this strategy first (default: keep the group's)")
+    name: Name("the consumer's name, shown everywhere (default: c1, c2, ...)", "name", "consumer") = None
+
+
+class ConsumerRef(Args):
+    consumer_id: ConsumerId
+
+
+class ArmArgs(ConsumerRef):
+    point: Literal[CRASH_POINTS] = Field(None, description="the crash point; none disarms")
+    action: Literal[FAULT_ACTIONS] = Field("crash", description="crash: die there (os._exit); "
+                                           "freeze: stop there (SIGSTOP), like a long GC pause")
+    always: bool = Field(False, description="every time, not just once")
+
+
+class StepModeArgs(ConsumerRef):
+    on: bool = Field(True, description="stop at every point of each message")
+
+
+def consumer_row(ctx: Context, consumer_id: int) -> dict:
+    with ctx.engine.connect() as conn:
+        row = store.find(conn, ctx.lab.name, consumer_id)
+    if row is None:
+        raise NotFound(f"no consumer {consumer_id} in lab {ctx.lab.name}")
+    return row
+
+
+@operation("start_consumer", path="/consumers", status=201, step="start", cli="start-consumer",
+           tags=("consumers",), summary="Start a consumer process in a group")
+def start_consumer(ctx: Context, args: StartConsumerArgs) -> dict:
+    return run_command(ctx, "consumer.start", {"group": args.group, "strategy": args.strategy, "name": args.name})
+
+
+@operation("get_consumer", method="GET", path="/consumers/<int:consumer_id>", cli="consumer", tags=("consumers",),
+           summary="One consumer as it last reported")
+def get_consumer(ctx: Context, args: ConsumerRef) -> dict:
+    return consumer_row(ctx, args.consumer_id)
+
+
+def _declare_verb(verb: str, summary: str) -> None:
+    def act(ctx: Context, args: ConsumerRef) -> dict:
+        owner = consumer_row(ctx, args.consumer_id)["agent_id"]
+        return run_command(ctx, f"consumer.{verb}", {"consumer_id": args.consumer_id}, agent_id=owner)
+    act.__name__ = f"{verb}_consumer"
+    operation(f"{verb}_consumer", path=f"/consumers/<int:consumer_id>/{verb}", step=verb, cli=verb,
+              tags=("consumers",), summary=summary)(act)
+
+
+VERB_SUMMARIES = {
+    "kill": "Kill the consumer now (SIGKILL): no offset commit, no group leave",
+    "freeze": "Freeze the consumer (SIGSTOP), like a long GC pause",
+    "thaw": "Thaw a frozen consumer (SIGCONT): a zombie carries on",
+    "stop": "Stop the consumer gracefully (SIGTERM)",
+    "restart": "Stop the consumer and start it again under the same name",
+}
+for _verb in CONSUMER_VERBS:
+    _declare_verb(_verb, VERB_SUMMARIES[_verb])
+
+
+@operation("arm", path="/consumers/<int:consumer_id>/arm", step="arm", tags=("consumers", "faults"),
+           summary="Arm a crash point on a consumer, once or every time (no point: disarm)")
+def arm(ctx: Context, args: ArmArgs) -> dict:
+    row = consumer_row(ctx, args.consumer_id)
+    armed = ({"point": args.point, "action": args.action, "always": args.always} if args.point
+             else {"point": None, "action": None, "always": False})
+    with schema.begin_in(ctx.engine, ctx.lab.schema) as conn:
+        store.arm(conn, args.consumer_id, **armed)
+        say(conn, "fault", f"{row['name']}: " + (
+            f"armed {armed['action']} at {args.point} ({'every time' if armed['always'] else 'once'})"
+            if args.point else "disarmed"))
+    return {"consumer_id": args.consumer_id, "name": row["name"], "armed": armed}
+
+
+@operation("set_step_mode", path="/consumers/<int:consumer_id>/step-mode", step="step_mode", cli="step-mode",
+           tags=("consumers",), summary="Step mode: the consumer stops at every point of each message")
+def set_step_mode(ctx: Context, args: StepModeArgs) -> dict:
+    row = consumer_row(ctx, args.consumer_id)
+    with ctx.engine.begin() as conn:
+        store.set_step_mode(conn, args.consumer_id, args.on)
+    return {"consumer_id": args.consumer_id, "name": row["name"], "step_mode": args.on}
+
+
+@operation("step", path="/consumers/<int:consumer_id>/step", step="step", tags=("consumers",),
+           summary="Let a consumer in step mode move past the point it waits at")
+def step(ctx: Context, args: ConsumerRef) -> dict:
+    row = consumer_row(ctx, args.consumer_id)
+    if not row["step_mode"]:
+        raise InvalidRequest("step_mode", f"consumer {row['name']} is not in step mode")
+    with ctx.engine.begin() as conn:
+        advance = store.advance_step(conn, args.consumer_id)
+    return {"consumer_id": args.consumer_id, "name": row["name"], "step_advance": advance, "was_at": row["step_at"]}
+

@@ -1,0 +1,76 @@
+"""The lab as a whole: its dedup-table TTL (set, clean up now) and a reset to a fresh lab."""
+from __future__ import annotations
+
+from pydantic import model_validator
+
+from .. import ttl
+from ..domain.vocabulary import DEFAULT_TTL_SECONDS, Limits
+from ..labs import lab_schemas
+from ..store import labdata, schema
+from .agent_commands import run_command
+from .faults import NoArgs
+from .fields import Seconds, Whole
+from .registry import Args, Context, InvalidRequest, operation
+
+
+class TtlArgs(Args):
+    ttl_seconds: Seconds(Limits.TTL_SECONDS, "dedup keys older than this are deleted by the cleanup",
+                         "ttl_seconds", "seconds") = None
+    ttl_schedule_seconds: Seconds(Limits.TTL_SECONDS, "run the cleanup on this schedule (0: on demand only)",
+                                  "ttl_schedule_seconds", "schedule_seconds") = None
+
+    @model_validator(mode="after")
+    def _something_to_set(self) -> "TtlArgs":
+        if self.ttl_seconds is None and self.ttl_schedule_seconds is None:
+            raise InvalidRequest("ttl_seconds", "give ttl_seconds and/or ttl_schedule_seconds")
+        return self
+
+
+class CleanupArgs(Args):
+    ttl_seconds: Seconds(Limits.TTL_SECONDS, "the window for this cleanup (default: the lab's TTL)",
+                         "ttl_seconds", "seconds") = None
+
+
+class ResetArgs(Args):
+    partitions: Whole(Limits.PARTITIONS, "partitions of the new payments topic (default: LAB_PARTITIONS)") = None
+
+
+@operation("get_ttl", method="GET", path="/ttl", tags=("dedup",), summary="The dedup-table TTL and its schedule")
+def get_ttl(ctx: Context, args: NoArgs) -> dict:
+    with schema.connect_in(ctx.engine, ctx.lab.schema) as conn:
+        values = labdata.settings(conn, prefix="ttl")
+    return {"ttl_seconds": values.get("ttl_seconds", DEFAULT_TTL_SECONDS),
+            "ttl_schedule_seconds": values.get("ttl_schedule_seconds")}
+
+
+@operation("set_ttl", path="/ttl", step="ttl", cli="ttl", tags=("dedup",),
+           summary="Set the dedup-table TTL and/or the cleanup's schedule")
+def set_ttl(ctx: Context, args: TtlArgs) -> dict:
+    with schema.begin_in(ctx.engine, ctx.lab.schema) as conn:
+        if args.ttl_seconds is not None:
+            labdata.put_setting(conn, "ttl_seconds", args.ttl_seconds)
+        if args.ttl_schedule_seconds is not None:
+            labdata.put_setting(conn, "ttl_schedule_seconds", args.ttl_schedule_seconds or None)
+    return get_ttl(ctx, NoArgs())
+
+
+@operation("ttl_cleanup", path="/ttl/cleanup", step="ttl_cleanup", tags=("dedup",),
+           summary="Run the TTL DELETE now, in the lab's schema and every lane's")
+def ttl_cleanup(ctx: Context, args: CleanupArgs) -> dict:
+    window = args.ttl_seconds if args.ttl_seconds is not None else get_ttl(ctx, NoArgs())["ttl_seconds"]
+    deleted: dict[str, dict[str, int]] = {}
+    with ctx.engine.begin() as conn:
+        for lab_schema in lab_schemas(conn, ctx.lab):
+            schema.enter(conn, lab_schema)
+            deleted[lab_schema] = ttl.cleanup(conn.exec_driver_sql, window)
+        schema.enter(conn, ctx.lab.schema)
+        total = sum(n for counts in deleted.values() for n in counts.values())
+        labdata.say(conn, "ttl", f"TTL cleanup (older than {window:g}s) deleted {total} key(s)", deleted=deleted)
+    return {"ttl_seconds": window, "deleted": deleted}
+
+
+@operation("reset_lab", path="/lab/reset", recorded=True, cli="", tags=("lab",),
+           summary="Wipe the lab (tables and topics) and seed five accounts")
+def reset_lab(ctx: Context, args: ResetArgs) -> dict:
+    partitions = args.partitions or ctx.config.get("LAB_PARTITIONS", 3)
+    return run_command(ctx, "lab.reset", {"partitions": partitions}, field="partitions")

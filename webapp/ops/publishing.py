@@ -1,0 +1,110 @@
+"""Publishing payment events: normal, a burst, a resend, a source duplicate, a poison pill."""
+from __future__ import annotations
+
+from datetime import datetime
+from uuid import UUID
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, field_validator, model_validator
+
+from .. import events
+from ..domain.vocabulary import PUBLISH_MODES, Limits
+from .agent_commands import run_command
+from .fields import AccountId, TransactionId, Whole
+from .registry import Args, Context, InvalidRequest, operation
+
+MAX_CENTS = Limits.AMOUNT_CENTS[1]
+# What each event type needs besides the account, and the field that carries it.
+TYPE_FIELD = {"credit": "amount", "set_status": "status", "set_balance": "balance_cents", "set_score": "score"}
+
+
+class PublishArgs(Args):
+    """What to publish to the lab's payments topic (the agent's producer writes it)."""
+    mode: Literal[PUBLISH_MODES] = Field(
+        "normal", description="normal: one event; burst: `count` events; resend: the same event again "
+        "(same event_id); source-duplicate: the same transaction under a new event_id; poison: a malformed record")
+    type: Literal[tuple(events.EVENT_TYPES)] = Field("credit", description="the event type")
+    account_id: AccountId = None
+    amount_cents: Whole(Limits.AMOUNT_CENTS, "a credit's amount in cents") = None
+    amount: str | None = Field(None, description="a credit's amount in currency units, like 12.50 "
+                               "(instead of amount_cents)")
+    status: Literal[events.STATUSES] = Field(None, description="set_status: the status to set")
+    balance_cents: Whole((0, MAX_CENTS), "set_balance: the absolute balance in cents") = None
+    score: Whole((0, 1000), "set_score: the credit score to upsert") = None
+    count: Whole(Limits.BURST, "burst: how many events") = 10
+    event_id: UUID | None = Field(None, description="resend/source-duplicate: the event to repeat "
+                                 "(default: the newest published)")
+    transaction_id: TransactionId = None
+    occurred_at: datetime | None = Field(None, description="the event's own time (default: now); an old "
+                                         "time makes a late set")
+    poison_kind: Literal[tuple(events.POISON_PILLS)] = Field(
+        "not-json", validation_alias=AliasChoices("poison_kind"), description="poison: which malformed record")
+    idempotent: bool = Field(True, description="enable.idempotence on the producer")
+
+    @field_validator("amount", mode="before")
+    @classmethod
+    def _amount_text(cls, value: Any) -> Any:
+        return str(value).strip().replace(",", ".") if isinstance(value, (int, float, Decimal)) else value
+
+    @field_validator("amount")
+    @classmethod
+    def _amount_in_range(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            amount = Decimal(value.strip().replace(",", "."))
+        except InvalidOperation:
+            raise ValueError("must be a positive amount like 100 or 12.50") from None
+        if not amount.is_finite() or amount.as_tuple().exponent < -2 or not Decimal("0.01") <= amount <= MAX_CENTS / 100:
+            raise ValueError(f"must be from 0.01 to {MAX_CENTS / 100:,.2f}, two decimals at most")
+        return str(amount)
+
+    @model_validator(mode="after")
+    def _what_the_mode_needs(self) -> "PublishArgs":
+        if self.mode in ("poison", "resend", "source-duplicate"):
+            return self
+        if self.account_id is None:
+            raise InvalidRequest("account_id", "choose an account")
+        needed = TYPE_FIELD.get(self.type)
+        if self.type == "credit":
+            if self.amount_cents is None and self.amount is None:
+                raise InvalidRequest("amount", "must be a positive amount like 100 or 12.50")
+        elif needed and getattr(self, needed) is None:
+            raise InvalidRequest(needed, f"is required for a {self.type} event")
+        return self
+
+    @property
+    def cents(self) -> int | None:
+        if self.amount_cents is not None:
+            return self.amount_cents
+        return int(Decimal(self.amount) * 100) if self.amount is not None else None
+
+    def command_args(self) -> dict[str, Any]:
+        """The agent's publish command: only what the mode uses."""
+        args: dict[str, Any] = {"mode": self.mode, "idempotent": self.idempotent}
+        if self.mode == "poison":
+            args["poison_kind"] = self.poison_kind
+            return args
+        if self.mode in ("resend", "source-duplicate"):
+            if self.event_id:
+                args["event_id"] = str(self.event_id)
+            return args
+        args.update(type=self.type, account_id=self.account_id)
+        if self.type == "credit":
+            args["amount_cents"] = self.cents
+        else:
+            args[TYPE_FIELD[self.type]] = getattr(self, TYPE_FIELD[self.type])
+        if self.mode == "burst":
+            args["count"] = self.count
+        if self.transaction_id:
+            args["transaction_id"] = self.transaction_id
+        if self.occurred_at:
+            args["occurred_at"] = self.occurred_at.isoformat()
+        return args
+
+
+@operation("publish", path="/publish", status=201, step="publish", tags=("events",),
+           summary="Publish payment events through the agent's producer, and journal them")
+def publish(ctx: Context, args: PublishArgs) -> dict:
+    return run_command(ctx, "publish", args.command_args(), field="mode")

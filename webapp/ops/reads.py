@@ -1,0 +1,35 @@
+"""What the lab looks like now, as one document: the same read model as the panels."""
+from __future__ import annotations
+
+from .. import state
+from ..store.schema import session_in
+from .faults import NoArgs
+from .lab import get_ttl
+from .registry import Context, operation
+
+CONSUMER_KEYS = ("id", "name", "group_id", "strategy", "state", "pid", "assigned", "positions", "applied_positions",
+                 "generation", "applied", "absorbed", "dead_lettered", "commit_failures", "armed_point",
+                 "armed_action", "armed_always", "step_mode", "step_at", "redelivery_window", "heartbeat_age",
+                 "last_error", "exit_code")
+
+
+def consumer_json(row: dict) -> dict:
+    return {key: row.get(key) for key in CONSUMER_KEYS}
+
+
+@operation("get_state", method="GET", path="/state", cli="state", tags=("state",),
+           summary="Accounts (actual, expected, difference), verdict, groups, consumers, partitions, TTL")
+def get_state(ctx: Context, args: NoArgs) -> dict:
+    lab = ctx.lab
+    with session_in(ctx.engine, lab.schema) as session:
+        return {
+            "lab": lab.name, "topic": lab.topic,
+            "accounts": [{**line.__dict__, "difference": line.difference} for line in state.accounts(session, lab)],
+            "verdict": state.verdict(session, lab).as_dict(),
+            "producer_duplicates": state.producer_duplicates(session, lab),
+            "groups": state.groups_list(session),
+            "consumers": [consumer_json(c) for c in state.consumers(session, lab)],
+            "partitions": [{"partition": p.partition, "log_end": p.log_end, "committed": p.committed,
+                            "positions": p.positions} for p in state.partitions(session, lab)],
+            "ttl": get_ttl(ctx, NoArgs()),
+        }

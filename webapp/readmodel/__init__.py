@@ -1,0 +1,1 @@
+"""What panels and ``GET /api/v1/state`` show. ``why``: one sentence per anomaly."""

@@ -1,0 +1,354 @@
+"""Why, for every anomaly: one sentence a class can read aloud, built from the delivery ledger
+(``deliveries``, in the effects schema) and the timeline (``timeline``, in the lab's schema).
+
+Called by ``verdict.verdict`` only when the verdict has anomalies (or harmless re-applied sets),
+for the first few of each kind: a handful of index lookups, never a scan of the log.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+LIMIT = 10
+
+# Transactions whose delta was applied more than once in this copy (payment rows and ledger rows).
+DOUBLED_SQL = """
+SELECT transaction_id, count(*) AS effects FROM (
+    SELECT transaction_id FROM payments
+    UNION ALL
+    SELECT r.transaction_id FROM ledger l JOIN LATERAL (
+        SELECT transaction_id FROM {journal}.log_records x WHERE x.event_id = l.event_id LIMIT 1) r ON true
+) e GROUP BY transaction_id HAVING count(*) > 1 LIMIT :limit
+"""
+
+# The valid records of some transactions, in log order, with what the lab's journal knows of each.
+RECORDS_SQL = """
+SELECT r.transaction_id, r.partition, r."offset", r.event_id::text AS event_id, r.type, r.account_id,
+       r.amount_cents, r.status, r.balance_cents, r.score,
+       (SELECT j.mode FROM {journal}.published_events j WHERE j.partition = r.partition AND j."offset" = r."offset"
+        ORDER BY j.id LIMIT 1) AS journal_mode
+FROM {journal}.log_records r
+WHERE r.transaction_id = ANY(:tx) AND r.invalid_reason IS NULL
+ORDER BY r.transaction_id, r.partition, r."offset"
+"""
+
+# Every delivery of some records (by position) in this copy, oldest first.
+DELIVERIES_SQL = """
+SELECT d.id, d.group_id, d.consumer, d.partition, d."offset", d.generation, d.attempt, d.event_id::text AS event_id,
+       d.transaction_id, d.strategy, d.outcome, d.reason, d.delivered_at
+FROM deliveries d
+WHERE d.event_id = ANY(CAST(:events AS uuid[]))
+ORDER BY d.delivered_at, d.id
+"""
+
+# What happened to the consumers around those deliveries.
+TIMELINE_SQL = """
+SELECT at, kind, summary, detail FROM {journal}.timeline
+WHERE at BETWEEN :since AND :until
+  AND kind IN ('crashed', 'killed', 'frozen', 'thawed', 'rebalanced', 'offsets-reset', 'ttl', 'commit-failed',
+               'started', 'stopped', 'error')
+ORDER BY at, id
+"""
+
+# Transactions consumed with no effect (and not dead-lettered): the lost ones.
+LOST_SQL = """
+WITH committed AS (
+    SELECT g.partition, max(g.committed) AS committed FROM {journal}.group_offsets g
+    JOIN {journal}.consumer_groups cg ON cg.group_id = g.group_id AND cg.effects_schema = current_schema()
+    GROUP BY g.partition
+),
+rec AS (
+    SELECT r.transaction_id,
+           coalesce(c.committed > r."offset", false)
+           OR EXISTS (SELECT 1 FROM deliveries d WHERE d.partition = r.partition AND d."offset" = r."offset") AS consumed,
+           EXISTS (SELECT 1 FROM deliveries d WHERE d.partition = r.partition AND d."offset" = r."offset"
+                   AND d.outcome IN ('applied', 'dead-lettered')) AS settled
+    FROM {journal}.log_records r LEFT JOIN committed c ON c.partition = r.partition
+    WHERE r.invalid_reason IS NULL
+)
+SELECT transaction_id FROM rec GROUP BY transaction_id
+HAVING bool_or(consumed) AND NOT bool_or(settled)
+   AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.transaction_id = rec.transaction_id)
+LIMIT :limit
+"""
+
+REAPPLIED_SQL = """
+SELECT d.transaction_id, count(*) AS applied FROM deliveries d
+WHERE d.outcome = 'applied' AND d.transaction_id IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM {journal}.log_records r WHERE r.transaction_id = d.transaction_id
+                  AND r.invalid_reason IS NULL AND r.type = 'credit')
+GROUP BY d.transaction_id HAVING count(*) > 1 LIMIT :limit
+"""
+
+ORPHANS_SQL = """
+SELECT p.id, p.transaction_id, p.account_id, p.amount_cents, p.event_id::text AS event_id FROM payments p
+WHERE NOT EXISTS (SELECT 1 FROM {journal}.log_records r WHERE r.transaction_id = p.transaction_id
+                  AND r.invalid_reason IS NULL)
+  AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = p.event_id)
+ORDER BY p.id LIMIT :limit
+"""
+
+INVALID_KEPT_SQL = """
+SELECT r.partition, r."offset", r.invalid_reason, d.consumer, d.outcome FROM {journal}.log_records r
+JOIN LATERAL (SELECT consumer, outcome FROM deliveries x WHERE x.partition = r.partition AND x."offset" = r."offset"
+              ORDER BY x.id DESC LIMIT 1) d ON true
+WHERE r.invalid_reason IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM deliveries x WHERE x.partition = r.partition AND x."offset" = r."offset"
+                  AND x.outcome = 'dead-lettered')
+ORDER BY r.partition, r."offset" LIMIT :limit
+"""
+
+# For an account whose status differs from the truth: the set delivery applied last.
+LAST_SET_SQL = """
+SELECT d.consumer, d.generation, d.strategy, d.partition, d."offset", r.status, r.transaction_id
+FROM deliveries d JOIN {journal}.log_records r ON r.partition = d.partition AND r."offset" = d."offset"
+WHERE d.outcome = 'applied' AND r.type = 'set_status' AND r.account_id = :account
+ORDER BY d.id DESC LIMIT 1
+"""
+LATEST_STATUS_SQL = """
+SELECT partition, "offset", status, transaction_id FROM (
+    SELECT DISTINCT ON (transaction_id) partition, "offset", status, transaction_id FROM {journal}.log_records
+    WHERE invalid_reason IS NULL AND type = 'set_status' AND account_id = :account
+    ORDER BY transaction_id, partition, "offset") firsts
+ORDER BY partition DESC, "offset" DESC LIMIT 1
+"""
+
+
+def _at(partition: int, offset: int) -> str:
+    return f"P{partition}@{offset}"
+
+
+def _describe(record: dict[str, Any]) -> str:
+    kind = record.get("type")
+    if kind == "credit":
+        return f"credit {record['account_id']} +{(record['amount_cents'] or 0) / 100:.2f}"
+    if kind == "set_status":
+        return f"status {record['account_id']} = {record['status']}"
+    if kind == "set_balance":
+        return f"balance {record['account_id']} = {(record['balance_cents'] or 0) / 100:.2f}"
+    if kind == "set_score":
+        return f"score {record['account_id']} = {record['score']}"
+    return kind or "record"
+
+
+class _Context:
+    """The records, deliveries and timeline of a few transactions, fetched once."""
+
+    def __init__(self, session: Session, journal: str, transaction_ids: list[str]):
+        self.session, self.journal = session, journal
+        rows = session.execute(text(RECORDS_SQL.format(journal=journal)), {"tx": transaction_ids}).mappings()
+        self.records: dict[str, list[dict]] = {}
+        for row in rows:
+            self.records.setdefault(row["transaction_id"], []).append(dict(row))
+        events = sorted({r["event_id"] for rs in self.records.values() for r in rs})
+        self.deliveries: list[dict] = [dict(r) for r in session.execute(text(DELIVERIES_SQL), {"events": events}).mappings()] \
+            if events else []
+        self.timeline: list[dict] = []
+        if self.deliveries:
+            since = self.deliveries[0]["delivered_at"]
+            until = self.deliveries[-1]["delivered_at"]
+            self.timeline = [dict(r) for r in session.execute(text(TIMELINE_SQL.format(journal=journal)), {
+                "since": since - _minutes(30), "until": until}).mappings()]
+
+    def of(self, transaction_id: str) -> tuple[list[dict], list[dict]]:
+        records = self.records.get(transaction_id, [])
+        events = {r["event_id"] for r in records}
+        return records, [d for d in self.deliveries if d["event_id"] in events or d["transaction_id"] == transaction_id]
+
+    def happened(self, consumer: str | None, kinds: tuple[str, ...], after, before) -> list[dict]:
+        return [t for t in self.timeline if t["kind"] in kinds and after <= t["at"] <= before
+                and (consumer is None or (t["detail"] or {}).get("consumer") == consumer
+                     or str(t["summary"]).startswith(f"{consumer} "))]
+
+
+def _minutes(n: int) -> timedelta:
+    return timedelta(minutes=n)
+
+
+def _fault(entry: dict, consumer: str) -> str:
+    detail = entry["detail"] or {}
+    point = detail.get("point")
+    if entry["kind"] == "crashed":
+        return f"{consumer} was killed at {point or 'a crash point'} before its offset commit"
+    if entry["kind"] == "killed":
+        return f"{consumer} was killed (SIGKILL) before its offset commit"
+    if entry["kind"] == "frozen":
+        return f"{consumer} froze{f' at {point}' if point else ''} (SIGSTOP) before its offset commit"
+    if entry["kind"] == "offsets-reset":
+        return f"the group's offsets were reset ({entry['summary']})"
+    if entry["kind"] == "ttl":
+        return f"a TTL cleanup deleted its dedup key ({entry['summary']})"
+    if entry["kind"] == "commit-failed":
+        return f"{consumer}'s offset commit failed"
+    return str(entry["summary"])
+
+
+def why_applied_twice(ctx: _Context, transaction_id: str, effects: int) -> dict[str, Any]:
+    records, deliveries = ctx.of(transaction_id)
+    applied = [d for d in deliveries if d["outcome"] == "applied"]
+    first = records[0] if records else None
+    where = _at(first["partition"], first["offset"]) if first else f"transaction {transaction_id}"
+    item = {"kind": "applied-twice", "severity": "bad", "transaction_id": transaction_id,
+            "partition": first["partition"] if first else None, "offset": first["offset"] if first else None}
+    if len(applied) < 2:
+        extra = effects - len(applied)
+        item["why"] = (f"{where} ({_describe(first) if first else transaction_id}) has {effects} effect rows but "
+                       f"{len(applied)} delivery applied it: {extra} row(s) were written outside the consumers "
+                       "(by hand in SQL?)")
+        return item
+    d1, d2 = applied[0], applied[1]
+    p1, p2 = _at(d1["partition"], d1["offset"]), _at(d2["partition"], d2["offset"])
+    strategy = d2["strategy"]
+    if (d1["partition"], d1["offset"]) == (d2["partition"], d2["offset"]):
+        thawed = ctx.happened(d2["consumer"], ("thawed",), d1["delivered_at"], d2["delivered_at"])
+        if d2["consumer"] != d1["consumer"] and thawed:
+            frozen = ctx.happened(d2["consumer"], ("frozen",), d1["delivered_at"] - _minutes(30), d1["delivered_at"])
+            point = (frozen[-1]["detail"] or {}).get("point") if frozen else None
+            item["why"] = (f"{p1} was applied by {d1['consumer']} (generation {d1['generation']}) while "
+                           f"{d2['consumer']} was frozen{f' at {point}' if point else ''} holding it; "
+                           f"{d2['consumer']} thawed and, a zombie of generation {d2['generation']}, applied it "
+                           f"again (`{strategy}`)")
+            return item
+        faults = (ctx.happened(d1["consumer"], ("crashed", "killed", "frozen", "commit-failed"),
+                               d1["delivered_at"], d2["delivered_at"])
+                  or ctx.happened(None, ("offsets-reset", "ttl"), d1["delivered_at"], d2["delivered_at"]))
+        resets = ctx.happened(None, ("offsets-reset",), d1["delivered_at"], d2["delivered_at"])
+        ttl = ctx.happened(None, ("ttl",), d1["delivered_at"], d2["delivered_at"])
+        if ttl and resets:
+            reason = f"{_fault(ttl[-1], d1['consumer'])}, then {_fault(resets[-1], d1['consumer'])}"
+        elif faults:
+            reason = _fault(faults[0], d1["consumer"])
+        else:
+            reason = "its offset was not committed"
+        if d2["consumer"] == d1["consumer"]:
+            back = f"{d2['consumer']} rejoined (generation {d2['generation']})"
+        else:
+            back = f"{d2['consumer']} was assigned P{d2['partition']} (generation {d2['generation']})"
+        item["why"] = (f"{p1} was applied by {d1['consumer']} (generation {d1['generation']}); {reason}; {back}, "
+                       f"offset {d2['offset']} came back and `{strategy}` applied it again")
+        return item
+    if d1["event_id"] == d2["event_id"]:
+        modes = {(r["partition"], r["offset"]): r["journal_mode"] for r in records}
+        unjournaled = [pos for pos, mode in modes.items() if mode is None]
+        if unjournaled and len(unjournaled) < len(modes):
+            origin = "a producer retry after a lost ack wrote it again"
+        elif "resend" in modes.values():
+            origin = "the lab resent it (an application-level retry)"
+        else:
+            origin = "a producer wrote it twice"
+        item["why"] = (f"the log holds the same event twice ({p1} and {p2}): {origin}; `{strategy}` applied both "
+                       f"records ({d1['consumer']}, then {d2['consumer']})")
+        return item
+    item["why"] = (f"transaction {transaction_id} is in the log under two event ids ({p1} and {p2}): a source "
+                   f"duplicate; `{strategy}` does not key on the transaction, so {d2['consumer']} applied it again")
+    return item
+
+
+def why_lost(ctx: _Context, transaction_id: str) -> dict[str, Any]:
+    records, deliveries = ctx.of(transaction_id)
+    first = records[0] if records else None
+    where = _at(first["partition"], first["offset"]) if first else transaction_id
+    item = {"kind": "effect-lost", "severity": "bad", "transaction_id": transaction_id,
+            "partition": first["partition"] if first else None, "offset": first["offset"] if first else None}
+    absorbed = [d for d in deliveries if d["outcome"] == "absorbed"]
+    if not deliveries:
+        item["why"] = (f"{where} ({_describe(first) if first else ''}) was never delivered to this copy: the group's "
+                       "committed offset moved past it (an offset reset skipped it)")
+        return item
+    d = absorbed[0] if absorbed else deliveries[0]
+    faults = ctx.happened(None, ("crashed", "killed", "frozen"), d["delivered_at"] - _minutes(30), d["delivered_at"])
+    faults = [f for f in faults if f"(partition {d['partition']}, offset {d['offset']})" in str(f["summary"])] or faults
+    before = f"{_fault(faults[-1], (faults[-1]['detail'] or {}).get('consumer') or 'a consumer')}; " if faults else ""
+    before = before.replace(" before its offset commit", " after its key was committed and before the effect")
+    item["why"] = (f"{where} ({_describe(first) if first else ''}) was never applied: {before}when offset {d['offset']} "
+                   f"came back, {d['consumer']} (generation {d['generation']}) found its key and `{d['strategy']}` "
+                   "absorbed it as already processed: the effect was lost")
+    return item
+
+
+def why_reapplied(ctx: _Context, transaction_id: str, applied: int) -> dict[str, Any]:
+    records, deliveries = ctx.of(transaction_id)
+    first = records[0] if records else None
+    last = [d for d in deliveries if d["outcome"] == "applied"][-1:] or [None]
+    d = last[0]
+    who = f", last by {d['consumer']} (generation {d['generation']}, `{d['strategy']}`)" if d else ""
+    return {"kind": "re-applied", "severity": "neutral", "transaction_id": transaction_id,
+            "partition": first["partition"] if first else None, "offset": first["offset"] if first else None,
+            "why": (f"{_at(first['partition'], first['offset']) if first else transaction_id} "
+                    f"({_describe(first) if first else 'a set'}) was applied {applied} times{who}: a set writes the "
+                    "same value again — re-applied, harmless")}
+
+
+def explain(session: Session, journal_schema: str, verdict) -> list[dict[str, Any]]:
+    """The anomalies of ``verdict`` (first few of each kind), each with its one-sentence ``why``."""
+    journal = '"' + journal_schema.replace('"', '""') + '"'
+    fmt = {"journal": journal}
+    doubled = [] if not verdict.duplicates_applied else \
+        session.execute(text(DOUBLED_SQL.format(**fmt)), {"limit": LIMIT}).all()
+    lost = [] if not verdict.effects_lost else \
+        session.execute(text(LOST_SQL.format(**fmt)), {"limit": LIMIT}).scalars().all()
+    reapplied = [] if not verdict.sets_reapplied else \
+        session.execute(text(REAPPLIED_SQL.format(**fmt)), {"limit": LIMIT}).all()
+    ids = sorted({t for t, _ in doubled} | set(lost) | {t for t, _ in reapplied})
+    ctx = _Context(session, journal, ids) if ids else None
+    result = [why_applied_twice(ctx, tx, n) for tx, n in doubled]
+    result += [why_lost(ctx, tx) for tx in lost]
+    if verdict.effects_without_record:
+        for row in session.execute(text(ORPHANS_SQL.format(**fmt)), {"limit": LIMIT}).mappings():
+            result.append({"kind": "effect-without-record", "severity": "bad", "transaction_id": row["transaction_id"],
+                           "partition": None, "offset": None,
+                           "why": (f"payment row #{row['id']} ({row['account_id']} +{row['amount_cents'] / 100:.2f}, "
+                                   f"transaction {row['transaction_id']}) has no record in the log and no delivery: "
+                                   "no consumer wrote it (a row added by hand in SQL)")})
+    if verdict.invalid_not_dead_lettered:
+        for row in session.execute(text(INVALID_KEPT_SQL.format(**fmt)), {"limit": LIMIT}).mappings():
+            result.append({"kind": "not-dead-lettered", "severity": "bad", "transaction_id": None,
+                           "partition": row["partition"], "offset": row["offset"],
+                           "why": (f"{_at(row['partition'], row['offset'])} is invalid ({row['invalid_reason']}) and "
+                                   f"{row['consumer']} {row['outcome']} it instead of sending it to the DLQ")})
+    if verdict.statuses_mismatched and not verdict.pending:
+        from ..verdict import accounts
+        for line in accounts(session, journal_schema):
+            if line.status == line.expected_status:
+                continue
+            latest = session.execute(text(LATEST_STATUS_SQL.format(**fmt)), {"account": line.id}).mappings().first()
+            last = session.execute(text(LAST_SET_SQL.format(**fmt)), {"account": line.id}).mappings().first()
+            said = f" ({_at(latest['partition'], latest['offset'])})" if latest else ""
+            cause = (f": {_at(last['partition'], last['offset'])} (status {last['status']}) was applied last, by "
+                     f"{last['consumer']} (generation {last['generation']}, `{last['strategy']}`) — a plain set is "
+                     "idempotent, not commutative") if last else ""
+            result.append({"kind": "status-mismatch", "severity": "bad", "transaction_id": None,
+                           "partition": latest["partition"] if latest else None,
+                           "offset": latest["offset"] if latest else None,
+                           "why": f"{line.id} is {line.status} but its latest status transaction in the log{said} "
+                                  f"sets {line.expected_status}{cause}"})
+    result += [why_reapplied(ctx, tx, n) for tx, n in reapplied]
+    return result
+
+
+EFFECTS_OF_SQL = """
+SELECT (SELECT count(*) FROM payments WHERE transaction_id = :tx)
+     + (SELECT count(*) FROM ledger WHERE event_id = ANY(CAST(:events AS uuid[])))
+"""
+
+
+def explain_transaction(session: Session, journal_schema: str, transaction_id: str) -> list[dict[str, Any]]:
+    """The anomaly of one transaction in the session's current effects schema, if it has one."""
+    journal = '"' + journal_schema.replace('"', '""') + '"'
+    ctx = _Context(session, journal, [transaction_id])
+    records, deliveries = ctx.of(transaction_id)
+    if not records:
+        return []
+    applied = [d for d in deliveries if d["outcome"] == "applied"]
+    if records[0]["type"] != "credit":
+        return [why_reapplied(ctx, transaction_id, len(applied))] if len(applied) > 1 else []
+    effects = session.execute(text(EFFECTS_OF_SQL), {"tx": transaction_id,
+                                                     "events": [r["event_id"] for r in records]}).scalar()
+    if effects > 1:
+        return [why_applied_twice(ctx, transaction_id, effects)]
+    if effects == 0 and deliveries and not any(d["outcome"] == "dead-lettered" for d in deliveries):
+        return [why_lost(ctx, transaction_id)]
+    return []

@@ -1,0 +1,97 @@
+"""Guided mode's clicks, run where a wait may take a minute: in a lab agent, never in a web request.
+
+The page claims the run (``busy``) and enqueues the command ``scenario.step`` with the run's id;
+the agent's handler (:func:`agent_handler`) starts :func:`run_guided_step` on a thread of its own
+— the step calls operations that are themselves commands, which the agent must stay free to
+claim — and answers at once. The step saves its progress in ``lab_control.scenario_runs`` and
+releases the run; the page polls that row until it is free.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from typing import Any, Mapping
+
+from sqlalchemy import Engine, text
+
+from .. import commands
+from ..db import CONTROL_SCHEMA
+from . import built_in, journal
+from .loader import Scenario, load
+from .runner import OPERATION_ERRORS, RunState, Runner, broker_kind
+
+log = logging.getLogger("idempotency_lab.scenarios")
+
+VERB = "scenario.step"
+C = CONTROL_SCHEMA
+# A click waits at most a couple of minutes; a claim older than this belonged to a process that died.
+STALE_CLAIM = "3 minutes"
+# What the agent's environment says about the stack (the fault proxy, the broker).
+AGENT_SETTINGS = ("KAFKA_BOOTSTRAP_SERVERS", "KAFKA_PRODUCER_BOOTSTRAP_SERVERS", "LAB_BROKER_KIND")
+
+
+def scenario_named(name: str) -> Scenario | None:
+    path = next((p for p in built_in() if p.stem == name), None)
+    return load(path) if path else None
+
+
+def claim(engine: Engine, run_id: int) -> bool:
+    """Mark the run busy, unless a step of it is already running."""
+    with engine.begin() as conn:
+        return conn.execute(text(f"UPDATE {C}.scenario_runs SET busy = true, updated_at = now() WHERE id = :id "
+                                 f"AND (NOT busy OR updated_at < now() - interval '{STALE_CLAIM}') RETURNING id"),
+                            {"id": run_id}).first() is not None
+
+
+def release(engine: Engine, run_id: int, run: RunState | None = None) -> None:
+    """Save the run's progress (when given) and free it for the next click."""
+    with engine.begin() as conn:
+        if run is not None:
+            conn.execute(text(f"UPDATE {C}.scenario_runs SET progress = CAST(:p AS jsonb), status = :s, "
+                              "updated_at = now() WHERE id = :id"),
+                         {"p": json.dumps(run.as_dict(), default=str), "s": run.status, "id": run_id})
+        conn.execute(text(f"UPDATE {C}.scenario_runs SET busy = false WHERE id = :id"), {"id": run_id})
+
+
+def run_guided_step(engine: Engine, run_id: int, config: Mapping[str, Any] | None = None,
+                    probe: bool = True) -> dict[str, Any]:
+    """One click of a claimed guided run: prepare a fresh lab, or the next step, or the expectations.
+
+    Saves the progress (with the click's error, if any) and releases the run, whatever happens."""
+    run = None
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(text(f"SELECT scenario, progress FROM {C}.scenario_runs WHERE id = :id"),
+                               {"id": run_id}).first()
+        scenario = scenario_named(row.scenario) if row else None
+        if scenario is None:
+            return {"run_id": run_id, "error": "no such run or scenario"}
+        run = RunState.from_dict(row.progress)
+        run.error = None
+        config = dict(config if config is not None else {k: os.environ[k] for k in AGENT_SETTINGS if k in os.environ})
+        journal.install()
+        broker, _ = broker_kind(config, probe=probe)
+        try:
+            Runner(engine, scenario, run, broker=broker, config=config).advance()
+        except commands.NoAgent as problem:
+            run.error = str(problem)
+        except OPERATION_ERRORS as problem:
+            run.error = f"{type(problem).__name__}: {problem}"
+        return {"run_id": run_id, "status": run.status, "position": run.position, "error": run.error}
+    except Exception:  # noqa: BLE001 - a thread of the agent: log it, show it on the page, keep the agent
+        log.exception("guided run %s: the step failed", run_id)
+        if run is not None:
+            run.error = "the step failed unexpectedly; see the log of the process that ran it"
+        return {"run_id": run_id, "error": "the step failed unexpectedly"}
+    finally:
+        release(engine, run_id, run)
+
+
+def agent_handler(agent: Any, lab: Any, args: dict) -> dict:
+    """The lab agent's handler for ``scenario.step``: start the click on a thread and answer."""
+    run_id = int(args["run_id"])
+    threading.Thread(target=run_guided_step, args=(agent.engine, run_id), name=f"scenario-run-{run_id}",
+                     daemon=True).start()
+    return {"run_id": run_id, "started": True}

@@ -1,0 +1,131 @@
+"""Statements on ``lab_control.commands``: the queue between the web (and CLI) and the lab agents.
+
+A command is ``pending`` until an agent claims it (``running``, with ``claimed_by`` and a lease the
+claiming agent renews with each heartbeat), then ``done`` or ``failed``. The web inserts and reads;
+the agents claim, renew, finish and reap (agent/queue.py holds the policy).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Connection, and_, func, literal, or_, select, update
+
+from ..models import Agent, Command
+
+T = Command.__table__
+AGENTS = Agent.__table__
+CHANNEL = "lab_commands"
+
+PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+
+
+def _seconds(seconds: float):
+    return literal(timedelta(seconds=seconds))
+
+
+@dataclass(frozen=True)
+class Claimed:
+    id: int
+    lab: str
+    verb: str
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A command left behind by an agent: its id, whom it waited for or was claimed by, the status,
+    and that agent's heartbeat age in seconds (None: the agent has no row any more)."""
+    id: int
+    lab: str
+    verb: str
+    status: str
+    agent_id: str | None
+    age: float | None
+
+
+# --- the web's side -------------------------------------------------------------------------
+
+def insert(conn: Connection, lab: str, verb: str, args: dict[str, Any], agent_id: str | None) -> int:
+    """A pending command, and a NOTIFY that wakes the agents when the transaction commits."""
+    command_id = conn.execute(T.insert().values(lab=lab, verb=verb, args=args, agent_id=agent_id, status=PENDING)
+                              .returning(T.c.id)).scalar_one()
+    conn.execute(select(func.pg_notify(CHANNEL, str(command_id))))
+    return command_id
+
+
+def outcome(conn: Connection, command_id: int) -> tuple[str, dict[str, Any] | None, str | None]:
+    """(status, result, error) of one command."""
+    return tuple(conn.execute(select(T.c.status, T.c.result, T.c.error).where(T.c.id == command_id)).one())
+
+
+def withdraw(conn: Connection, command_id: int, reason: str) -> bool:
+    """Fail a command no agent has claimed yet, so it never runs late; False when one already has."""
+    return bool(conn.execute(update(T).where(T.c.id == command_id, T.c.status == PENDING)
+                             .values(status=FAILED, error=reason, finished_at=func.now())).rowcount)
+
+
+# --- the agents' side -----------------------------------------------------------------------
+
+def claim(conn: Connection, agent_id: str, lease_seconds: float) -> Claimed | None:
+    """The oldest pending command for this agent (or for any agent), now running under its lease.
+
+    FOR UPDATE SKIP LOCKED: agents claiming at once each get a different command, none waits."""
+    oldest = (select(T.c.id).where(T.c.status == PENDING, or_(T.c.agent_id.is_(None), T.c.agent_id == agent_id))
+              .order_by(T.c.id).limit(1).with_for_update(skip_locked=True).scalar_subquery())
+    row = conn.execute(update(T).where(T.c.id == oldest)
+                       .values(status=RUNNING, claimed_by=agent_id, lease_expires_at=func.now() + _seconds(lease_seconds))
+                       .returning(T.c.id, T.c.lab, T.c.verb, T.c.args)).first()
+    return Claimed(*row) if row else None
+
+
+def renew_leases(conn: Connection, agent_id: str, lease_seconds: float) -> int:
+    return conn.execute(update(T).where(T.c.status == RUNNING, T.c.claimed_by == agent_id)
+                        .values(lease_expires_at=func.now() + _seconds(lease_seconds))).rowcount
+
+
+def finish(conn: Connection, command_id: int, result: dict[str, Any]) -> None:
+    conn.execute(update(T).where(T.c.id == command_id)
+                 .values(status=DONE, result=result, finished_at=func.now(), lease_expires_at=None))
+
+
+def fail(conn: Connection, command_id: int, error: str, kind: str, *, only_if: str | None = None) -> bool:
+    """Mark a command failed with its reason; ``only_if``: only while it still has that status."""
+    where = [T.c.id == command_id] + ([T.c.status == only_if] if only_if else [])
+    return bool(conn.execute(update(T).where(*where).values(status=FAILED, error=error, result={"kind": kind},
+                                                             finished_at=func.now(), lease_expires_at=None)).rowcount)
+
+
+def _orphans(conn: Connection, where, who) -> list[Orphan]:
+    age = func.extract("epoch", func.now() - AGENTS.c.heartbeat_at)
+    query = (select(T.c.id, T.c.lab, T.c.verb, T.c.status, who, age)
+             .select_from(T.outerjoin(AGENTS, AGENTS.c.id == who)).where(where).order_by(T.c.id))
+    return [Orphan(r[0], r[1], r[2], r[3], r[4], None if r[5] is None else float(r[5])) for r in conn.execute(query)]
+
+
+def expired_leases(conn: Connection) -> list[Orphan]:
+    """Running commands whose claiming agent stopped renewing their lease."""
+    return _orphans(conn, and_(T.c.status == RUNNING, T.c.lease_expires_at < func.now()), T.c.claimed_by)
+
+
+def waiting_for_dead_agents(conn: Connection, fresh: float) -> list[Orphan]:
+    """Pending commands addressed to an agent that has not reported for ``fresh`` s (or has no row)."""
+    silent = or_(AGENTS.c.id.is_(None), AGENTS.c.heartbeat_at <= func.now() - _seconds(fresh))
+    return _orphans(conn, and_(T.c.status == PENDING, T.c.agent_id.is_not(None), silent), T.c.agent_id)
+
+
+def of_agents(conn: Connection, agent_ids: list[str]) -> list[Orphan]:
+    """Pending commands addressed to, and running commands claimed by, any of ``agent_ids``."""
+    if not agent_ids:
+        return []
+    where = or_(and_(T.c.status == PENDING, T.c.agent_id.in_(agent_ids)),
+                and_(T.c.status == RUNNING, T.c.claimed_by.in_(agent_ids)))
+    who = func.coalesce(T.c.claimed_by, T.c.agent_id)
+    return _orphans(conn, where, who)
+
+
+def unclaimed(conn: Connection, older_than: float) -> list[Orphan]:
+    """Commands for any agent that stayed pending ``older_than`` seconds: no agent was there to take them."""
+    return _orphans(conn, and_(T.c.status == PENDING, T.c.agent_id.is_(None),
+                               T.c.created_at < func.localtimestamp() - _seconds(older_than)), T.c.agent_id)

@@ -1,0 +1,51 @@
+"""The one way to enter a lab schema.
+
+Lab tables carry no schema name: a transaction that enters a lab sets ``search_path`` locally
+(``set_config(..., true)`` is ``SET LOCAL``), so the ORM, Core statements and the strategies' literal
+SQL all name plain tables and land in the lab they work in, and a pooled connection never carries
+one lab's path into another's transaction.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy.orm import Session
+
+SET_PATH = "SELECT set_config('search_path', :schema, true)"
+
+
+def enter(conn: Connection, schema: str) -> Connection:
+    """Make the rest of ``conn``'s current transaction work in ``schema``."""
+    conn.execute(text(SET_PATH), {"schema": schema})
+    return conn
+
+
+@contextmanager
+def begin_in(engine: Engine, schema: str) -> Iterator[Connection]:
+    """A transaction in ``schema``: committed on success, rolled back on error."""
+    with engine.begin() as conn:
+        yield enter(conn, schema)
+
+
+@contextmanager
+def connect_in(engine: Engine, schema: str) -> Iterator[Connection]:
+    """A read-only use of ``schema`` (one transaction, rolled back at the end)."""
+    with engine.connect() as conn:
+        yield enter(conn, schema)
+
+
+@contextmanager
+def session_in(engine: Engine, schema: str) -> Iterator[Session]:
+    """An ORM session whose every transaction works in ``schema``."""
+    session = Session(engine, expire_on_commit=False)
+
+    def after_begin(session, transaction, connection):
+        connection.exec_driver_sql("SELECT set_config('search_path', %(schema)s, true)", {"schema": schema})
+
+    event.listen(session, "after_begin", after_begin)
+    try:
+        yield session
+    finally:
+        session.close()
