@@ -36,6 +36,16 @@ def wait_balance(lab, cents: int, account_id: str = "acc-1", timeout: float = 30
              f"{account_id} never reached {cents} cents", timeout)
 
 
+def caught_up(lab, *records: dict, timeout: float = 30) -> dict:
+    """The group caught up with the log end, once the log reader has seen every record published
+    (until it has, the log end it reports is older than the records, and "caught up" is vacuous)."""
+    def logged(s):
+        ends = {p["partition"]: p["log_end"] for p in s["partitions"]}
+        return all(ends.get(r["partition"], 0) > r["offset"] for r in records)
+    lab.wait(logged, "the log reader never saw every published record", timeout)
+    return lab.wait_caught_up(timeout)
+
+
 def deliveries(app, lab, event_id: str) -> list[dict]:
     with app.app_context(), lab_session(lab.lab.schema) as session:
         rows = session.execute(text(
@@ -53,7 +63,7 @@ def crash_then_recover(lab, consumer_id: int, point: str) -> dict:
     assert crashed["step_at"] == point and crashed["exit_code"] == -9  # SIGKILL: no commit, no leave
     lab.post(f"/consumers/{consumer_id}/restart")
     lab.wait_assigned(consumer_id)
-    lab.wait_caught_up()
+    caught_up(lab, record)
     return record
 
 
@@ -147,7 +157,7 @@ def test_source_duplicate(lab, strategy, credited, absorbed):
     original = lab.credit("acc-1", 1000)
     duplicate = lab.publish(mode="source-duplicate", event_id=original["event_id"])["records"][0]
     assert duplicate["event_id"] != original["event_id"]
-    lab.wait_caught_up()
+    caught_up(lab, original, duplicate)
     assert lab.account("acc-1")["actual"] == credited
     assert lab.account("acc-1")["expected"] == 1000
     verdict = lab.verdict()
@@ -157,16 +167,15 @@ def test_source_duplicate(lab, strategy, credited, absorbed):
 def test_ttl_cleanup_then_reset_to_earliest_applies_old_events_again(app, lab):
     use_strategy(lab, "eventid-atomic")
     start(lab, "c1")
-    lab.credit("acc-1", 1000)
-    lab.credit("acc-2", 300)
-    lab.wait_caught_up()
+    records = [lab.credit("acc-1", 1000), lab.credit("acc-2", 300)]
+    caught_up(lab, *records)
     cleaned = lab.post("/ttl/cleanup", {"ttl_seconds": 0})
     assert cleaned["deleted"][lab.lab.schema]["processed_events"] == 2
     result = lab.post("/groups/payments/reset-offsets", {"mode": "earliest"})
     assert result["restarted"]
-    lab.wait_caught_up()
+    caught_up(lab, *records)
     wait_balance(lab, 2000)
-    assert lab.account("acc-2")["actual"] == 600
+    wait_balance(lab, 600, "acc-2")
     assert lab.verdict()["duplicates_applied"] == 2
 
 
@@ -276,7 +285,7 @@ def test_poison_pill_goes_to_the_dlq_with_its_reason_and_the_consumer_continues(
     c1 = start(lab, "c1")
     poison = lab.publish(mode="poison", poison_kind="not-json")["records"][0]
     later = lab.credit("acc-4", 700)
-    lab.wait_caught_up()
+    caught_up(lab, poison, later)
     assert lab.account("acc-4")["actual"] == 700
     consumer = lab.consumer(c1)
     assert consumer["state"] == "running" and consumer["dead_lettered"] == 1
@@ -303,10 +312,30 @@ def test_kill_one_of_two_consumers_the_other_takes_over_and_nothing_is_lost(lab)
     lab.wait(lambda s: sorted(p for c in s["consumers"] for p in c["assigned"]) == [0, 1, 2]
              and all(c["assigned"] for c in s["consumers"]), "the two consumers never shared the partitions", 45)
     lab.post(f"/consumers/{c1}/kill")
-    for account in ("acc-1", "acc-2", "acc-3", "acc-4", "acc-5"):
-        lab.publish(account_id=account, amount_cents=100, mode="burst", count=4)
+    records = [record for account in ("acc-1", "acc-2", "acc-3", "acc-4", "acc-5")
+               for record in lab.publish(account_id=account, amount_cents=100, mode="burst", count=4)["records"]]
     lab.wait_consumer(c2, lambda c: c["assigned"] == [0, 1, 2], "the survivor never took every partition", 45)
-    state = lab.wait_caught_up(45)
+    state = caught_up(lab, *records, timeout=45)
     assert all(a["actual"] == a["expected"] == 400 for a in state["accounts"])
     assert state["verdict"]["not_yet_applied"] == 0 and state["verdict"]["exactly_once"]
     assert lab.consumer(c1)["state"] == "killed"
+
+
+def test_a_lost_database_session_is_retried_not_dead_lettered_and_the_consumer_carries_on(services, lab):
+    """OperationalError (here: the session terminated by an administrator) is transient: the
+    record waits, the consumer reconnects and applies it; nothing goes to the DLQ."""
+    c1 = start(lab, "c1")
+    first = lab.credit("acc-1", 1000)
+    wait_deliveries(services, lab, 1, where=f"event_id = '{first['event_id']}'")
+    with connect(services.database_url, autocommit=True) as admin:
+        terminated = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                   "WHERE application_name = %s", [f"lab {lab.lab.name} c1 effects"]).fetchall()
+    assert terminated == [(True,)]
+    second = lab.credit("acc-1", 500)
+    wait_deliveries(services, lab, 1, where=f"event_id = '{second['event_id']}' AND outcome = 'applied'")
+    assert balance(lab) == 1500
+    consumer = lab.consumer(c1)
+    assert consumer["state"] == "running" and consumer["dead_lettered"] == 0
+    assert "AdminShutdown" in consumer["last_error"]  # an OperationalError
+    errors = query(services, lab, "SELECT summary FROM timeline WHERE kind = 'error'")
+    assert len(errors) == 1 and "attempt 1 failed: AdminShutdown" in errors[0][0]

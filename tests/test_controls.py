@@ -1,4 +1,4 @@
-"""The dashboard's controls: HTML forms over the operations module, on the real lab agent.
+"""The dashboard's controls: HTML forms over the operation registry, on the real lab agent.
 
 A good request answers with its form and a notice; bad input answers 422 with the error next
 to the named field and changes nothing; CSRF and LAB_TOKEN guard every form.
@@ -145,7 +145,8 @@ def test_reset_needs_the_lab_name_typed(client, lab):
     assert response.status_code == 422 and 'id="reset-confirm-error"' in response.get_data(as_text=True)
     assert journal_count(lab) == 1
     response = client.post("/controls/lab/reset", data={"confirm": lab.lab.name, "partitions": "3"})
-    assert response.status_code == 200 and "reset" in response.get_data(as_text=True)
+    assert response.status_code == 200
+    assert f"Lab {lab.lab.name} reset: 3 partitions" in response.get_data(as_text=True)
     assert journal_count(lab) == 0
 
 

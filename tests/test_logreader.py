@@ -18,7 +18,7 @@ from sqlalchemy.pool import NullPool
 from webapp import kafka
 from webapp.db import connect, sqlalchemy_url
 from webapp.labs import Lab, create_database_state
-from webapp.logreader import LogReader
+from webapp.logreader import LogReader, wait_mirrored
 from webapp.logreader.reader import _Mirror
 from webapp.producer import PublishError, produce_raw
 from webapp.waits import wait_until
@@ -178,8 +178,29 @@ def test_produce_raw_writes_exactly_what_was_typed(services, bare_lab, start_rea
         produce_raw(config, bare_lab.topic, key=None, value="x", partition=-1)
     with pytest.raises(PublishError, match="headers"):
         produce_raw(config, bare_lab.topic, key=None, value="x", headers=[("", "no name")])
-    start_reader(bare_lab)
+    with connect(services.database_url, autocommit=True) as conn:
+        assert not wait_mirrored(conn, bare_lab, [(2, 0), (2, 1)], timeout=0.2)  # no reader yet
+        start_reader(bare_lab)
+        assert wait_mirrored(conn, bare_lab, [(2, 0), (2, 1)], timeout=30)
     raw, event = wait_rows(services, bare_lab, 2)
     assert (raw["key"], raw["value"], raw["headers"]) == ("acc-9", "hello, not an event", [["from", "the raw form"]])
     assert "not JSON" in raw["invalid_reason"]
     assert (event["type"], event["amount_cents"], event["invalid_reason"]) == ("credit", 250, None)
+
+
+def test_the_first_record_of_each_transaction_is_marked_across_batches(services, bare_lab, start_reader):
+    producer = outside_producer(services)
+    same = credit_json("acc-5", 100, transaction_id="T-SAME")
+    source_duplicate = credit_json("acc-5", 100, transaction_id="T-SAME")  # another event id, same transaction
+    for value in (same, b"{bad".decode(), same, credit_json("acc-5", 7)):
+        producer.produce(bare_lab.topic, key=b"acc-5", value=value.encode(), partition=0)
+    assert producer.flush(30) == 0
+    first = start_reader(bare_lab)
+    wait_rows(services, bare_lab, 4)
+    first.stop()
+    producer.produce(bare_lab.topic, key=b"acc-5", value=source_duplicate.encode(), partition=0)
+    assert producer.flush(30) == 0
+    start_reader(bare_lab)
+    mirrored = wait_rows(services, bare_lab, 5)
+    assert [r["first_of_transaction"] for r in mirrored] == [True, False, False, True, False]
+    assert [r["transaction_id"] for r in mirrored if r["first_of_transaction"]][0] == "T-SAME"

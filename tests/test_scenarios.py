@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from markupsafe import escape
 
 from webapp import ops
 from webapp.domain.lab import Lab
@@ -71,7 +72,7 @@ def proxied_stack(tmp_path_factory):
             ["-m", "webapp.faultproxy", "--listen", f"127.0.0.1:{proxy_port}", "--upstream", broker.bootstrap_servers],
             service_env(services), base / "faultproxy.log"))
         wait_until(lambda: port_open("127.0.0.1", proxy_port)
-                   and operations.fault_proxy_state(engine, Lab("x"))["running"],
+                   and ops.call("get_fault_proxy", ops.Context(engine, Lab("x")))["running"],
                    timeout=20, message="the fault proxy did not start")
         agent = start_process_logged(["-m", "webapp.agent"], service_env(
             services, KAFKA_PRODUCER_BOOTSTRAP_SERVERS=f"127.0.0.1:{proxy_port}"), base / "agent.log")
@@ -150,7 +151,9 @@ def test_a_session_driven_through_the_api_replays_to_the_same_verdict(scenario_a
         from webapp.db import db
         from webapp.scenarios.observe import observe
         replayed = observe(db.engine, Lab(result["lab"])).verdicts[None]
-    assert {k: replayed[k] for k in recorded} == recorded
+    # The counts, not the ids: the replay publishes new events (anomalies name their transactions).
+    counts = {k: v for k, v in recorded.items() if isinstance(v, int) and not isinstance(v, bool)}
+    assert counts and {k: replayed[k] for k in counts} == counts
 
 
 def test_export_of_an_untouched_lab_says_nothing_was_recorded(scenario_app, lab):
@@ -199,6 +202,7 @@ expect:
                                                                            "did you mean 'after-commit'"]),
     ("expect:", "  - disarm: {consumer: c1, point: after-commit}\nexpect:", 11, ["unknown key 'point' in step 4"]),
     ("expect:", "  - kill: c2\nexpect:", 11, ["no consumer 'c2' was started"]),
+    ("expect:", "  - arm: c1\nexpect:", 11, ["step 4 (arm) needs 'point'", "disarm: c1"]),
     ("expect:", "  - lost_ack: {drop_produce_responses: 101}\nexpect:", 11, ["from 0 to 100"]),
     ("expect:", "  - reset_offsets: {group: payments, mode: back}\nexpect:", 11, ["needs 'back'"]),
     ("expect:", "  - publish: {mode: resend, event: nope}\nexpect:", 11, ["no earlier publish step named its event"]),
@@ -250,7 +254,7 @@ def test_list_names_the_eight_exercises(app):
 def test_guided_pages_render_and_keep_progress_in_postgresql(scenario_app, agent):
     client = scenario_app.test_client()
     index = client.get("/scenarios/").get_data(as_text=True)
-    assert all(load(p).title in index for p in BUILT_IN)
+    assert all(str(escape(load(p).title)) in index for p in BUILT_IN)
     response = client.post(f"/scenarios/{BUILT_IN[4].stem}/runs")
     assert response.status_code == 303
     run_page = response.headers["Location"]
@@ -342,8 +346,8 @@ def test_the_exporter_writes_each_operation_as_the_step_that_performs_it_again()
     exporter = journal._Exporter(lab, 1)
     for name, args, result in recorded:
         exporter.add({"operation": name, "args": args, "before": {}, "result": result, "at": None})
-    document = {"title": "t", "narrative": "n", "setup": {"partitions": 1, "groups": {"payments": {"strategy": "none"}}},
-                "steps": exporter.steps, "expect": {"verdict": {"duplicates_applied": 0}}}
+    document = {"title": "t", "narrative": "n",
+                "setup": {"partitions": 1, "groups": {"payments": {"strategy": "none"}}}, "steps": exporter.steps, "expect": {"verdict": {"duplicates_applied": 0}}}
     scenario = loads(yaml.safe_dump(document, sort_keys=False), source="exported.yaml")
     steps = [(s.action, s.operation, s.args, s.refs) for s in scenario.steps]
     assert steps == [

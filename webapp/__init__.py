@@ -30,4 +30,6 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     security.init_app(app)
     register_blueprints(app)
     cli.init_app(app)
+    from .scenarios import journal
+    journal.install()  # record every state-changing operation in its lab's session log
     return app

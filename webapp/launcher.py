@@ -65,7 +65,9 @@ class Launcher:
 
     def prepare_lab(self, database_url: str, bootstrap: str, broker_is_fresh: bool) -> None:
         from .agent.setup import ensure_lab, reset_lab
+        from .migrations import upgrade
 
+        upgrade(database_url)  # a data directory of an earlier release upgrades in place (Alembic)
         lab = Lab(self.config["LAB_NAME"])
         partitions = self.config["LAB_PARTITIONS"]
         if broker_is_fresh:

@@ -180,17 +180,14 @@ def build_records(conn: psycopg.Connection, args: dict[str, Any]) -> tuple[str, 
         raise PublishError(f"account_id: no account {account_id!r}")
     count = _int(args, "count", 1, MAX_BURST, default=1) if mode == "burst" else 1
     event_type = args.get("type", "credit")
+    if event_type not in events.TYPE_FIELDS:
+        raise PublishError(f"type must be one of {', '.join(events.EVENT_TYPES)}")
+    field = events.TYPE_FIELDS[event_type]
     built = []
     for _ in range(count):
         try:
-            if event_type == "credit":
-                event = events.credit(account_id, _int(args, "amount_cents", 1, events.MAX_AMOUNT_CENTS),
-                                      transaction_id=args.get("transaction_id") or None)
-            elif event_type == "set_status":
-                event = events.set_status(account_id, args.get("status"),
-                                          transaction_id=args.get("transaction_id") or None)
-            else:
-                raise PublishError(f"type must be one of {', '.join(events.EVENT_TYPES)}")
+            event = events.new_event(event_type, account_id, transaction_id=args.get("transaction_id") or None,
+                                     occurred_at=args.get("occurred_at") or None, **{field: args.get(field)})
         except events.InvalidEvent as error:
             raise PublishError(error.reason) from None
         built.append((event, event.encode()))
@@ -222,7 +219,7 @@ def publish(conn: psycopg.Connection, publisher: Publisher, lab: Lab, args: dict
                          "offset": report.offset, "error": report.error})
         first = built[0][0]
         summary = (f"{len(built)} {mode} event(s)" if len(built) > 1 else
-                   f"{mode} {first.type} {first.account_id} {first.amount_cents or first.status}" if first else
+                   f"{mode} {first.type} {first.account_id} {getattr(first, events.TYPE_FIELDS[first.type])}" if first else
                    f"poison pill ({args.get('poison_kind', 'not-json')})")
         producer_kind = "idempotent producer" if idempotent else "plain producer"
         timeline.record(conn.execute, "published", f"{summary} via {producer_kind}",

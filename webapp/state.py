@@ -135,7 +135,8 @@ def _cell(row) -> Cell:
         others = ", ".join(str(o) for o in copies if o != row.offset)
         journaled_at = set(row.journaled_at or [])
         if journaled_at and any(o not in journaled_at for o in copies):
-            label += f" · the same event is at offset {others}: a producer retry after a lost ack wrote it again"
+            label += (f" · record written by a producer retry (same event at offset {others}): an ack was lost "
+                      "and the producer wrote it again")
         else:
             label += f" · the same event is also at offset {others}: written twice by its producer"
     return Cell(offset=row.offset, outcome=outcome, event_id=row.event_id, label=label, deliveries=row.n,
@@ -261,14 +262,15 @@ def verdict(session: Session, lab: Lab) -> verdict_module.Verdict:
 # records are in no journal at all.
 PRODUCER_DUPLICATES_SQL = """
 WITH repeated AS (
-    SELECT event_id, count(*) AS records,
-           count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM published_events j WHERE j.partition = r.partition
-                                              AND j."offset" = r."offset")) AS unreported,
-           array_agg(partition || '@' || "offset" ORDER BY partition, "offset") AS positions
-    FROM log_records r WHERE event_id IS NOT NULL
-    GROUP BY event_id HAVING count(*) > 1
+    -- events at more than one offset: few, found by one pass over the event ids
+    SELECT event_id FROM log_records WHERE event_id IS NOT NULL GROUP BY event_id HAVING count(*) > 1
 )
-SELECT event_id::text, records, unreported, positions FROM repeated ORDER BY positions[1]
+SELECT x.event_id::text, count(*) AS records,
+       count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM published_events j WHERE j.partition = r.partition
+                                          AND j."offset" = r."offset")) AS unreported,
+       array_agg(r.partition || '@' || r."offset" ORDER BY r.partition, r."offset") AS positions
+FROM repeated x JOIN log_records r ON r.event_id = x.event_id
+GROUP BY x.event_id ORDER BY min(r.partition), min(r."offset")
 """
 
 

@@ -170,9 +170,12 @@ def restart_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
 
 
 def on_own_or_remote(agent: Agent, lab: Lab, row: consumer_rows.Row, verb: str) -> None:
-    """Carry out a consumer command here, or through its owning agent and wait."""
+    """Carry out a consumer command here, or through its owning agent and wait. A consumer of an
+    agent that no longer beats is skipped: nothing can act on it (the reaper marks it gone)."""
     if row.agent_id == agent.id:
         HANDLERS[verb](agent, lab, {"consumer_id": row.id})
+        return
+    if row.agent_id not in commands.live_agents(agent.engine):
         return
     command_id = commands.enqueue(agent.engine, lab.name, verb, {"consumer_id": row.id}, row.agent_id)
     commands.wait_for(agent.engine, command_id, timeout=STOP_TIMEOUT + 10)

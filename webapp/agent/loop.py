@@ -12,7 +12,6 @@ import secrets
 import signal
 import socket
 import sys
-import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -26,13 +25,12 @@ from ..config import load_config
 from ..db import connect, sqlalchemy_url
 from ..domain.lab import Lab
 from ..labs import ensure_control_schema
-from ..logreader import LogReader
 from ..store.commands import CHANNEL, Claimed
 from ..waits import WaitTimeout
 from . import consumer_rows, queue
 from .handlers import HANDLERS, CommandRejected
 from .periodic import Heartbeat, Housekeeping
-from .processes import Pool, truthy
+from .processes import Pool, Sidecar, truthy
 
 log = logging.getLogger("idempotency_lab.agent")
 
@@ -62,11 +60,10 @@ class Agent:
         self.pool = Pool(database_url, bootstrap_servers, data_dir, log_to_stdout)
         self.heartbeat = Heartbeat(database_url, bootstrap_servers, self.id, self.host, self.pid)
         self.housekeeping = Housekeeping(self.conn)
-        # The log mirror (the lab's ground truth: every record of every lab topic) on a thread.
-        self.log_reader = LogReader(database_url, bootstrap_servers)
-        self._log_reader_stop = threading.Event()
-        self._log_reader_thread = threading.Thread(target=self.log_reader.run, args=(self._log_reader_stop,),
-                                                   name="log reader", daemon=True)
+        # The log mirror (the lab's ground truth: every record of every lab topic), kept running.
+        self.log_mirror = Sidecar("log reader", "webapp.logreader",
+                                  {**os.environ, "DATABASE_URL": database_url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers},
+                                  self.pool.log_dir, log_to_stdout)
 
     # --- what handlers use ----------------------------------------------------------------------
 
@@ -124,17 +121,23 @@ class Agent:
             if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 self.conn.rollback()
             queue.fail(self.engine, command.id, str(error), kind)
+        except Exception as error:  # a bug: fail this command, keep serving the others
+            log.exception("command %s %s", command.id, command.verb)
+            if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                self.conn.rollback()
+            queue.fail(self.engine, command.id, f"the agent failed: {type(error).__name__}: {error}", "internal")
 
     def tick(self) -> None:
         if not self.housekeeping.due():
             return
+        self.log_mirror.ensure()
         self.reap_children()
         self.housekeeping.run(self.admin, broker_ok=self.heartbeat.kafka_error is None)
 
     def run(self) -> int:
         try:
             self.heartbeat.start()
-            self._log_reader_thread.start()
+            self.log_mirror.ensure()
             self.conn.execute(f"LISTEN {CHANNEL}")
             log.info("lab agent %s ready", self.id)
             while not self.stopping:
@@ -148,15 +151,13 @@ class Agent:
         return 0
 
     def shutdown(self) -> None:
-        self._log_reader_stop.set()
+        self.log_mirror.stop()
         self.pool.stop_all()
         try:
             self.reap_children()
         finally:
             self.publisher.close()
             self.admin = None  # the AdminClient has no close(): dropping it ends its threads
-            if self._log_reader_thread.is_alive():
-                self._log_reader_thread.join(timeout=10)
             self.heartbeat.stop()
             self.conn.close()
             self.engine.dispose()

@@ -45,10 +45,8 @@ class Heartbeat:
         self.admin = kafka.admin_client(bootstrap_servers)
         self.reaper = Reaper(agent_id, host, pid)
         self.kafka_error: str | None = "not checked yet"
-        self._reported: str | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.beats = 0
 
     def start(self) -> None:
         """Reconcile the rows of a dead agent that had our host and pid, report ourselves, then beat."""
@@ -67,14 +65,10 @@ class Heartbeat:
 
     def beat(self) -> None:
         with self.engine.begin() as conn:
-            agents.beat(conn, self.agent_id, self.host, self.pid)
-            if self.kafka_error != self._reported or self.beats % 10 == 0:
-                agents.report_kafka(conn, self.agent_id, self.kafka_error)
-                self._reported = self.kafka_error
+            agents.beat(conn, self.agent_id, self.host, self.pid, self.kafka_error)
             commands.renew_leases(conn, self.agent_id, LEASE_SECONDS)
             self.reaper.reap(conn)
         self.reaper.tell(self.engine)
-        self.beats += 1
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(BEAT_EVERY):
@@ -82,6 +76,8 @@ class Heartbeat:
                 self.beat()
             except SQLAlchemyError as error:  # PostgreSQL restarting: beat again next time
                 log.warning("heartbeat: %s", str(error).splitlines()[0])
+            except Exception:  # never let the pulse stop: say why, beat again next time
+                log.exception("heartbeat")
 
     def _probe_loop(self) -> None:
         while not self._stop.wait(PROBE_EVERY):

@@ -16,9 +16,12 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
+
+from ..embedded import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 STOP_TIMEOUT = 15.0
@@ -136,3 +139,57 @@ class Pool:
     def stop_all(self) -> None:
         for consumer_id in list(self.children):
             self.stop(consumer_id)
+
+
+class Sidecar:
+    """A helper process the agent keeps running and restarts when it exits: the log mirror
+    (``python -m webapp.logreader``). Its own process, so that a crash of its Kafka client (librdkafka
+    segfaults on Tansu when an assigned topic is deleted, as a lab reset does) never takes the agent
+    down with it. It dies with the agent (PDEATHSIG)."""
+
+    RESTART_AFTER = 1.0  # seconds between two starts
+
+    def __init__(self, name: str, module: str, env: dict[str, str], log_dir: Path, log_to_stdout: bool):
+        self.name, self.module, self.env = name, module, env
+        self.log_dir, self.log_to_stdout = log_dir, log_to_stdout
+        self.process: subprocess.Popen | None = None
+        self.reader: threading.Thread | None = None
+        self.started_at = 0.0
+        self.exits: list[int] = []
+
+    def ensure(self) -> None:
+        """Start it if it is not running (at most once per RESTART_AFTER seconds)."""
+        if self.process is not None:
+            code = self.process.poll()
+            if code is None:
+                return
+            self.exits.append(code)
+            self.process = None
+        if time.monotonic() - self.started_at < self.RESTART_AFTER:
+            return
+        self.started_at = time.monotonic()
+        argv = [sys.executable, "-m", self.module]
+        env = {**self.env, "PYTHONUNBUFFERED": "1"}
+        if self.log_to_stdout:
+            self.process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, cwd=ROOT, preexec_fn=die_with_parent)
+            self.reader = threading.Thread(target=_copy_lines, name=f"log {self.name}", daemon=True,
+                                           args=(self.process.stdout, f"[{self.name}] ".encode(), sys.stdout.buffer))
+            self.reader.start()
+        else:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.log_dir / f"{self.name.replace(' ', '-')}.log", "ab") as log:
+                self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, cwd=ROOT, preexec_fn=die_with_parent)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        if self.reader is not None:
+            self.reader.join(timeout=2)

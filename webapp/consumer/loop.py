@@ -64,8 +64,6 @@ ERROR_OUTCOMES = (
     ("psycopg.OperationalError or a closed connection (session terminated, database down, lock_timeout)",
      "transient: reconnect and retry with a growing backoff, never dead-lettered; offset not committed"),
 )
-STEP_LABELS = {"before-effect": "poll", "between-check-and-act": "check", "between-key-and-effect": "key",
-               "after-effect-before-commit": "effect", "after-commit": "commit"}
 
 
 class Stop(Exception):
@@ -93,21 +91,19 @@ class ConsumerProcess:
         self.report = Report()
         self.stopping = False
         self.current: Message | None = None
-        self.statement_log: list[str] = []
         self._last_heartbeat = 0.0
         self._dlq: Producer | None = None
         self._agent_pid = os.getppid()
         self.retrying: dict[tuple[str, int], Retry] = {}
 
-        self.control_conn = connect(database_url, autocommit=True)
+        self.control_conn = connect(database_url, autocommit=True, application_name=f"lab {lab.name} {name} control")
         self.control = ControlRow(self.control_conn, consumer_id)
         self.desired = self.control.read()
         self.step_seen = self.desired.step_advance
         # Counts are the consumer's over all its processes: a restart carries on from them.
         self.report.counts = self.control.counts()
         self.strategy_name, self.effects_schema = self._group_settings()
-        self.effects_conn: psycopg.Connection | None = connect(database_url, schema=self.effects_schema,
-                                                               autocommit=True)
+        self.effects_conn: psycopg.Connection | None = self._connect_effects()
         self.consumer = Consumer(consumer_config(bootstrap_servers, group_id, client_id=name))
 
     # --- settings ----------------------------------------------------------------------
@@ -134,7 +130,6 @@ class ConsumerProcess:
     # --- the strategy's context ----------------------------------------------------------
 
     def execute(self, statement: str, params: dict[str, Any]) -> psycopg.Cursor:
-        self.statement_log.append(statement)
         return self.effects_conn.execute(statement, params)
 
     def transaction(self):
@@ -272,7 +267,6 @@ class ConsumerProcess:
 
     def process(self, message: Message) -> None:
         self.current = message
-        self.statement_log.clear()
         # Faults and step mode armed before this message was polled apply to it.
         self.desired = self.control.read()
         event: events.PaymentEvent | None = None
@@ -311,7 +305,12 @@ class ConsumerProcess:
             if conn is not None:
                 conn.close()
                 self.effects_conn = None
-            self.effects_conn = connect(self.database_url, schema=self.effects_schema, autocommit=True)
+            self.effects_conn = self._connect_effects()
+
+    def _connect_effects(self) -> psycopg.Connection:
+        # Named, so pg_stat_activity (and a person looking for who holds a lock) can tell it apart.
+        return connect(self.database_url, schema=self.effects_schema, autocommit=True,
+                       application_name=f"lab {self.lab.name} {self.name} effects")
 
     def _on_database_error(self, message: Message, event: events.PaymentEvent | None,
                            error: psycopg.Error) -> str | None:

@@ -30,12 +30,17 @@ class Outcome(StrEnum):
     APPLIED = "applied"
     ABSORBED = "absorbed"
     DEAD_LETTERED = "dead-lettered"
+    FAILED = "failed"      # an attempt that hit a database error and will be retried (or dead-lettered)
 
 
 # Crash points in the order a message passes them.
 CRASH_POINTS = ("before-effect", "between-check-and-act", "between-key-and-effect",
                 "after-effect-before-commit", "after-commit")
 FAULT_ACTIONS = ("crash", "freeze")
+# What a unique violation of a plain key INSERT means to a group (a group setting): the 001 seed's
+# "already processed" (absorb, commit the offset), or "retry" (a generic error: retried with
+# backoff while the partition stalls, then the DLQ).
+ON_UNIQUE_VIOLATION = ("already-processed", "retry")
 CONSUMER_VERBS = ("kill", "freeze", "thaw", "stop", "restart")
 OFFSET_RESET_MODES = ("earliest", "offset", "back", "timestamp")
 PUBLISH_MODES = ("normal", "burst", "resend", "source-duplicate", "poison")

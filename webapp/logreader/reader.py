@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ SCHEMA_OID_SQL = "SELECT oid::bigint FROM pg_namespace WHERE nspname = %s"
 # Where the mirror of each partition ends: the primary key answers per partition.
 POSITIONS_SQL = 'SELECT partition, max("offset") + 1 FROM {schema}.log_records GROUP BY partition'
 
-# One statement per lab and batch; arrays in, one row per record out. Headers and the event are
+# One statement per lab and batch; arrays in (binary: no text escaping), one row per record out. Headers and the event are
 # JSON texts cast to jsonb; the record's identity makes a re-read harmless. A valid record is the
 # first of its transaction when it is the first of the batch (in log order) and no earlier batch
 # held one: the reader reads each partition in offset order, so this is log order.
@@ -62,24 +63,23 @@ INSERT INTO {schema}.log_records (partition, "offset", "timestamp", key, headers
                                   type, account_id, amount_cents, status, balance_cents, score, occurred_at,
                                   event, invalid_reason, first_of_transaction)
 SELECT partition, "offset", ts, key, headers::jsonb, value, event_id::uuid, transaction_id, type, account_id,
-       amount_cents, status, balance_cents, score, occurred_at, event::jsonb, invalid_reason,
+       amount_cents, status, balance_cents, score, occurred_at,
+       CASE WHEN invalid_reason IS NULL THEN value::jsonb END, invalid_reason,
        invalid_reason IS NULL AND transaction_id IS NOT NULL
        AND row_number() OVER (PARTITION BY transaction_id, invalid_reason IS NULL ORDER BY partition, "offset") = 1
        AND NOT EXISTS (SELECT 1 FROM {schema}.log_records x WHERE x.transaction_id = r.transaction_id
                        AND x.invalid_reason IS NULL AND x.first_of_transaction)
-FROM unnest(%(partition)s::int[], %(offset)s::bigint[], %(ts)s::timestamptz[], %(key)s::text[],
-            %(headers)s::text[], %(value)s::text[], %(event_id)s::text[], %(transaction_id)s::text[],
-            %(type)s::text[], %(account_id)s::text[], %(amount_cents)s::bigint[], %(status)s::text[],
-            %(balance_cents)s::bigint[], %(score)s::bigint[], %(occurred_at)s::text[], %(event)s::text[],
-            %(invalid_reason)s::text[])
+FROM unnest(%(partition)b::int[], %(offset)b::bigint[], %(ts)b::timestamptz[], %(key)b::text[],
+            %(headers)b::text[], %(value)b::text[], %(event_id)b::text[], %(transaction_id)b::text[],
+            %(type)b::text[], %(account_id)b::text[], %(amount_cents)b::bigint[], %(status)b::text[],
+            %(balance_cents)b::bigint[], %(score)b::bigint[], %(occurred_at)b::text[], %(invalid_reason)b::text[])
      AS r(partition, "offset", ts, key, headers, value, event_id, transaction_id, type, account_id, amount_cents,
-          status, balance_cents, score, occurred_at, event, invalid_reason)
+          status, balance_cents, score, occurred_at, invalid_reason)
 ON CONFLICT (partition, "offset") DO NOTHING
 """
 
 COLUMNS = ("partition", "offset", "ts", "key", "headers", "value", "event_id", "transaction_id", "type",
-           "account_id", "amount_cents", "status", "balance_cents", "score", "occurred_at", "event",
-           "invalid_reason")
+           "account_id", "amount_cents", "status", "balance_cents", "score", "occurred_at", "invalid_reason")
 EVENT_FIELDS = ("event_id", "transaction_id", "type", "account_id", "amount_cents", "status", "balance_cents",
                 "score", "occurred_at")
 MAX_TEXT = 64_000  # a record's value kept as text up to this many characters (the lab's events are ~250)
@@ -101,21 +101,22 @@ def _int(value: Any) -> int | None:
 def record_row(message: Message) -> dict[str, Any]:
     """One record as the columns of ``log_records``: its envelope, and its event or why it is invalid."""
     kind, millis = message.timestamp()
+    headers = message.headers()
     row: dict[str, Any] = {
         "partition": message.partition(), "offset": message.offset(),
         "ts": None if kind == TIMESTAMP_NOT_AVAILABLE or millis is None or millis < 0
         else datetime.fromtimestamp(millis / 1000, tz=timezone.utc),
         "key": as_text(message.key(), 1024),
-        "headers": json.dumps([[name, as_text(value, 1024)] for name, value in (message.headers() or [])]),
+        "headers": json.dumps([[name, as_text(value, 1024)] for name, value in headers]) if headers else "[]",
         "value": as_text(message.value(), MAX_TEXT),
-        **{name: None for name in EVENT_FIELDS}, "event": None, "invalid_reason": None,
+        **{name: None for name in EVENT_FIELDS}, "invalid_reason": None,
     }
     try:
         event = events.decode(message.value())
     except events.InvalidEvent as invalid:
         row["invalid_reason"] = as_text(invalid.reason, 2000)
         return row
-    fields = events.to_dict(event)
+    fields = vars(event)  # the dataclass's fields, as events.to_dict gives them (without its deep copy)
     # Whatever types events.py decodes: the known fields get columns, the whole event its JSON.
     for name in EVENT_FIELDS:
         value = fields.get(name)
@@ -124,7 +125,8 @@ def record_row(message: Message) -> dict[str, Any]:
         elif value is not None:
             value = str(value)
         row[name] = value
-    row["event"] = json.dumps(fields, default=str)
+    # The whole event (any type events.py decodes, whatever its fields) is the value itself, a
+    # JSON object the decoder accepted: the INSERT stores it as jsonb.
     return row
 
 
@@ -139,6 +141,7 @@ class _Mirror:
     oid: int
     partitions: list[int] = field(default_factory=list)
     positions: dict[int, int] = field(default_factory=dict)  # next offset to mirror per partition
+    failed: bool = False  # a write failed: later batches of this mirror are not written
 
 
 @dataclass
@@ -247,19 +250,18 @@ class LogReader:
 
     # --- reading ---------------------------------------------------------------------------
 
-    def poll_once(self, timeout: float | None = None) -> int:
-        """One batch: look for labs when due, consume up to ``batch`` records, mirror them.
-        Returns the number of records written."""
+    def _read(self, timeout: float | None) -> list[tuple[_Mirror, list[dict[str, Any]]]]:
+        """Look for labs when due, consume up to ``batch`` records, decode them: rows per lab."""
         try:
             if time.monotonic() - self._last_refresh >= REFRESH_EVERY:
                 self.refresh()
             if not self._mirrors:
                 time.sleep(self.poll_timeout if timeout is None else timeout)
-                return 0
+                return []
             messages = self._kafka().consume(self.batch, self.poll_timeout if timeout is None else timeout)
         except (psycopg.Error, KafkaException) as error:
             self._failed(error)
-            return 0
+            return []
         by_topic: dict[str, list[Message]] = {}
         for message in messages:
             error = message.error()
@@ -272,34 +274,39 @@ class LogReader:
                         self._restart(message.topic())
                 continue
             by_topic.setdefault(message.topic(), []).append(message)
-        written = 0
-        for topic, batch in by_topic.items():
-            mirror = self._mirrors.get(topic)
-            if mirror is None:
-                continue  # fetched before the lab was forgotten
-            try:
-                written += self._write(mirror, batch)
-            except psycopg.Error as error:
-                self._failed(error)
-                self._restart(topic)  # nothing of this batch was written: read it again
-        if written:
-            self.stats.records += written
-            self.stats.batches += 1
-        return written
+        return [(self._mirrors[topic], [record_row(m) for m in batch])
+                for topic, batch in by_topic.items() if topic in self._mirrors]
 
-    def _write(self, mirror: _Mirror, batch: list[Message]) -> int:
-        rows = [record_row(message) for message in batch]
+    def _write(self, conn: psycopg.Connection, mirror: _Mirror, rows: list[dict[str, Any]]) -> int | None:
+        """One INSERT for one lab's batch. None when the lab's schema changed since it was
+        assigned (a reset): the batch belongs to the old topic and is not written."""
         params = {column: [row[column] for row in rows] for column in COLUMNS}
-        conn = self._db()
         with conn.transaction():
             oid = conn.execute(SCHEMA_OID_SQL, [mirror.lab.schema]).fetchone()
             if oid is None or oid[0] != mirror.oid:
-                # Reset (or removed) since we assigned it: these records belong to the old topic.
-                self._restart(mirror.lab.topic)
-                return 0
+                return None
             written = conn.execute(INSERT_SQL.format(schema=_q(mirror.lab.schema)), params).rowcount
         for row in rows:
             mirror.positions[row["partition"]] = max(mirror.positions.get(row["partition"], 0), row["offset"] + 1)
+        self.stats.records += written
+        self.stats.batches += 1
+        return written
+
+    def poll_once(self, timeout: float | None = None) -> int:
+        """One batch, read and written on the caller's thread. Returns the records written."""
+        written = 0
+        for mirror, rows in self._read(timeout):
+            if self._mirrors.get(mirror.lab.topic) is not mirror:
+                continue  # restarted by an earlier failure of this round: it reads these again
+            try:
+                done = self._write(self._db(), mirror, rows)
+            except psycopg.Error as error:
+                self._failed(error)  # nothing of this batch was written: every lab reads again
+                continue
+            if done is None:
+                self._restart(mirror.lab.topic)
+            else:
+                written += done
         return written
 
     def _failed(self, error: Exception) -> None:
@@ -315,15 +322,73 @@ class LogReader:
 
     def positions(self) -> dict[str, dict[int, int]]:
         """Where the mirror of each topic's partitions ends (the next offset it expects)."""
-        return {topic: dict(mirror.positions) for topic, mirror in self._mirrors.items()}
+        return {topic: dict(mirror.positions) for topic, mirror in list(self._mirrors.items())}
 
     def run(self, stop: threading.Event) -> None:
-        """Mirror until ``stop`` is set; then close the clients."""
+        """Mirror until ``stop`` is set; then close the clients.
+
+        Two threads, so that decoding a batch overlaps writing the previous one: this one reads
+        and decodes (and alone touches the Kafka consumer and the lab list); a writer thread
+        inserts, on its own connection, in order. A batch whose write fails marks its lab's
+        mirror failed: the writer skips that mirror's later batches (no gap can follow a failed
+        batch), and this thread restarts the lab from its table.
+        """
+        batches: queue.Queue = queue.Queue(maxsize=2)
+        failures: queue.SimpleQueue = queue.SimpleQueue()  # (mirror, error or None for a reset)
+        writer = threading.Thread(target=self._writer, args=(batches, failures), name="log reader writer",
+                                  daemon=True)
+        writer.start()
         try:
             while not stop.is_set():
-                self.poll_once()
+                self._handle_failures(failures)
+                for mirror, rows in self._read(None):
+                    while not stop.is_set():
+                        try:
+                            batches.put((mirror, rows), timeout=0.2)
+                            break
+                        except queue.Full:
+                            self._handle_failures(failures)
         finally:
+            batches.put(None)
+            writer.join(timeout=30)
             self.close()
+
+    def _handle_failures(self, failures: queue.SimpleQueue) -> None:
+        errors = []
+        while True:
+            try:
+                mirror, error = failures.get_nowait()
+            except queue.Empty:
+                break
+            if self._mirrors.get(mirror.lab.topic) is mirror:
+                self._restart(mirror.lab.topic)
+            if error is not None:
+                errors.append(error)
+        if errors:
+            self._failed(errors[-1])
+
+    def _writer(self, batches: queue.Queue, failures: queue.SimpleQueue) -> None:
+        conn: psycopg.Connection | None = None
+        try:
+            while (item := batches.get()) is not None:
+                mirror, rows = item
+                if mirror.failed or self._mirrors.get(mirror.lab.topic) is not mirror:
+                    continue  # its lab restarts from the table: these records are read again
+                try:
+                    if conn is None or conn.closed:
+                        conn = connect(self.database_url, autocommit=True)
+                    if self._write(conn, mirror, rows) is None:
+                        mirror.failed = True
+                        failures.put((mirror, None))
+                except Exception as error:  # noqa: BLE001 - any failure: this lab reads again
+                    mirror.failed = True
+                    failures.put((mirror, error))
+                    if isinstance(error, psycopg.OperationalError) and conn is not None:
+                        conn.close()
+                        conn = None
+        finally:
+            if conn is not None:
+                conn.close()
 
     def close(self) -> None:
         if self._consumer is not None:
@@ -336,3 +401,23 @@ class LogReader:
 
 def _q(schema: str) -> str:
     return '"' + schema.replace('"', '""') + '"'
+
+
+def wait_mirrored(conn: psycopg.Connection, lab: Lab, positions: Iterable[tuple[int, int]],
+                  timeout: float = 5.0, interval: float = 0.02) -> bool:
+    """Wait until the reader has mirrored every ``(partition, offset)`` of ``lab``: for a caller
+    that just produced them (publish) and wants its next read of the lab to include them.
+    Returns False after ``timeout`` seconds (the reader is behind or stopped): never raises for it."""
+    wanted = sorted({(int(p), int(o)) for p, o in positions if p is not None and o is not None})
+    if not wanted:
+        return True
+    sql = (f"SELECT count(*) FROM {_q(lab.schema)}.log_records "
+           'WHERE (partition, "offset") IN (SELECT * FROM unnest(%s::int[], %s::bigint[]))')
+    params = [[p for p, _ in wanted], [o for _, o in wanted]]
+    deadline = time.monotonic() + timeout
+    while True:
+        if conn.execute(sql, params).fetchone()[0] >= len(wanted):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)

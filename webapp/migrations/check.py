@@ -17,7 +17,7 @@ import sys
 import uuid
 from typing import Iterable
 
-from sqlalchemy import Column, Connection, Table, create_engine, inspect, text
+from sqlalchemy import Column, Connection, Index, Table, create_engine, inspect, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
@@ -66,6 +66,18 @@ def _db_has_default(info: dict) -> bool:
     return default is not None and not str(default).startswith("nextval(")
 
 
+def _index_shape(info: dict) -> tuple:
+    options = info.get("dialect_options", {})
+    return (tuple(info["column_names"]), bool(info["unique"]), tuple(options.get("postgresql_include") or ()),
+            options.get("postgresql_where") is not None)
+
+
+def _model_index_shape(index: Index) -> tuple:
+    options = index.dialect_options["postgresql"]
+    return (tuple(c.name for c in index.columns), bool(index.unique),
+            tuple(str(c) for c in options.get("include") or ()), options.get("where") is not None)
+
+
 def differences(conn: Connection, schema: str, tables: list[Table]) -> list[tuple[str, str, str]]:
     """What ``schema`` lacks or has more than ``tables`` (the models' lab or control tables):
     (kind, table, detail) tuples, empty when they agree."""
@@ -95,12 +107,16 @@ def differences(conn: Connection, schema: str, tables: list[Table]) -> list[tupl
                                                      f"database {info.get('default')!r}"))
         for name in columns:
             diffs.append(("extra column", table.name, name))
-        indexes = {i["name"] for i in inspector.get_indexes(table.name, schema=schema)
+        indexes = {i["name"]: _index_shape(i) for i in inspector.get_indexes(table.name, schema=schema)
                    if not i.get("duplicates_constraint")}
         for index in table.indexes:
-            if index.name not in indexes:
+            shape = indexes.pop(index.name, None)
+            if shape is None:
                 diffs.append(("missing index", table.name, index.name))
-            indexes.discard(index.name)
+            elif shape != _model_index_shape(index):
+                # The WHERE of a partial index is compared for presence only: PostgreSQL rewrites it.
+                diffs.append(("index", table.name, f"{index.name}: models {_model_index_shape(index)}, "
+                                                   f"database {shape}"))
         for name in indexes:
             diffs.append(("extra index", table.name, name))
         uniques = {tuple(u["column_names"]) for u in inspector.get_unique_constraints(table.name, schema=schema)}

@@ -17,7 +17,6 @@ from .fields import Name, Whole
 from .registry import Args, Context, InvalidRequest, NotFound, operation
 
 Strategy = Literal[tuple(strategies.NAMES)]
-UNIQUE_VIOLATION_POLICIES = ("already-processed", "retry")
 OFFSETS_SHAPE = 'give partition: offset pairs, like {"0": 3}'
 
 
@@ -36,7 +35,7 @@ class StrategyArgs(GroupRef):
 
 
 class GroupSettingsArgs(GroupRef):
-    on_unique_violation: Literal[UNIQUE_VIOLATION_POLICIES] = Field(
+    on_unique_violation: Literal[tuple(strategies.ON_UNIQUE_VIOLATION)] = Field(
         description="already-processed: catch the violation, skip, commit the offset (the seed's way); "
                     "retry: a generic error, retried until the record goes to the DLQ")
 

@@ -1,9 +1,13 @@
 """Scenarios: the event-replay simulator's exercises, run headless or guided, and recorded sessions.
 
-- ``loader``: the YAML format, checked with line numbers;
-- ``runner``: runs one against a fresh lab through ``webapp.operations``;
+- ``marks``: YAML with the line of every key and item, and ``file:line:`` errors;
+- ``loader``: the format: steps are operations of the registry (``webapp.ops``), checked by their
+  own argument models; ``conditions``: waits and expectations (the format's own);
+- ``runner``: runs one against a fresh lab, each step through ``ops.call``;
 - ``observe``: what a run waits on and expects, read through state.py and verdict.py;
-- ``journal``: record (every operation appended to the lab's session log) and replay;
+- ``journal``: record (a registry hook: every operation appended to the lab's session log) and
+  replay (the log exported as a scenario);
+- ``guided``: one click of the guided mode, carried out by a lab agent (``scenario.step``);
 - ``cli``: ``flask --app app scenario list|run|export|replay``.
 """
 from __future__ import annotations

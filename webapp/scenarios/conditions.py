@@ -78,7 +78,8 @@ def describe_condition(c: dict[str, Any]) -> str:
             parts.append("is assigned a partition" if c["assigned"] else "has no partition")
         if "step_at" in c:
             parts.append(f"waits at {c['step_at']}")
-        parts += [f"{key} {format_comparison(c[key])}" for key in ("applied", "absorbed", "commit_failures") if key in c]
+        parts += [f"{key} {format_comparison(c[key])}" for key in ("applied", "absorbed", "commit_failures")
+                  if key in c]
         return f"consumer {c['consumer']} " + " and ".join(parts)
     if "caught_up" in c:
         return f"group {c['caught_up']} has consumed and committed everything published"

@@ -73,8 +73,9 @@ def append(engine: Engine, lab: Lab, operation: str, args: dict, before: dict[st
         with begin_in(engine, lab.schema) as conn:
             if conn.exec_driver_sql("SELECT to_regclass('session_log')").scalar() is None:
                 return  # no lab schema (yet): nothing to record into
+            result = result if isinstance(result, dict) else {"value": result}
             conn.execute(LOG.insert().values(operation=operation, args=_jsonable(args), before=_jsonable(before or {}),
-                                             result=_jsonable(result if isinstance(result, dict) else {"value": result})))
+                                             result=_jsonable(result)))
     except SQLAlchemyError as error:
         log.warning("could not record %s in lab %s: %s", operation, lab.name, error)
 
@@ -193,7 +194,7 @@ class _Exporter:
         fields = op.model.model_fields
         body = {k: v for k, v in args.items() if k in fields and v != fields[k].default}
         if "group" in body:
-            body["group"] = self.local(body["group"])
+            body["group"] = self.lab.local_group(body["group"])
         consumer = None
         if "consumer_id" in fields:
             consumer = self.names.get(body.pop("consumer_id", None))
@@ -227,9 +228,6 @@ class _Exporter:
         if consumer is not None:
             return {op.step: {"consumer": consumer, **body} if body else consumer}
         return {op.step: body}
-
-    def local(self, group: str) -> str:
-        return group[len(self.lab.name) + 1:] if group.startswith(f"{self.lab.name}.") else group
 
 
 def export(engine: Engine, lab: Lab) -> dict[str, Any]:

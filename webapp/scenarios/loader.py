@@ -174,7 +174,8 @@ class StepChecker(ConditionChecker):
             value = located(value_line, consumer=value)
         body = self.mapping(value, value_line, where)
         keys = {} if action in SHORT_FORMS else field_keys(op.model)
-        references = [key for name, key in REFERENCES.items() if name in fields] + (["as"] if "event_id" in fields else [])
+        references = [key for name, key in REFERENCES.items() if name in fields]
+        references += ["as"] if "event_id" in fields else []
         self.keys(body, (*keys, *references), where=where)
         raw_args = {k: v for k, v in body.items() if k not in references}
         refs: dict[str, str] = {}
@@ -188,6 +189,8 @@ class StepChecker(ConditionChecker):
         if "as" in body:
             refs["as"] = self.name(body["as"], body.line_of("as"), f"{where}.as")
         args = self.validate(op, raw_args, body, keys, where, refs)
+        if action == "arm" and not args.get("point"):
+            self.fail(body.line, f"{where} needs 'point' (to disarm, write `disarm: {refs['consumer']}`)")
         self.declare(op.step, args, body, keys, where)
         if "as" in refs:
             self.events.add(refs["as"])

@@ -13,7 +13,8 @@ from sqlalchemy import Engine, text
 
 from .. import state, verdict as verdict_module
 from ..db import CONTROL_SCHEMA
-from ..labs import Lab
+from ..domain.lab import Lab
+from ..store.schema import enter
 
 C = CONTROL_SCHEMA
 
@@ -64,29 +65,29 @@ def observe(engine: Engine, lab: Lab) -> Snapshot:
                                    "AND table_name = 'consumer_groups'"), {"s": lab.schema}).first()
         if exists is None:
             return snap
-        conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": lab.schema})
+        enter(conn, lab.schema)
         settings = dict(conn.execute(text("SELECT key, value FROM settings")).all())
         snap.partitions = int(settings.get("partitions", 1))
         lanes: dict[str, str | None] = {lab.schema: None}
         for group_id, strategy, schema in conn.execute(text(
                 "SELECT group_id, strategy, effects_schema FROM consumer_groups")):
-            lane = schema.split("__", 1)[1] if schema != lab.schema and "__" in schema else None
+            lane = lab.lane_of(schema)
             lanes[schema] = lane
-            local = group_id[len(lab.name) + 1:] if group_id.startswith(f"{lab.name}.") else group_id
+            local = lab.local_group(group_id)
             snap.groups[local] = {"group_id": group_id, "strategy": strategy, "schema": schema, "lane": lane}
         by_id = {info["group_id"]: local for local, info in snap.groups.items()}
         for group_id, partition, committed in conn.execute(text("SELECT group_id, partition, committed FROM group_offsets")):
             if group_id in by_id:
                 snap.committed.setdefault(by_id[group_id], {})[int(partition)] = committed
         for schema, lane in lanes.items():
-            conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": schema})
+            enter(conn, schema)
             snap.verdicts[lane] = verdict_module.verdict(conn, lab.schema).as_dict()
             snap.accounts[lane] = {line.id: {"actual": line.actual, "expected": line.expected, "status": line.status,
                                              "expected_status": line.expected_status, "difference": line.difference}
                                    for line in verdict_module.accounts(conn, lab.schema)}
             snap.dedup[lane] = {item["table"]: {"rows": item["count"], "oldest_age": item["oldest_age"]}
                                 for item in state.dedup_tables(conn, None)}
-            conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": lab.schema})
+            enter(conn, lab.schema)
             snap.log_ends[lane] = state.log_ends(conn, schema)
         conn.rollback()
     return snap

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import Connection, delete, func, literal, select, update
+from sqlalchemy import Connection, delete, func, literal, select
 from sqlalchemy.dialects.postgresql import insert
 
 from ..domain.vocabulary import AGENT_FRESH_SECONDS
@@ -34,15 +34,13 @@ class AgentRow:
     age: float  # seconds since its last heartbeat
 
 
-def beat(conn: Connection, agent_id: str, host: str, pid: int) -> None:
-    """Insert the agent's row or refresh its heartbeat."""
-    statement = insert(T).values(id=agent_id, host=host, pid=pid)
-    conn.execute(statement.on_conflict_do_update(index_elements=[T.c.id], set_={"heartbeat_at": func.now()}))
-
-
-def report_kafka(conn: Connection, agent_id: str, error: str | None) -> None:
-    """What the agent's last look at the broker said (None: it answered)."""
-    conn.execute(update(T).where(T.c.id == agent_id).values(kafka_ok=error is None, kafka_error=error))
+def beat(conn: Connection, agent_id: str, host: str, pid: int, kafka_error: str | None) -> None:
+    """Insert the agent's row or refresh its heartbeat, with what its last look at the broker said
+    (``kafka_error`` None: the broker answered)."""
+    statement = insert(T).values(id=agent_id, host=host, pid=pid, kafka_ok=kafka_error is None, kafka_error=kafka_error)
+    conn.execute(statement.on_conflict_do_update(index_elements=[T.c.id], set_={
+        "heartbeat_at": func.now(), "kafka_ok": statement.excluded.kafka_ok,
+        "kafka_error": statement.excluded.kafka_error}))
 
 
 def remove(conn: Connection, agent_id: str) -> None:

@@ -10,11 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from ..domain.vocabulary import CRASH_POINTS as POINTS  # noqa: F401  (re-exported: the strategies' name)
+from ..domain.vocabulary import ON_UNIQUE_VIOLATION, Outcome
 from ..events import InvalidEvent, PaymentEvent
-
-# Crash points in the order a message passes them.
-POINTS = ("before-effect", "between-check-and-act", "between-key-and-effect",
-          "after-effect-before-commit", "after-commit")
 
 CREDIT_BALANCE = "UPDATE accounts SET balance = balance + %(amount_cents)s WHERE id = %(account_id)s"
 INSERT_PAYMENT = ("INSERT INTO payments (event_id, transaction_id, account_id, amount_cents)\n"
@@ -37,17 +35,14 @@ RECORD_DELIVERY = (
     'FROM deliveries\n'
     'WHERE group_id = %(group_id)s::varchar AND partition = %(partition)s::int AND "offset" = %(offset)s::bigint')
 
-APPLIED = "applied"
-ABSORBED = "absorbed"
-DEAD_LETTERED = "dead-lettered"
+# Delivery outcomes as the ledger stores them (one vocabulary: webapp/domain/vocabulary.py).
+APPLIED = Outcome.APPLIED.value
+ABSORBED = Outcome.ABSORBED.value
+DEAD_LETTERED = Outcome.DEAD_LETTERED.value
 # A delivery whose transaction failed with a database error and was rolled back; the consumer
 # retries it after a backoff (the partition waits), then dead-letters it. Not an effect.
-FAILED = "failed"
+FAILED = Outcome.FAILED.value
 
-# What the consumer does when a strategy's plain INSERT of a key raises a unique violation
-# (a group setting): the 001 seed's "already processed" (absorb, commit the offset), or "retry"
-# (a generic error: retried with backoff while the partition stalls, then the DLQ).
-ON_UNIQUE_VIOLATION = ("already-processed", "retry")
 UNIQUE_VIOLATION_REASON = "unique violation: already processed"
 
 

@@ -6,9 +6,11 @@ security.py).
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from flask import Blueprint, current_app, jsonify, render_template, request
+from markupsafe import Markup, escape
 
 from .. import ops
 from ..db import db
@@ -60,6 +62,12 @@ def operation_view(op: ops.Operation):
 
 for _op in ops.OPERATIONS.values():
     bp.add_url_rule(_op.path, endpoint=_op.name, view_func=operation_view(_op), methods=[_op.method])
+
+
+@bp.app_template_filter("code_spans")
+def code_spans(text: str | None) -> Markup:
+    """Backticked words of a description as <code>, the rest escaped."""
+    return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", str(escape(text or ""))))
 
 
 @bp.get("/openapi.json")
