@@ -25,6 +25,9 @@ lab_cli = AppGroup("lab", help="Drive the Idempotency Lab.")
 
 
 def _lab() -> Lab:
+    """The configured lab; a clear one-line error when there is no database to drive it in."""
+    if current_app.config.get("NO_DATABASE"):
+        raise click.ClickException(current_app.config["NO_DATABASE"])
     return Lab(current_app.config["LAB_NAME"])
 
 
@@ -35,7 +38,8 @@ def _show(result) -> None:
 def _run(name: str, body: dict[str, Any]) -> None:
     """Run an operation; print its result, or a clear error and exit non-zero."""
     try:
-        _show(ops.call(name, ops.Context(db.engine, _lab(), current_app.config), body))
+        lab = _lab()
+        _show(ops.call(name, ops.Context(db.engine, lab, current_app.config), body))
     except ops.InvalidRequest as error:
         raise click.UsageError(str(error)) from None
     except (ops.NotFound, commands.CommandError) as error:
@@ -47,7 +51,7 @@ def _run(name: str, body: dict[str, Any]) -> None:
 @click.option("--partitions", type=click.IntRange(*Limits.PARTITIONS), default=None, help="partitions of the payments topic")
 def reset(partitions):
     """Wipe the lab (tables and topics) and seed 5 accounts."""
-    config = current_app.config
+    config, lab = current_app.config, _lab()
     partitions = partitions or config["LAB_PARTITIONS"]
     if commands.live_agents(db.engine):
         _run("reset_lab", {"partitions": partitions})
@@ -57,7 +61,7 @@ def reset(partitions):
     # No agent runs: do the same work in this process.
     from .agent.setup import reset_lab
 
-    _show(reset_lab(config["DATABASE_URL"], config["KAFKA_BOOTSTRAP_SERVERS"], _lab(), partitions))
+    _show(reset_lab(config["DATABASE_URL"], config["KAFKA_BOOTSTRAP_SERVERS"], lab, partitions))
 
 
 @lab_cli.command("init")
@@ -71,10 +75,9 @@ def init(partitions):
     """
     from .agent.setup import ensure_lab, reset_lab
 
-    config = current_app.config
+    config, lab = current_app.config, _lab()
     if not config["KAFKA_BOOTSTRAP_SERVERS"]:
         raise click.UsageError("KAFKA_BOOTSTRAP_SERVERS is not set and no lab is running (start one with `make run`)")
-    lab = _lab()
     partitions = partitions or config["LAB_PARTITIONS"]
     services = (config["DATABASE_URL"], config["KAFKA_BOOTSTRAP_SERVERS"])
     result = ensure_lab(*services, lab, partitions)

@@ -151,9 +151,11 @@ class Agent:
         return 0
 
     def shutdown(self) -> None:
-        self.log_mirror.stop()
-        self.pool.stop_all()
+        """Stop the consumers (gracefully, SIGKILL after their deadline) and the log mirror, record
+        how each ended, fail what was still addressed to us, remove our row."""
         try:
+            self.log_mirror.stop()
+            self.pool.stop_all()
             self.reap_children()
         finally:
             self.publisher.close()

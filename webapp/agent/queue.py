@@ -2,7 +2,7 @@
 
 Claim: the oldest pending command addressed to this agent or to none, FOR UPDATE SKIP LOCKED, so
 agents claiming at once never wait on each other; the row records who claimed it and a lease the
-claiming agent's heartbeat thread renews every second (periodic.py). An agent that dies stops
+claiming agent's heartbeat thread renews with each beat (periodic.py). An agent that dies stops
 renewing.
 
 The reaper runs in every agent, on its heartbeat thread, so a busy agent still reaps:
@@ -11,6 +11,7 @@ The reaper runs in every agent, on its heartbeat thread, so a busy agent still r
 - a command for any agent that stayed pending ``UNCLAIMED_SECONDS`` is failed: no agent was there;
 - consumers that look alive but whose agent is dead are marked ``gone``; one whose process is still
   here (same host, the command line of that very consumer) is killed: nobody could stop it now.
+An agent of this host whose process still runs is slow, not dead: the reaper leaves it alone.
 An agent that starts where a dead agent had the same host and pid (a restart in the same container)
 reconciles that agent's rows before it claims anything: it knows for certain that agent is dead.
 """
@@ -67,12 +68,21 @@ def host_of(agent_id: str | None) -> str | None:
     return agent_id.split(":", 1)[0] if agent_id else None
 
 
+def _cmdline(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def _is_an_agent(pid: int) -> bool:
+    argv = _cmdline(pid)
+    return b"webapp.agent" in argv or (b"lab" in argv and b"agent" in argv)
+
+
 def _is_that_consumer(pid: int, lab: str, consumer_id: int) -> bool:
     """True when ``pid`` on this host is the consumer process of that row (not a reused pid)."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
+    argv = _cmdline(pid)
     return (b"webapp.consumer" in argv and b"--consumer-id" in argv and b"--lab" in argv
             and argv[argv.index(b"--consumer-id") + 1:][:1] == [str(consumer_id).encode()]
             and argv[argv.index(b"--lab") + 1:][:1] == [lab.encode()])
@@ -107,9 +117,22 @@ class Reaper:
 
     # --- every beat -------------------------------------------------------------------------
 
+    def visibly_alive(self, agent_id: str | None) -> bool:
+        """An agent of this host whose process still runs: slow to beat (a stalled database, an
+        overloaded machine), not dead; the reaper leaves it alone. (Ids are ``host:pid:hex``.)"""
+        if not agent_id or host_of(agent_id) != self.host:
+            return False
+        try:
+            pid = int(agent_id.split(":")[1])
+        except (IndexError, ValueError):
+            return False
+        return pid != self.pid and _is_an_agent(pid)
+
     def reap(self, conn: Connection) -> None:
         """One round, in the caller's transaction (the heartbeat's)."""
         for command in commands.expired_leases(conn) + commands.waiting_for_dead_agents(conn, AGENT_FRESH_SECONDS):
+            if self.visibly_alive(command.agent_id):
+                continue
             if commands.fail(conn, command.id, died(command.agent_id, command.age), "agent died",
                              only_if=command.status):
                 log.warning("command %s %s failed: %s", command.id, command.verb, died(command.agent_id, command.age))
@@ -117,7 +140,8 @@ class Reaper:
             reason = (f"no lab agent took it within {UNCLAIMED_SECONDS:.0f} s: none was running, "
                       "or all were busy")
             commands.fail(conn, command.id, reason, "no agent", only_if=commands.PENDING)
-        orphans = consumer_rows.orphaned(conn, agents.live_ids(conn))
+        orphans = [row for row in consumer_rows.orphaned(conn, agents.live_ids(conn))
+                   if not self.visibly_alive(row.agent_id)]
         self.pending_notes = self._gone(conn, orphans, agents.ages(conn, sorted({o.agent_id for o in orphans
                                                                                    if o.agent_id})))
         agents.prune(conn, PRUNE_AGENTS_AFTER)

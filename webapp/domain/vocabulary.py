@@ -63,6 +63,7 @@ class Limits:
     DROPPED_RESPONSES = (0, 100)
     RESPONSE_DELAY_MS = (0, 60_000)
     NAME_LENGTH = 24
+    SCORE = (0, 1000)
 
 
 DEFAULT_GROUP = "payments"

@@ -12,19 +12,19 @@ from ..store import consumers as store
 from ..store import schema
 from ..store.labdata import say
 from .agent_commands import run_command
-from .fields import ConsumerId, Name
+from .fields import Whole, consumer_id, named
 from .registry import Args, Context, InvalidRequest, NotFound, operation
 
 
 class StartConsumerArgs(Args):
-    group: Name("the consumer group (local to the lab)") = DEFAULT_GROUP
+    group: str = named("the consumer group (local to the lab)", default=DEFAULT_GROUP)
     strategy: Literal[tuple(strategies.NAMES)] = Field(
         None, description="switch the group to this strategy first (default: keep the group's)")
-    name: Name("the consumer's name, shown everywhere (default: c1, c2, ...)", "name", "consumer") = None
+    name: str = named("the consumer's name, shown everywhere (default: c1, c2, ...)", "name", "consumer")
 
 
 class ConsumerRef(Args):
-    consumer_id: ConsumerId
+    consumer_id: Whole = consumer_id()
 
 
 class ArmArgs(ConsumerRef):

@@ -11,7 +11,7 @@ from ..store import faultproxies as store
 from ..store import schema
 from ..store.labdata import say
 from ..waits import WaitTimeout, wait_until
-from .fields import Whole
+from .fields import Whole, within
 from .registry import Args, Context, InvalidRequest, operation
 
 TAKE_TIMEOUT = 5.0
@@ -22,9 +22,9 @@ class NoFaultProxy(commands.NoAgent):
 
 
 class ArmFaultProxyArgs(Args):
-    drop_produce_responses: Whole(Limits.DROPPED_RESPONSES, "drop the next N Produce responses "
-                                  "(the broker writes, the ack is lost)") = None
-    delay_ms: Whole(Limits.RESPONSE_DELAY_MS, "hold every Produce response this long") = None
+    drop_produce_responses: Whole = within(Limits.DROPPED_RESPONSES, "drop the next N Produce responses "
+                                           "(the broker writes, the ack is lost)")
+    delay_ms: Whole = within(Limits.RESPONSE_DELAY_MS, "hold every Produce response this long", unit=" ms")
 
     @model_validator(mode="after")
     def _something_to_do(self) -> "ArmFaultProxyArgs":

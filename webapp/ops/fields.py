@@ -1,5 +1,10 @@
-"""Field types shared by the argument models: each carries its limits and its description, so the
-API, the forms, the CLI, the scenario files and the OpenAPI document say the same thing."""
+"""Field types and field declarations shared by the argument models: each carries its limits and
+its description, so the API, the forms, the CLI, the scenario files and the OpenAPI document say
+the same thing.
+
+    count: Whole = within(Limits.BURST, "burst: how many events", default=10)
+    group: str = named("the consumer group (local to the lab)", default="payments")
+"""
 from __future__ import annotations
 
 from typing import Annotated, Any
@@ -7,6 +12,7 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, BeforeValidator, Field
 
 from ..domain.lab import NAME, NAME_RULE
+from ..domain.vocabulary import Limits
 from ..events import ACCOUNT_ID, TRANSACTION_ID
 
 # The sentence a person reads when a value does not match a field's pattern.
@@ -18,36 +24,45 @@ PATTERN_RULES = {
 
 
 def _no_bool(value: Any) -> Any:
-    # bool is an int in Python; a whole-number field must not take true/false for 1/0.
+    # bool is an int in Python; a number field must not take true/false for 1/0.
     if isinstance(value, bool):
-        raise ValueError("must be a whole number, not true/false")
+        raise ValueError("must be a number, not true/false")
     return value
 
 
-def Whole(bounds: tuple[int, int], description: str, *aliases: str) -> Any:
-    """A whole number within ``bounds`` (inclusive)."""
+Whole = Annotated[int, BeforeValidator(_no_bool)]
+Number = Annotated[float, BeforeValidator(_no_bool)]
+
+
+def _aliases(name_and_aliases: tuple[str, ...]) -> AliasChoices | None:
+    return AliasChoices(*name_and_aliases) if name_and_aliases else None
+
+
+def within(bounds: tuple[Any, Any], description: str, *aliases: str, default: Any = None, unit: str = "") -> Any:
+    """A number from ``bounds[0]`` to ``bounds[1]`` (inclusive). ``aliases``, when given, are every
+    name the field accepts, its own first (scenario files keep their shorter words)."""
     low, high = bounds
-    return Annotated[int, Field(ge=low, le=high, description=f"{description} ({low}-{high})",
-                                validation_alias=AliasChoices(*aliases) if aliases else None),
-                     BeforeValidator(_no_bool)]
+    finite = {"allow_inf_nan": False} if isinstance(low, float) or isinstance(high, float) or unit else {}
+    return Field(default, ge=low, le=high, description=f"{description} ({low}-{high}{unit})",
+                 validation_alias=_aliases(aliases), **finite)
 
 
-def Seconds(bounds: tuple[float, float], description: str, *aliases: str) -> Any:
-    low, high = bounds
-    return Annotated[float, Field(ge=low, le=high, allow_inf_nan=False, description=f"{description} ({low}-{high} s)",
-                                  validation_alias=AliasChoices(*aliases) if aliases else None),
-                     BeforeValidator(_no_bool)]
+def named(description: str, *aliases: str, default: Any = None) -> Any:
+    """A name: a lowercase letter, then up to 23 lowercase letters, digits or _."""
+    return Field(default, pattern=NAME.pattern, max_length=Limits.NAME_LENGTH, description=description,
+                 validation_alias=_aliases(aliases))
 
 
-def Name(description: str, *aliases: str) -> Any:
-    return Annotated[str, Field(pattern=NAME.pattern, max_length=24, description=description,
-                                validation_alias=AliasChoices(*aliases) if aliases else None)]
+def account(default: Any = None) -> Any:
+    return Field(default, pattern=ACCOUNT_ID.pattern, description="an account id, like acc-1",
+                 validation_alias=AliasChoices("account_id", "account"))
 
 
-# A consumer's id as the database holds it (a PostgreSQL integer).
-ConsumerId = Annotated[int, Field(ge=0, le=2**31 - 1, description="the consumer's id, as `GET /state` lists it"),
-                       BeforeValidator(_no_bool)]
-AccountId = Annotated[str, Field(pattern=ACCOUNT_ID.pattern, description="an account id, like acc-1",
-                                 validation_alias=AliasChoices("account_id", "account"))]
-TransactionId = Annotated[str, Field(pattern=TRANSACTION_ID.pattern,
-                                     description="the business id (like a PIX endToEndId); new when omitted")]
+def transaction(default: Any = None) -> Any:
+    return Field(default, pattern=TRANSACTION_ID.pattern,
+                 description="the business id (like a PIX endToEndId); new when omitted")
+
+
+def consumer_id() -> Any:
+    # A PostgreSQL integer: a larger id could not name a row, so it is refused as input.
+    return Field(ge=0, le=2**31 - 1, description="the consumer's id, as `GET /state` lists it")

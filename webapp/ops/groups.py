@@ -13,7 +13,7 @@ from ..domain.vocabulary import DEFAULT_STRATEGY, OFFSET_RESET_MODES, Limits
 from ..labs import ensure_schema, seed_accounts
 from ..store import labdata, schema
 from .agent_commands import run_command
-from .fields import Name, Whole
+from .fields import Whole, named, within
 from .registry import Args, Context, InvalidRequest, NotFound, operation
 
 Strategy = Literal[tuple(strategies.NAMES)]
@@ -21,13 +21,13 @@ OFFSETS_SHAPE = 'give partition: offset pairs, like {"0": 3}'
 
 
 class CreateGroupArgs(Args):
-    group: Name("the new group's name (local to the lab)", "group", "name")
+    group: str = named("the new group's name (local to the lab)", "group", "name", default=...)
     strategy: Strategy = Field(DEFAULT_STRATEGY, description="the deduplication strategy")
-    lane: Name("apply to a lane: the lab's own copy of the accounts under this name") = None
+    lane: str = named("apply to a lane: the lab's own copy of the accounts under this name")
 
 
 class GroupRef(Args):
-    group: Name("the consumer group (local to the lab)")
+    group: str = named("the consumer group (local to the lab)", default=...)
 
 
 class StrategyArgs(GroupRef):
@@ -43,7 +43,7 @@ class GroupSettingsArgs(GroupRef):
 class ResetOffsetsArgs(GroupRef):
     mode: Literal[OFFSET_RESET_MODES] = Field("earliest", description="where to move the committed offsets")
     offsets: dict[str, int] | None = Field(None, description='offset: {"partition": offset}, like {"0": 3}')
-    back: Whole(Limits.RESET_BACK, "back: move each partition back this many records") = None
+    back: Whole = within(Limits.RESET_BACK, "back: move each partition back this many records")
     timestamp: datetime | None = Field(None, description="timestamp: the first offset at or after this time "
                                        "(ISO-8601)")
 

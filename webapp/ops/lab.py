@@ -9,15 +9,15 @@ from ..labs import lab_schemas
 from ..store import labdata, schema
 from .agent_commands import run_command
 from .faults import NoArgs
-from .fields import Seconds, Whole
+from .fields import Number, Whole, within
 from .registry import Args, Context, InvalidRequest, operation
 
 
 class TtlArgs(Args):
-    ttl_seconds: Seconds(Limits.TTL_SECONDS, "dedup keys older than this are deleted by the cleanup",
-                         "ttl_seconds", "seconds") = None
-    ttl_schedule_seconds: Seconds(Limits.TTL_SECONDS, "run the cleanup on this schedule (0: on demand only)",
-                                  "ttl_schedule_seconds", "schedule_seconds") = None
+    ttl_seconds: Number = within(Limits.TTL_SECONDS, "dedup keys older than this are deleted by the cleanup",
+                                 "ttl_seconds", "seconds", unit=" s")
+    ttl_schedule_seconds: Number = within(Limits.TTL_SECONDS, "run the cleanup on this schedule (0: on demand only)",
+                                          "ttl_schedule_seconds", "schedule_seconds", unit=" s")
 
     @model_validator(mode="after")
     def _something_to_set(self) -> "TtlArgs":
@@ -27,12 +27,12 @@ class TtlArgs(Args):
 
 
 class CleanupArgs(Args):
-    ttl_seconds: Seconds(Limits.TTL_SECONDS, "the window for this cleanup (default: the lab's TTL)",
-                         "ttl_seconds", "seconds") = None
+    ttl_seconds: Number = within(Limits.TTL_SECONDS, "the window for this cleanup (default: the lab's TTL)",
+                                 "ttl_seconds", "seconds", unit=" s")
 
 
 class ResetArgs(Args):
-    partitions: Whole(Limits.PARTITIONS, "partitions of the new payments topic (default: LAB_PARTITIONS)") = None
+    partitions: Whole = within(Limits.PARTITIONS, "partitions of the new payments topic (default: LAB_PARTITIONS)")
 
 
 @operation("get_ttl", method="GET", path="/ttl", tags=("dedup",), summary="The dedup-table TTL and its schedule")

@@ -11,7 +11,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from .. import events
 from ..domain.vocabulary import PUBLISH_MODES, Limits
 from .agent_commands import run_command
-from .fields import AccountId, TransactionId, Whole
+from .fields import Whole, account, transaction, within
 from .registry import Args, Context, InvalidRequest, operation
 
 MAX_CENTS = Limits.AMOUNT_CENTS[1]
@@ -25,17 +25,17 @@ class PublishArgs(Args):
         "normal", description="normal: one event; burst: `count` events; resend: the same event again "
         "(same event_id); source-duplicate: the same transaction under a new event_id; poison: a malformed record")
     type: Literal[tuple(events.EVENT_TYPES)] = Field("credit", description="the event type")
-    account_id: AccountId = None
-    amount_cents: Whole(Limits.AMOUNT_CENTS, "a credit's amount in cents") = None
+    account_id: str = account()
+    amount_cents: Whole = within(Limits.AMOUNT_CENTS, "a credit's amount in cents")
     amount: str | None = Field(None, description="a credit's amount in currency units, like 12.50 "
                                "(instead of amount_cents)")
     status: Literal[events.STATUSES] = Field(None, description="set_status: the status to set")
-    balance_cents: Whole((0, MAX_CENTS), "set_balance: the absolute balance in cents") = None
-    score: Whole((0, 1000), "set_score: the credit score to upsert") = None
-    count: Whole(Limits.BURST, "burst: how many events") = 10
+    balance_cents: Whole = within((0, MAX_CENTS), "set_balance: the absolute balance in cents")
+    score: Whole = within(Limits.SCORE, "set_score: the credit score to upsert")
+    count: Whole = within(Limits.BURST, "burst: how many events", default=10)
     event_id: UUID | None = Field(None, description="resend/source-duplicate: the event to repeat "
                                  "(default: the newest published)")
-    transaction_id: TransactionId = None
+    transaction_id: str = transaction()
     occurred_at: datetime | None = Field(None, description="the event's own time (default: now); an old "
                                          "time makes a late set")
     poison_kind: Literal[tuple(events.POISON_PILLS)] = Field(

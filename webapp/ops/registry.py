@@ -136,7 +136,7 @@ def validate(op: Operation, raw: Mapping[str, Any]) -> Args:
 def describe_error(model: type[Args], error: Mapping[str, Any]) -> tuple[str, str]:
     """(field, message) for one pydantic error, worded for a person, with the field's limits."""
     loc = [part for part in error.get("loc", ()) if isinstance(part, str)]
-    name = loc[0] if loc else "body"
+    name = field_of(model, loc[0]) if loc else "body"
     info = model.model_fields.get(name)
     kind = error.get("type", "")
     if kind == "missing":
@@ -158,6 +158,14 @@ def describe_error(model: type[Args], error: Mapping[str, Any]) -> tuple[str, st
             from .fields import PATTERN_RULES
             return name, PATTERN_RULES.get(error.get("ctx", {}).get("pattern"), "is not in the expected form")
     return name, str(error.get("msg", "is not valid")).removeprefix("Value error, ")
+
+
+def field_of(model: type[Args], key: str) -> str:
+    """The field a key names: itself, or the field that accepts it as an alias (``account``)."""
+    for name, info in model.model_fields.items():
+        if key in getattr(info.validation_alias, "choices", ()):
+            return name
+    return key
 
 
 def _bounds(info) -> tuple[Any, Any] | None:

@@ -80,32 +80,6 @@ def append(engine: Engine, lab: Lab, operation: str, args: dict, before: dict[st
         log.warning("could not record %s in lab %s: %s", operation, lab.name, error)
 
 
-def recorded(function: Callable) -> Callable:
-    """The decorator of the old ``webapp.operations`` (until it is deleted): the same entries as the
-    registry's hook, under the registry's operation names and argument names."""
-    name = function.__name__
-
-    @functools.wraps(function)
-    def wrapper(engine: Engine, lab: Lab, *args: Any, **kwargs: Any) -> Any:
-        before = None if name == "reset_lab" else summarize(_snapshot(engine, lab))
-        result = function(engine, lab, *args, **kwargs)
-        rest, raw = list(args), {}
-        if name in ("consumer_action", "arm", "set_step_mode", "step"):
-            raw["consumer_id"] = rest.pop(0)
-        if name in ("set_strategy", "reset_offsets"):
-            raw["group"] = rest.pop(0)
-        operation = f"{rest.pop(0)}_consumer" if name == "consumer_action" else name
-        raw.update(next((a for a in rest if isinstance(a, dict)), {}))
-        op = ops.OPERATIONS.get(operation)
-        try:
-            raw = ops.validate(op, raw).model_dump(mode="json", exclude_none=True) if op else raw
-        except ops.InvalidRequest:
-            pass
-        append(engine, lab, operation, raw, before, result)
-        return result
-    return wrapper
-
-
 def _snapshot(engine: Engine, lab: Lab) -> Snapshot | None:
     try:
         return observe(engine, lab)
