@@ -42,9 +42,9 @@ FROM generate_series(0, {rows} - 1) AS i;
 
 -- the log reader's mirror of the same records (the truth the verdict reads)
 INSERT INTO log_records (partition, "offset", "timestamp", key, value, event_id, transaction_id, type, account_id,
-                         amount_cents, occurred_at, event, read_at)
+                         amount_cents, occurred_at, first_of_transaction, read_at)
 SELECT partition, "offset", published_at, account_id, payload, event_id, transaction_id, type, account_id,
-       amount_cents, published_at::text, jsonb_build_object('type', type), published_at + interval '1 ms'
+       amount_cents, published_at::text, true, published_at + interval '1 ms'
 FROM published_events;
 
 INSERT INTO deliveries (group_id, consumer, partition, "offset", generation, attempt, event_id, transaction_id,

@@ -11,32 +11,18 @@ import os
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 from werkzeug.serving import make_server
 
+from support import ROOT, LabDriver, Services, service_env, stop_process, wait_for_agent
 from webapp import create_app
 from webapp.db import sqlalchemy_url
-from webapp.embedded import EmbeddedBroker, EmbeddedPostgres, stop_process  # noqa: F401 (tests import it from here)
+from webapp.embedded import EmbeddedBroker, EmbeddedPostgres
 from webapp.labs import Lab, ensure_control_schema
-from webapp.waits import free_port, wait_until
-
-ROOT = Path(__file__).resolve().parent.parent
-ARTIFACTS = ROOT / "test-artifacts"
-
-
-@dataclass
-class Services:
-    database_url: str
-    bootstrap_servers: str
-    data_dir: Path
-    postgres: EmbeddedPostgres
-    broker: EmbeddedBroker
+from webapp.waits import free_port
 
 
 @pytest.fixture(scope="session")
@@ -58,14 +44,6 @@ def services(tmp_path_factory) -> Services:
         postgres.stop()
 
 
-
-def service_env(services: Services, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "KAFKA_", "LAB_"))}
-    env.update({"DATABASE_URL": services.database_url, "KAFKA_BOOTSTRAP_SERVERS": services.bootstrap_servers,
-                "LAB_DATA_DIR": str(services.data_dir), **extra})
-    return env
-
-
 @pytest.fixture(scope="session")
 def agent(services) -> subprocess.Popen:
     """A real lab agent process serving every test's lab."""
@@ -78,22 +56,6 @@ def agent(services) -> subprocess.Popen:
         yield process
     finally:
         stop_process(process)
-
-
-def wait_for_agent(database_url: str, process: subprocess.Popen, log: Path) -> None:
-    """Wait until the agent process has reported itself in lab_control.agents."""
-    engine = create_engine(sqlalchemy_url(database_url), poolclass=NullPool)
-
-    def reported() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"the lab agent exited with {process.returncode}: {log.read_text()[-3000:]}")
-        with engine.connect() as conn:
-            return bool(conn.execute(text("SELECT count(*) FROM lab_control.agents WHERE pid = :pid"),
-                                     {"pid": process.pid}).scalar())
-    try:
-        wait_until(reported, timeout=30, message="the lab agent did not report itself")
-    finally:
-        engine.dispose()
 
 
 _lab_numbers = itertools.count(1)
@@ -142,76 +104,6 @@ def client(app):
 @pytest.fixture
 def runner(app):
     return app.test_cli_runner()
-
-
-class LabDriver:
-    """Drives one lab through the JSON API, as a script or a workshop would."""
-
-    def __init__(self, client, lab: Lab):
-        self.client = client
-        self.lab = lab
-
-    def post(self, path: str, body: dict | None = None, expect: int | tuple = (200, 201)) -> dict:
-        response = self.client.post(f"/api/v1{path}", json=body or {})
-        expected = (expect,) if isinstance(expect, int) else expect
-        assert response.status_code in expected, f"POST {path} -> {response.status_code}: {response.get_json()}"
-        return response.get_json()
-
-    def state(self) -> dict:
-        response = self.client.get("/api/v1/state")
-        assert response.status_code == 200, response.get_data(as_text=True)
-        return response.get_json()
-
-    # --- conveniences ---
-    def publish(self, **body) -> dict:
-        return self.post("/publish", body)
-
-    def credit(self, account_id: str = "acc-1", amount_cents: int = 1000, **extra) -> dict:
-        return self.publish(account_id=account_id, amount_cents=amount_cents, **extra)["records"][0]
-
-    def start_consumer(self, **body) -> dict:
-        return self.post("/consumers", body)
-
-    def consumer(self, consumer_id: int) -> dict:
-        return next(c for c in self.state()["consumers"] if c["id"] == consumer_id)
-
-    def account(self, account_id: str) -> dict:
-        return next(a for a in self.state()["accounts"] if a["id"] == account_id)
-
-    def verdict(self) -> dict:
-        return self.state()["verdict"]
-
-    def wait(self, condition: Callable[[dict], Any], message: str, timeout: float = 30.0) -> Any:
-        """Wait until ``condition(state)`` is truthy; fail with the message and the last state."""
-        last: dict = {}
-
-        def check():
-            last.clear()
-            last.update(self.state())
-            return condition(last)
-        return wait_until(check, timeout=timeout, interval=0.2,
-                          message=lambda: f"{message}; last state: consumers={last.get('consumers')} "
-                                          f"verdict={last.get('verdict')} accounts={last.get('accounts')}")
-
-    def wait_consumer(self, consumer_id: int, predicate: Callable[[dict], Any], message: str,
-                      timeout: float = 30.0) -> dict:
-        """Wait until consumer ``consumer_id``'s reported row satisfies ``predicate``; return the row."""
-        return self.wait(lambda s: next((c for c in s["consumers"] if c["id"] == consumer_id and predicate(c)), None),
-                         f"consumer {consumer_id}: {message}", timeout)
-
-    def wait_assigned(self, consumer_id: int, timeout: float = 30.0) -> dict:
-        return self.wait_consumer(consumer_id, lambda c: c["state"] == "running" and c["assigned"],
-                                  "never assigned a partition", timeout)
-
-    def wait_state(self, consumer_id: int, *states: str, timeout: float = 30.0) -> dict:
-        return self.wait_consumer(consumer_id, lambda c: c["state"] in states, f"never reached {states}", timeout)
-
-    def wait_caught_up(self, timeout: float = 30.0) -> dict:
-        """Every published record applied, absorbed or dead-lettered, and committed."""
-        def caught_up(s):
-            return all(p["committed"] and all((c or 0) >= p["log_end"] for c in p["committed"].values())
-                       for p in s["partitions"] if p["log_end"]) and s
-        return self.wait(caught_up, "the group never caught up with the log end", timeout)
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from conftest import ROOT, service_env, stop_process
+from support import ROOT, service_env, stop_process
 from webapp import commands
 from webapp.db import lab_session, sqlalchemy_url
 from webapp.domain.vocabulary import AGENT_FRESH_SECONDS
@@ -371,6 +371,39 @@ def test_an_agent_restarted_with_the_same_host_and_pid_reconciles_the_old_rows(s
         assert first_id not in agent_ids(engine, 1)
         assert consumer_row(engine, consumer_id)["state"] == "gone"
         assert lab.consumer(consumer_id)["state"] == "gone"
+
+
+def agent_age(engine, agent_id: str) -> float:
+    with engine.connect() as conn:
+        return float(conn.execute(text("SELECT extract(epoch FROM now() - heartbeat_at) FROM lab_control.agents "
+                                       "WHERE id = :id"), {"id": agent_id}).scalar_one())
+
+
+def test_a_paused_agent_on_this_host_is_slow_not_dead(services, lab, engine, tmp_path):
+    """SIGSTOP the whole agent past the freshness window: its process still runs, so the reaper
+    neither fails what waits for it nor marks its consumers gone; on SIGCONT it carries on."""
+    log = tmp_path / "agent.log"
+    with own_agent(services, log) as process:
+        agent_id = wait_reported(engine, process, log)
+        consumer_id = start_on(engine, lab, agent_id, "s1", group="slow")
+        process.send_signal(signal.SIGSTOP)
+        try:
+            # Whoever waits for a command gives up at its deadline and withdraws it: it never runs late.
+            freeze = commands.enqueue(engine, lab.lab.name, "consumer.freeze", {"consumer_id": consumer_id}, agent_id)
+            with pytest.raises(commands.CommandError, match="no lab agent finished command"):
+                commands.wait_for(engine, freeze, timeout=1)
+            assert command_row(engine, freeze)["status"] == "failed"
+            assert command_row(engine, freeze)["error"].startswith("withdrawn: ")
+            stop = commands.enqueue(engine, lab.lab.name, "consumer.stop", {"consumer_id": consumer_id}, agent_id)
+            wait_until(lambda: agent_age(engine, agent_id) > AGENT_FRESH_SECONDS + 1.5, timeout=30,
+                       message="the paused agent kept beating")
+            assert command_row(engine, stop)["status"] == "pending"
+            assert consumer_row(engine, consumer_id)["state"] == "running"
+        finally:
+            process.send_signal(signal.SIGCONT)
+        wait_until(lambda: command_row(engine, stop)["status"] == "done", timeout=30,
+                   message=lambda: f"the resumed agent never stopped its consumer: {command_row(engine, stop)}")
+        assert consumer_row(engine, consumer_id)["state"] == "stopped"
 
 
 def test_consumer_output_goes_to_the_agents_stdout_with_its_name(app, services, lab, engine, tmp_path):

@@ -38,7 +38,7 @@ import pytest
 import yaml
 from confluent_kafka.admin import AdminClient
 
-from conftest import ROOT, service_env, stop_process
+from support import ROOT, service_env, stop_process
 from webapp import config as lab_config
 from webapp.db import connect
 from webapp.labs import Lab

@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
-from conftest import ROOT, LabDriver, service_env, stop_process, wait_for_agent
+from support import ROOT, LabDriver, service_env, stop_process, wait_for_agent
 from webapp import commands, ops, state
 from webapp.db import lab_session, sqlalchemy_url
 from webapp.embedded import LOOPBACK, EmbeddedBroker
@@ -333,7 +333,7 @@ def test_api_and_cli_arm_and_report(proxied_lab):
     assert (armed["drop_produce_responses"], armed["delay_ms"]) == (2, 50)
     assert client.get("/api/v1/fault-proxy").get_json()["armed_by"] == proxied_lab.lab.name
 
-    result = client.application.test_cli_runner().invoke(args=["lab", "lost-ack", "0"])
+    result = client.application.test_cli_runner().invoke(args=["lab", "lost-ack", "--drop-produce-responses", "0"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["armed"] is False
     assert proxied_lab.fault_timeline()[-2:] == [

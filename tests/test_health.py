@@ -2,7 +2,7 @@
 import subprocess
 import sys
 
-from conftest import ROOT, service_env, stop_process, wait_for_agent
+from support import ROOT, service_env, stop_process, wait_for_agent
 from webapp.embedded import EmbeddedBroker
 from webapp.waits import wait_until
 

@@ -1,13 +1,16 @@
 """`make run`: one command starts everything; SIGTERM leaves no process behind."""
+import json
 import os
 import signal
+import socket
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
 import psutil
 
-from conftest import ROOT
+from support import ROOT
 from webapp.waits import free_port, wait_until
 
 
@@ -77,3 +80,35 @@ def test_with_both_variables_set_nothing_embedded_starts(services, tmp_path, lab
         launcher.send_signal(signal.SIGTERM)
         launcher.wait(timeout=40)
         output.close()
+
+
+def run_launcher(tmp_path, **settings: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "webapp.launcher"], cwd=ROOT, capture_output=True, text=True,
+                          env=lab_env(LAB_DATA_DIR=str(tmp_path / "lab"), **settings), timeout=60)
+
+
+def test_a_taken_port_is_named_in_one_line_and_nothing_starts(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_launcher(tmp_path, LAB_PORT=str(port))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"port {port} on 127.0.0.1 is taken" in lines[0] and "LAB_PORT=" in lines[0]
+    assert not (tmp_path / "lab" / "postgres").exists(), "it started PostgreSQL before refusing"
+
+
+def test_a_data_directory_in_use_is_named_in_one_line(tmp_path):
+    with socket.socket() as database:
+        database.bind(("127.0.0.1", 0))
+        database.listen()
+        db_port = database.getsockname()[1]
+        (tmp_path / "lab").mkdir()
+        (tmp_path / "lab" / "running.json").write_text(json.dumps(
+            {"DATABASE_URL": f"postgresql://postgres@127.0.0.1:{db_port}/postgres"}))
+        result = run_launcher(tmp_path, LAB_PORT=str(free_port()))
+    assert result.returncode == 2
+    line = result.stderr.strip()
+    assert "\n" not in line and f"another lab is running from {tmp_path / 'lab'}" in line and "LAB_DATA_DIR=" in line
+    assert (tmp_path / "lab" / "running.json").exists(), "it removed the other lab's running file"

@@ -51,7 +51,7 @@ def proxied_stack(tmp_path_factory):
     from sqlalchemy import create_engine
     from sqlalchemy.pool import NullPool
 
-    from conftest import Services, service_env, stop_process, wait_for_agent
+    from support import Services, service_env, stop_process, wait_for_agent
     from webapp.db import sqlalchemy_url
     from webapp.embedded import EmbeddedBroker, EmbeddedPostgres
     from webapp.labs import ensure_control_schema

@@ -60,9 +60,9 @@ def wait_for(engine: Engine, command_id: int, timeout: float) -> dict[str, Any]:
                       "is the agent running?")
             if status == command_rows.PENDING:
                 with engine.begin() as conn:
-                    if command_rows.withdraw(conn, command_id, f"withdrawn: {reason}"):
-                        raise CommandError(reason)
-                continue  # claimed just now: report what it became
+                    withdrawn = command_rows.withdraw(conn, command_id, f"withdrawn: {reason}")
+                if not withdrawn:
+                    continue  # claimed just now: report what it became
             raise CommandError(reason)
         time.sleep(0.02)
 

@@ -16,7 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from .config import RUNNING_FILE, ConfigError, load_config
+from sqlalchemy.engine import make_url
+
+from .config import RUNNING_FILE, ConfigError, load_config, running_services
 from .embedded import LOOPBACK, EmbeddedBroker, EmbeddedPostgres, die_with_parent, stop_process
 from .labs import Lab
 from .waits import free_port, port_open, wait_until
@@ -26,6 +28,31 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def say(what: str, where: str) -> None:
     print(f"  {what:<28} {where}", flush=True)
+
+
+class Occupied(RuntimeError):
+    """Another lab (or program) holds what this one needs; the message says which and what to do."""
+
+
+def check_free(config, data_dir: Path) -> None:
+    """Refuse to start half a lab: the web port and the data directory must be free."""
+    host, port = config["LAB_HOST"], config["LAB_PORT"]
+    if port_open(host, port):
+        raise Occupied(f"port {port} on {host} is taken (another lab, or a program such as an AirPlay receiver): "
+                       f"stop it, or run on another port: LAB_PORT={port + 1} make run")
+    database = running_services(data_dir).get("DATABASE_URL")
+    if database:
+        address = make_url(database)
+        if port_open(address.host or LOOPBACK, address.port or 5432):
+            raise Occupied(f"another lab is running from {data_dir} (its PostgreSQL answers on "
+                           f"{address.host}:{address.port}): stop it (Ctrl-C in its terminal), "
+                           "or give this one its own directory: LAB_DATA_DIR=/some/other/dir make run")
+    postmaster = data_dir / "postgres" / "postmaster.pid"
+    if postmaster.exists():
+        pid = int((postmaster.read_text().split() or ["0"])[0])
+        if pid and Path(f"/proc/{pid}").exists():
+            raise Occupied(f"a PostgreSQL (pid {pid}) is still running on {data_dir / 'postgres'}: stop it, "
+                           "or give this lab its own directory: LAB_DATA_DIR=/some/other/dir make run")
 
 
 class Launcher:
@@ -153,7 +180,8 @@ class Launcher:
 def main() -> int:
     try:
         launcher = Launcher()
-    except ConfigError as error:
+        check_free(launcher.config, launcher.data_dir)
+    except (ConfigError, Occupied) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     def on_stop(signum, frame):

@@ -122,8 +122,10 @@ class LogRecord(db.Model):
     timestamp: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))  # the record's Kafka timestamp (create or log-append time)
     key: Mapped[Optional[str]] = mapped_column(Text)
     headers: Mapped[list[Any]] = mapped_column(JSONB, default=list, server_default="[]")  # [[name, value], ...]
-    value: Mapped[Optional[str]] = mapped_column(Text)  # as text (undecodable bytes backslash-escaped)
-    # The decoded event (NULL when invalid): its fields, and the whole event as events.to_dict gave it.
+    # As text (undecodable bytes and NUL backslash-escaped); for a valid event, the event's whole
+    # JSON object (``value::jsonb``), whatever its type's fields.
+    value: Mapped[Optional[str]] = mapped_column(Text)
+    # The decoded event's fields (NULL when the record is invalid).
     event_id: Mapped[Optional[uuid.UUID]] = mapped_column(UUID)
     transaction_id: Mapped[Optional[str]] = mapped_column(String(64))
     type: Mapped[Optional[str]] = mapped_column(String(16))
@@ -133,8 +135,7 @@ class LogRecord(db.Model):
     balance_cents: Mapped[Optional[int]] = mapped_column(BigInteger)
     score: Mapped[Optional[int]] = mapped_column(BigInteger)
     occurred_at: Mapped[Optional[str]] = mapped_column(Text)
-    event: Mapped[Optional[dict[str, Any]]] = mapped_column(JSONB)
-    invalid_reason: Mapped[Optional[str]] = mapped_column(Text)
+    invalid_reason: Mapped[Optional[str]] = mapped_column(Text)  # why it is not a valid event
     # The first valid record of its transaction in log order (set by the reader as it inserts):
     # the one exactly-once applies. Later records of the same transaction are duplicates.
     first_of_transaction: Mapped[bool] = mapped_column(default=False, server_default="false")

@@ -165,6 +165,15 @@ class Agent:
             self.engine.dispose()
 
 
+def register_guided_steps() -> None:
+    """Guided mode's clicks may wait a minute: the agent runs them (issue 10), not a web request.
+    Wired here, in the agent's entry point, so that nothing inside the agent imports scenarios."""
+    from ..scenarios.guided import VERB, agent_handler
+    from .handlers import HANDLERS
+
+    HANDLERS.setdefault(VERB, agent_handler)
+
+
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s agent[{os.getpid()}] %(levelname)s %(message)s")
     config = load_config()
@@ -172,6 +181,7 @@ def main() -> int:
         print("DATABASE_URL and KAFKA_BOOTSTRAP_SERVERS must be set (or a lab running in LAB_DATA_DIR)",
               file=sys.stderr)
         return 2
+    register_guided_steps()
     agent = Agent(config["DATABASE_URL"], config["KAFKA_BOOTSTRAP_SERVERS"],
                   config["KAFKA_PRODUCER_BOOTSTRAP_SERVERS"], config["LAB_DATA_DIR"],
                   log_to_stdout=truthy(os.environ.get("LAB_LOG_TO_STDOUT")))

@@ -18,6 +18,7 @@ in its own transaction, so a record fetched from the old topic never lands in th
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -25,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import psycopg
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, \
@@ -56,30 +57,30 @@ POSITIONS_SQL = 'SELECT partition, max("offset") + 1 FROM {schema}.log_records G
 
 # One statement per lab and batch; arrays in (binary: no text escaping), one row per record out. Headers and the event are
 # JSON texts cast to jsonb; the record's identity makes a re-read harmless. A valid record is the
-# first of its transaction when it is the first of the batch (in log order) and no earlier batch
-# held one: the reader reads each partition in offset order, so this is log order.
+# first of its transaction when it is the first of the batch (in log order: ``first_in_batch``,
+# from the reader) and no earlier batch held one: the reader reads each partition in offset
+# order, so this is log order.
 INSERT_SQL = """
 INSERT INTO {schema}.log_records (partition, "offset", "timestamp", key, headers, value, event_id, transaction_id,
                                   type, account_id, amount_cents, status, balance_cents, score, occurred_at,
-                                  event, invalid_reason, first_of_transaction)
+                                  invalid_reason, first_of_transaction)
 SELECT partition, "offset", ts, key, headers::jsonb, value, event_id::uuid, transaction_id, type, account_id,
-       amount_cents, status, balance_cents, score, occurred_at,
-       CASE WHEN invalid_reason IS NULL THEN value::jsonb END, invalid_reason,
-       invalid_reason IS NULL AND transaction_id IS NOT NULL
-       AND row_number() OVER (PARTITION BY transaction_id, invalid_reason IS NULL ORDER BY partition, "offset") = 1
-       AND NOT EXISTS (SELECT 1 FROM {schema}.log_records x WHERE x.transaction_id = r.transaction_id
-                       AND x.invalid_reason IS NULL AND x.first_of_transaction)
+       amount_cents, status, balance_cents, score, occurred_at, invalid_reason,
+       first_in_batch AND NOT EXISTS (SELECT 1 FROM {schema}.log_records x WHERE x.transaction_id = r.transaction_id
+                                      AND x.invalid_reason IS NULL AND x.first_of_transaction)
 FROM unnest(%(partition)b::int[], %(offset)b::bigint[], %(ts)b::timestamptz[], %(key)b::text[],
             %(headers)b::text[], %(value)b::text[], %(event_id)b::text[], %(transaction_id)b::text[],
             %(type)b::text[], %(account_id)b::text[], %(amount_cents)b::bigint[], %(status)b::text[],
-            %(balance_cents)b::bigint[], %(score)b::bigint[], %(occurred_at)b::text[], %(invalid_reason)b::text[])
+            %(balance_cents)b::bigint[], %(score)b::bigint[], %(occurred_at)b::text[], %(invalid_reason)b::text[],
+            %(first_in_batch)b::bool[])
      AS r(partition, "offset", ts, key, headers, value, event_id, transaction_id, type, account_id, amount_cents,
-          status, balance_cents, score, occurred_at, invalid_reason)
+          status, balance_cents, score, occurred_at, invalid_reason, first_in_batch)
 ON CONFLICT (partition, "offset") DO NOTHING
 """
 
 COLUMNS = ("partition", "offset", "ts", "key", "headers", "value", "event_id", "transaction_id", "type",
-           "account_id", "amount_cents", "status", "balance_cents", "score", "occurred_at", "invalid_reason")
+           "account_id", "amount_cents", "status", "balance_cents", "score", "occurred_at", "invalid_reason",
+           "first_in_batch")
 EVENT_FIELDS = ("event_id", "transaction_id", "type", "account_id", "amount_cents", "status", "balance_cents",
                 "score", "occurred_at")
 MAX_TEXT = 64_000  # a record's value kept as text up to this many characters (the lab's events are ~250)
@@ -125,8 +126,8 @@ def record_row(message: Message) -> dict[str, Any]:
         elif value is not None:
             value = str(value)
         row[name] = value
-    # The whole event (any type events.py decodes, whatever its fields) is the value itself, a
-    # JSON object the decoder accepted: the INSERT stores it as jsonb.
+    # The whole event (any type events.py decodes, whatever its fields) is the value itself: a
+    # JSON object the decoder accepted (``value::jsonb`` reads it whole).
     return row
 
 
@@ -176,12 +177,24 @@ class LogReader:
         self._last_refresh = 0.0
         self._conn: psycopg.Connection | None = None
         self._consumer: Consumer | None = None
+        # Pausing (around a lab reset): requested by any thread, carried out by the reading thread.
+        self._pause_requests = 0
+        self._pause_lock = threading.Lock()
+        self._paused = threading.Event()
+        self._reading_thread: threading.Thread | None = None
 
     # --- clients ---------------------------------------------------------------------------
 
+    def _connect(self) -> psycopg.Connection:
+        conn = connect(self.database_url, autocommit=True)
+        # The mirror is a copy of the log: a crash that loses its last commits loses nothing (the
+        # reader resumes from the table and reads those records again), so no flush per batch.
+        conn.execute("SET synchronous_commit = off")
+        return conn
+
     def _db(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
-            self._conn = connect(self.database_url, autocommit=True)
+            self._conn = self._connect()
         return self._conn
 
     def _kafka(self) -> Consumer:
@@ -211,10 +224,12 @@ class LogReader:
             row = conn.execute(SCHEMA_OID_SQL, [lab.schema]).fetchone()
             if row is not None:
                 oids[topic] = row[0]
-        for topic in list(self._mirrors):
-            mirror = self._mirrors[topic]
-            if oids.get(topic) != mirror.oid:
-                self._forget(topic)
+        if any(oids.get(topic) != mirror.oid for topic, mirror in self._mirrors.items()):
+            # A lab was reset or removed: its topic was (or is being) deleted and made again.
+            # librdkafka 2.16 crashes (SIGSEGV in its metadata cache) when a consumer that knew
+            # the old topic meets the new one, so start over with a new consumer: every lab
+            # resumes from its table.
+            self._recycle()
         missing = [topic for topic in oids if topic not in self._mirrors]
         if missing:
             metadata = self._kafka().list_topics(timeout=METADATA_TIMEOUT).topics
@@ -242,6 +257,55 @@ class LogReader:
         except KafkaException as error:
             log.warning("unassigning %s: %s", topic, error)
 
+    def _recycle(self) -> None:
+        """Close the consumer and forget every lab: the next refresh starts a new consumer and
+        resumes each lab from its table."""
+        self._mirrors.clear()
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except (KafkaException, RuntimeError) as error:
+                log.warning("closing the log reader's consumer: %s", error)
+            self._consumer = None
+        self._last_refresh = 0.0
+
+    @contextlib.contextmanager
+    def paused(self, timeout: float = 15.0) -> Iterator[None]:
+        """Hold the reader off Kafka while a lab's topics are deleted and made again (a lab
+        reset): its consumer is closed before this block runs and a new one starts after it.
+
+        librdkafka 2.16 crashes the whole process (SIGSEGV in its metadata cache) when a topic
+        is deleted while a consumer has it assigned, or when a consumer that knew a deleted topic
+        meets the topic made again under the same name (measured on the embedded broker). Call
+        from any thread; when the reader runs on a thread of its own, this waits (up to
+        ``timeout`` seconds) until that thread has closed its consumer.
+        """
+        with self._pause_lock:
+            self._pause_requests += 1
+        try:
+            reading = self._reading_thread
+            if reading is not None and reading.is_alive() and reading is not threading.current_thread():
+                if not self._paused.wait(timeout):
+                    raise TimeoutError(f"the log reader did not pause within {timeout:.0f}s")
+            else:
+                self._recycle()  # the caller is the reading thread (poll_once): close it here
+            yield
+        finally:
+            with self._pause_lock:
+                self._pause_requests -= 1
+
+    def _pause_point(self) -> bool:
+        """On the reading thread: while a pause is requested, close the consumer and wait.
+        True when it paused (the round reads nothing)."""
+        if not self._pause_requests:
+            return False
+        self._recycle()
+        self._paused.set()
+        while self._pause_requests:
+            time.sleep(0.05)
+        self._paused.clear()
+        return True
+
     def _restart(self, topic: str) -> None:
         """Forget a lab's positions: the next refresh re-reads them from its table."""
         if topic in self._mirrors:
@@ -252,6 +316,8 @@ class LogReader:
 
     def _read(self, timeout: float | None) -> list[tuple[_Mirror, list[dict[str, Any]]]]:
         """Look for labs when due, consume up to ``batch`` records, decode them: rows per lab."""
+        if self._pause_point():
+            return []
         try:
             if time.monotonic() - self._last_refresh >= REFRESH_EVERY:
                 self.refresh()
@@ -271,7 +337,8 @@ class LogReader:
                     log.warning("log reader: %s", error.str())
                     if error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC,
                                         KafkaError._UNKNOWN_PARTITION):
-                        self._restart(message.topic())
+                        self._recycle()  # a topic went away under us: a new consumer, from the tables
+                        return []
                 continue
             by_topic.setdefault(message.topic(), []).append(message)
         return [(self._mirrors[topic], [record_row(m) for m in batch])
@@ -280,6 +347,13 @@ class LogReader:
     def _write(self, conn: psycopg.Connection, mirror: _Mirror, rows: list[dict[str, Any]]) -> int | None:
         """One INSERT for one lab's batch. None when the lab's schema changed since it was
         assigned (a reset): the batch belongs to the old topic and is not written."""
+        rows = sorted(rows, key=lambda row: (row["partition"], row["offset"]))
+        seen: set[str] = set()
+        for row in rows:
+            transaction_id = row["transaction_id"] if row["invalid_reason"] is None else None
+            row["first_in_batch"] = transaction_id is not None and transaction_id not in seen
+            if transaction_id is not None:
+                seen.add(transaction_id)
         params = {column: [row[column] for row in rows] for column in COLUMNS}
         with conn.transaction():
             oid = conn.execute(SCHEMA_OID_SQL, [mirror.lab.schema]).fetchone()
@@ -338,17 +412,26 @@ class LogReader:
         writer = threading.Thread(target=self._writer, args=(batches, failures), name="log reader writer",
                                   daemon=True)
         writer.start()
+        self._reading_thread = threading.current_thread()
         try:
             while not stop.is_set():
-                self._handle_failures(failures)
-                for mirror, rows in self._read(None):
-                    while not stop.is_set():
-                        try:
-                            batches.put((mirror, rows), timeout=0.2)
-                            break
-                        except queue.Full:
-                            self._handle_failures(failures)
+                try:
+                    self._handle_failures(failures)
+                    for mirror, rows in self._read(None):
+                        while not stop.is_set():
+                            try:
+                                batches.put((mirror, rows), timeout=0.2)
+                                break
+                            except queue.Full:
+                                self._handle_failures(failures)
+                except Exception as error:  # noqa: BLE001 - the mirror must outlive any surprise
+                    log.exception("log reader: unexpected error; every lab resumes from its table")
+                    self.stats.errors += 1
+                    self.stats.last_error = repr(error)
+                    self._recycle()
+                    time.sleep(0.5)
         finally:
+            self._reading_thread = None
             batches.put(None)
             writer.join(timeout=30)
             self.close()
@@ -376,7 +459,7 @@ class LogReader:
                     continue  # its lab restarts from the table: these records are read again
                 try:
                     if conn is None or conn.closed:
-                        conn = connect(self.database_url, autocommit=True)
+                        conn = self._connect()
                     if self._write(conn, mirror, rows) is None:
                         mirror.failed = True
                         failures.put((mirror, None))

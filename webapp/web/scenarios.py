@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 
-from flask import Blueprint, abort, current_app, redirect, render_template, request, url_for
+from flask import Blueprint, abort, redirect, render_template, request, url_for
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 from sqlalchemy import text
@@ -122,13 +122,8 @@ def next_step(run_id: int):
         command_id = commands.enqueue(db.engine, row["lab"], guided.VERB, {"run_id": run_id})
         commands.wait_for(db.engine, command_id, HAND_OVER_SECONDS)
     except commands.CommandError as problem:
-        if f"unknown command {guided.VERB!r}" not in str(problem):
-            guided.release(db.engine, run_id)
-            return _respond(run_id, error=f"{type(problem).__name__}: {problem}")
-        # Transitional: an agent that does not know the verb yet. Run the click here, as before.
-        log.warning("the lab agent does not carry out %s yet; running guided run %s in the web process",
-                    guided.VERB, run_id)
-        guided.run_guided_step(db.engine, run_id, current_app.config, probe=False)
+        guided.release(db.engine, run_id)
+        return _respond(run_id, error=f"{type(problem).__name__}: {problem}")
     return _respond(run_id)
 
 

@@ -48,7 +48,6 @@ LAB = [
     balance_cents BIGINT,
     score BIGINT,
     occurred_at TEXT,
-    event JSONB,
     invalid_reason TEXT,
     first_of_transaction BOOLEAN DEFAULT 'false' NOT NULL,
     read_at TIMESTAMP WITHOUT TIME ZONE DEFAULT now() NOT NULL,
