@@ -60,8 +60,11 @@ def wait_verdict(lab, status: str, message: str, timeout: float = 45, **fields) 
 
 def test_no_events_then_pending_until_the_group_consumes_then_green(lab, log_reader):
     assert lab.verdict()["status"] == "no-events" and not lab.verdict()["exactly_once"]
+    assert "No events yet" in lab.client.get("/panels/verdict").get_data(as_text=True)
     lab.credit("acc-1", 10000)
     state = wait_verdict(lab, "pending", "the unconsumed credit never showed as pending", records=1)
+    panel = lab.client.get("/panels/verdict").get_data(as_text=True)
+    assert 'data-status="pending"' in panel and "<span data-pending>1</span> record(s) not yet applied" in panel
     verdict = state["verdict"]
     assert (verdict["records_pending"], verdict["not_yet_applied"], verdict["pending"]) == (1, 1, 1)
     assert not verdict["exactly_once"] and verdict["duplicates_applied"] == verdict["effects_lost"] == 0
@@ -143,3 +146,82 @@ def test_why_a_double_credit_after_a_kill_at_after_effect_before_commit(lab, log
         rf"P{p}@{o} was applied by c1 \(generation \d+\); c1 was killed at after-effect-before-commit before its "
         rf"offset commit; c1 rejoined \(generation \d+\), offset {o} came back and `none` applied it again",
         anomaly["why"]), anomaly["why"]
+    # The drill-down of that record tells the same sentence, and the verdict panel lists it.
+    drill = lab.client.get(f"/records/{p}/{o}", headers={"HX-Request": "true"})
+    assert drill.status_code == 200 and anomaly["why"] in drill.get_data(as_text=True)
+    panel = lab.client.get("/panels/verdict").get_data(as_text=True)
+    assert anomaly["why"] in panel and 'data-status="anomalies"' in panel
+
+
+def test_why_an_effect_lost_by_eventid_split(lab, log_reader):
+    use_strategy(lab, "eventid-split")
+    c1 = start(lab)
+    lab.post(f"/consumers/{c1}/arm", {"point": "between-key-and-effect", "action": "crash"})
+    record = lab.credit("acc-1", 1000)
+    lab.wait_consumer(c1, lambda c: c["state"] == "crashed" and c["exit_code"] is not None, "did not crash")
+    lab.post(f"/consumers/{c1}/restart")
+    lab.wait_assigned(c1)
+    state = wait_verdict(lab, "anomalies", "the lost effect was never judged", effects_lost=1)
+    [anomaly] = state["verdict"]["anomalies"]
+    p, o = record["partition"], record["offset"]
+    assert anomaly["kind"] == "effect-lost" and (anomaly["partition"], anomaly["offset"]) == (p, o)
+    assert re.fullmatch(
+        rf"P{p}@{o} \(credit acc-1 \+10\.00\) was never applied: c1 was killed at between-key-and-effect after its "
+        rf"key was committed and before the effect; when offset {o} came back, c1 \(generation \d+\) found its key "
+        r"and `eventid-split` absorbed it as already processed: the effect was lost", anomaly["why"]), anomaly["why"]
+
+
+def test_why_a_source_duplicate_slips_past_eventid_atomic(lab, log_reader):
+    use_strategy(lab, "eventid-atomic")
+    start(lab)
+    first = lab.credit("acc-2", 500)
+    second = lab.publish(mode="source-duplicate", event_id=first["event_id"])["records"][0]
+    state = wait_verdict(lab, "anomalies", "the source duplicate was never judged", duplicates_applied=1,
+                         source_duplicates=1)
+    [anomaly] = state["verdict"]["anomalies"]
+    positions = sorted([(first["partition"], first["offset"]), (second["partition"], second["offset"])])
+    (p1, o1), (p2, o2) = positions
+    assert re.fullmatch(
+        rf"transaction \S+ is in the log under two event ids \(P{p1}@{o1} and P{p2}@{o2}\): a source duplicate; "
+        r"`eventid-atomic` does not key on the transaction, so c1 applied it again", anomaly["why"]), anomaly["why"]
+    account = next(a for a in state["accounts"] if a["id"] == "acc-2")
+    assert (account["actual"], account["expected"]) == (1000, 500)
+
+
+def test_why_a_zombie_applies_again_under_check_then_act(lab, log_reader):
+    use_strategy(lab, "check-then-act")
+    zombie = start(lab, "z1")
+    lab.post(f"/consumers/{zombie}/arm", {"point": "between-check-and-act", "action": "freeze"})
+    record = lab.credit("acc-3", 10000)
+    lab.wait_state(zombie, "frozen")
+    successor = lab.start_consumer(name="s2")["consumer_id"]
+    lab.wait_consumer(successor, lambda c: c["applied"] == 1, "the successor never applied the record", 45)
+    lab.post(f"/consumers/{zombie}/thaw")
+    state = wait_verdict(lab, "anomalies", "the zombie's second credit was never judged", duplicates_applied=1)
+    [anomaly] = state["verdict"]["anomalies"]
+    p, o = record["partition"], record["offset"]
+    assert re.fullmatch(
+        rf"P{p}@{o} was applied by s2 \(generation \d+\) while z1 was frozen at between-check-and-act holding it; "
+        r"z1 thawed and, a zombie of generation \d+, applied it again \(`check-then-act`\)", anomaly["why"]), \
+        anomaly["why"]
+
+
+def test_a_consumer_blocked_by_a_frozen_zombies_lock_says_so(app, lab, log_reader):
+    from webapp import state
+    from webapp.db import lab_session
+    from webapp.waits import wait_until
+
+    use_strategy(lab, "eventid-atomic")
+    zombie = start(lab, "z1")
+    lab.post(f"/consumers/{zombie}/arm", {"point": "between-key-and-effect", "action": "freeze"})
+    lab.credit("acc-5", 100)
+    lab.wait_state(zombie, "frozen")  # frozen inside its transaction, holding the key's row lock
+    lab.start_consumer(name="s2")
+
+    def waiting():
+        with app.app_context(), lab_session(lab.lab.schema) as session:
+            rows = {c["name"]: c for c in state.consumers(session, lab.lab)}
+        return rows.get("s2", {}).get("waiting_on")
+    wait = wait_until(waiting, timeout=45, interval=0.3, message="the successor never showed its lock wait")
+    assert wait["holder"] == "z1" and wait["holder_state"] == "frozen"
+    assert re.fullmatch(r"waiting on a lock held by z1 \(frozen\) for \d+ s", wait["text"]), wait["text"]

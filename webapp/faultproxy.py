@@ -39,6 +39,7 @@ import psycopg
 from . import timeline
 from .db import CONTROL_SCHEMA, psycopg_conninfo
 from .labs import InvalidLabName, Lab
+from .store.schema import enter_psycopg
 
 log = logging.getLogger("idempotency_lab.faultproxy")
 
@@ -307,7 +308,7 @@ class ControlledFaults(Faults):
         try:
             async with self._faults_lock:
                 async with self._faults.transaction():
-                    await self._faults.execute("SELECT set_config('search_path', %s, true)", [schema])
+                    await enter_psycopg(self._faults, schema)
                     for sql, params in statements:
                         await self._faults.execute(sql, params)
         except psycopg.Error as error:

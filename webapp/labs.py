@@ -10,6 +10,7 @@ from sqlalchemy import Connection, text
 from .db import CONTROL_SCHEMA
 from .domain.lab import NAME, InvalidLabName, Lab  # noqa: F401  (re-exported)
 from .migrations import create_lab_schema, upgrade_connection
+from .store.schema import enter
 
 SEED_ACCOUNTS = [
     ("acc-1", "Ana"), ("acc-2", "Bruno"), ("acc-3", "Carla"), ("acc-4", "Diego"), ("acc-5", "Elisa"),
@@ -32,7 +33,7 @@ def ensure_schema(conn: Connection, schema: str) -> bool:
 
 
 def seed_accounts(conn: Connection, schema: str) -> None:
-    conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": schema})
+    enter(conn, schema)
     for account_id, owner in SEED_ACCOUNTS:
         conn.execute(text("INSERT INTO accounts (id, owner, balance, status) VALUES (:id, :owner, 0, 'ACTIVE') "
                           "ON CONFLICT (id) DO NOTHING"), {"id": account_id, "owner": owner})

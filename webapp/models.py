@@ -144,9 +144,10 @@ class LogRecord(db.Model):
         # The valid records of a transaction in log order: the reader's "first?" check, the why.
         Index("log_records_truth", "transaction_id", "partition", "offset",
               postgresql_where=text("invalid_reason IS NULL")),
-        # Ground truth per account (expected balance, latest set), read from the index alone.
+        # Ground truth per account (expected balance, latest set) and over time (the chart), read
+        # from the index alone.
         Index("log_records_firsts", "account_id", "type",
-              postgresql_include=["partition", "offset", "amount_cents", "status", "balance_cents", "score"],
+              postgresql_include=["partition", "offset", "amount_cents", "status", "balance_cents", "score", "read_at"],
               postgresql_where=text("first_of_transaction")),
         # The same event at several offsets (a producer retry after a lost ack, a resend), the drill-down.
         Index("log_records_event_id", "event_id"),

@@ -17,6 +17,7 @@ import psycopg
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from . import events, timeline
+from .domain.vocabulary import Limits
 from .kafka import producer_config
 from .labs import Lab
 
@@ -82,7 +83,7 @@ class Publisher:
         self._producers.clear()
 
 
-RAW_MAX_BYTES = 512 * 1024
+RAW_MAX_BYTES = Limits.RAW_VALUE_BYTES
 
 
 def _raw_bytes(name: str, value: str | bytes | None) -> bytes | None:

@@ -20,6 +20,7 @@ from .readmodel import why as why_module
 from .commands import AGENT_FRESH_SECONDS
 from .db import CONTROL_SCHEMA
 from .labs import Lab
+from .store.schema import enter
 
 STRIP_LENGTH = 24
 C = CONTROL_SCHEMA
@@ -189,6 +190,40 @@ def groups_list(session: Session) -> list[dict[str, Any]]:
     return [dict(row._mapping) for row in rows]
 
 
+# Consumers blocked on a lock, and who holds it: backends of this lab's consumers (their effects
+# connections are named "lab <lab> <consumer> effects") waiting on a lock, each with the backends
+# that block it and how long it has waited (pg_locks.waitstart).
+LOCK_WAITS_SQL = """
+SELECT split_part(w.application_name, ' ', 3) AS consumer, w.pid,
+       extract(epoch FROM now() - (SELECT min(l.waitstart) FROM pg_locks l WHERE l.pid = w.pid AND NOT l.granted))
+           AS seconds,
+       h.pid AS holder_pid, h.application_name AS holder_application, h.state AS holder_state,
+       extract(epoch FROM now() - h.xact_start) AS holder_transaction_seconds
+FROM pg_stat_activity w
+CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS blocker(pid)
+JOIN pg_stat_activity h ON h.pid = blocker.pid
+WHERE w.application_name LIKE :prefix AND w.wait_event_type = 'Lock'
+ORDER BY w.pid, h.pid
+"""
+
+
+def lock_waits(session: Session, lab: Lab, states: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Per consumer name: what it waits on, e.g. "waiting on a lock held by c1 (frozen) for 12 s"."""
+    prefix = f"lab {lab.name} "
+    result: dict[str, dict[str, Any]] = {}
+    for row in session.execute(text(LOCK_WAITS_SQL), {"prefix": prefix.replace("_", "\\_") + "%"}).mappings():
+        holder_app = row["holder_application"] or ""
+        holder = holder_app.split(" ")[2] if holder_app.startswith(prefix) and holder_app.count(" ") >= 2 else None
+        holder_state = (states or {}).get(holder) if holder else None
+        seconds = float(row["seconds"]) if row["seconds"] is not None else None
+        who = (f"{holder} ({holder_state})" if holder and holder_state else holder) or \
+            f"another session (pid {row['holder_pid']}, {row['holder_state']})"
+        text_ = f"waiting on a lock held by {who}" + (f" for {int(seconds)} s" if seconds is not None else "")
+        result.setdefault(row["consumer"], {"holder": holder, "holder_pid": row["holder_pid"],
+                                            "holder_state": holder_state, "seconds": seconds, "text": text_})
+    return result
+
+
 def consumers(session: Session, lab: Lab) -> list[dict[str, Any]]:
     rows = session.execute(text(
         f"SELECT c.*, extract(epoch FROM now() - c.heartbeat_at) AS heartbeat_age, g.strategy "
@@ -204,6 +239,10 @@ def consumers(session: Session, lab: Lab) -> list[dict[str, Any]]:
             for p, applied in (row["applied_positions"] or {}).items() if int(p) in (row["assigned"] or []))
         item["heartbeat_age"] = float(row["heartbeat_age"]) if row["heartbeat_age"] is not None else None
         result.append(item)
+    if any(item["state"] in LIVE_STATES for item in result):
+        waits = lock_waits(session, lab, {item["name"]: item["state"] for item in result})
+        for item in result:
+            item["waiting_on"] = waits.get(item["name"])
     return result
 
 
@@ -441,16 +480,16 @@ def lanes(session: Session, lab: Lab) -> list[Lane]:
 
 CHART_BUCKETS = 240
 
-# Cumulative credited cents over time: ``truth`` (each transaction once, at its first record's time)
+# Cumulative credited cents over time: ``truth`` (each transaction once, when the log reader saw its
+# first record: the same clock as the effects' rows)
 # and the effects of each copy of the accounts, summed into time buckets of ``:width`` seconds.
 CHART_TRUTH_SQL = """
-SELECT floor(extract(epoch FROM at) / :width) * :width AS t, sum(amount_cents) FROM (
-    SELECT amount_cents, coalesce("timestamp" AT TIME ZONE current_setting('TimeZone'), read_at) AS at
-    FROM log_records WHERE first_of_transaction AND type = 'credit'
+SELECT floor(date_part('epoch', at) / :width) * :width AS t, sum(amount_cents) FROM (
+    SELECT amount_cents, read_at AS at FROM log_records WHERE first_of_transaction AND type = 'credit'
 ) truth GROUP BY 1 ORDER BY 1
 """
 CHART_EFFECTS_SQL = """
-SELECT floor(extract(epoch FROM at) / :width) * :width AS t, sum(amount_cents) FROM (
+SELECT floor(date_part('epoch', at) / :width) * :width AS t, sum(amount_cents) FROM (
     SELECT applied_at AS at, amount_cents FROM {s}.payments
     UNION ALL SELECT recorded_at, amount_cents FROM {s}.ledger
 ) effects GROUP BY 1 ORDER BY 1
@@ -537,10 +576,10 @@ def event_drilldown(session: Session, lab: Lab, event_id: str | None = None,
                 text(f"SELECT event_id::text, processed_at FROM {_q(schema)}.processed_events "
                      "WHERE event_id = CAST(:event AS uuid)"), params)]
         # Why, for an anomaly of this transaction in this copy: read from its ledger and the timeline.
-        session.execute(text("SELECT set_config('search_path', :s, true)"), {"s": schema})
+        enter(session.connection(), schema)
         for transaction_id in transaction_ids:
             why += [{"lane": copy, **item} for item in why_module.explain_transaction(session, lab.schema, transaction_id)]
-        session.execute(text("SELECT set_config('search_path', :s, true)"), {"s": lab.schema})
+        enter(session.connection(), lab.schema)
     return {"event_id": event_id, "position": position, "log": log, "journal": journal,
             "transaction_ids": transaction_ids, "deliveries": deliveries, "effects": effects, "dedup_keys": keys,
             "why": why}

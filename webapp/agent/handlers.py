@@ -15,6 +15,7 @@ from confluent_kafka import KafkaException
 from .. import commands, kafka, producer, strategies
 from ..domain.lab import Lab
 from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY
+from ..logreader import wait_mirrored
 from ..waits import WaitTimeout, wait_until
 from . import consumer_rows, setup
 from .periodic import snapshot_offsets
@@ -82,15 +83,43 @@ def reset_lab(agent: Agent, lab: Lab, args: dict) -> dict:
         on_own_or_remote(agent, lab, row, "consumer.stop")
     for row in rows:
         agent.pool.forget(row.id)
-    return setup.recreate(agent.engine, agent.admin, lab, partitions)
+    # librdkafka crashes a consumer whose assigned topic is deleted (BROKER.md): the log reader is
+    # stopped around the topics' re-creation and started again after, rather than left to crash.
+    agent.log_mirror.stop()
+    try:
+        return setup.recreate(agent.engine, agent.admin, lab, partitions)
+    finally:
+        agent.log_mirror.ensure(now=True)
 
 
 def publish(agent: Agent, lab: Lab, args: dict) -> dict:
     with agent.in_lab(lab):
         try:
-            return producer.publish(agent.conn, agent.publisher, lab, args)
+            result = producer.publish(agent.conn, agent.publisher, lab, args)
         except producer.PublishError as error:
             raise CommandRejected(str(error)) from None
+    _wait_mirrored(agent, lab, result["records"])
+    return result
+
+
+def produce_raw(agent: Agent, lab: Lab, args: dict) -> dict:
+    """One record exactly as typed, to the lab's topic, like any other Kafka client would write it."""
+    config = kafka.producer_config(agent.producer_bootstrap_servers, bool(args.get("idempotent", True)))
+    try:
+        record = producer.produce_raw(config, lab.topic, args.get("key"), args.get("value"),
+                                      headers=args.get("headers"), partition=args.get("partition"))
+    except producer.PublishError as error:
+        raise CommandRejected(str(error)) from None
+    agent.say(lab, "published", f"raw record to P{record['partition']}@{record['offset']} "
+              f"(key {args.get('key')!r}, {len(str(args.get('value') or ''))} characters)", records=[record])
+    _wait_mirrored(agent, lab, [record])
+    return {"topic": lab.topic, **record}
+
+
+def _wait_mirrored(agent: Agent, lab: Lab, records: list[dict]) -> None:
+    # What the lab just wrote is on every panel when the request returns: wait (bounded) until the
+    # log reader has mirrored it. A reader that is behind only delays this; nothing is lost.
+    wait_mirrored(agent.conn, lab, [(r.get("partition"), r.get("offset")) for r in records], timeout=5)
 
 
 # --- consumers ------------------------------------------------------------------------------
@@ -244,6 +273,7 @@ def reset_group(agent: Agent, lab: Lab, args: dict) -> dict:
 
 HANDLERS: dict[str, Handler] = {
     "publish": publish,
+    "produce.raw": produce_raw,
     "consumer.start": start_consumer,
     "consumer.stop": stop_consumer,
     "consumer.kill": kill_consumer,

@@ -26,6 +26,7 @@ from ..db import connect, sqlalchemy_url
 from ..domain.lab import Lab
 from ..labs import ensure_control_schema
 from ..store.commands import CHANNEL, Claimed
+from ..store import schema
 from ..waits import WaitTimeout
 from . import consumer_rows, queue
 from .handlers import HANDLERS, CommandRejected
@@ -56,7 +57,9 @@ class Agent:
         # psycopg for LISTEN, the producer's journal and the lab-schema work; SQLAlchemy for the control plane.
         self.conn = connect(database_url, autocommit=True)
         self.admin = kafka.admin_client(bootstrap_servers)
-        self.publisher = producer.Publisher(producer_bootstrap_servers or bootstrap_servers)
+        # The lab's producer may reach the broker through the lost-ack fault proxy (`make run`).
+        self.producer_bootstrap_servers = producer_bootstrap_servers or bootstrap_servers
+        self.publisher = producer.Publisher(self.producer_bootstrap_servers)
         self.pool = Pool(database_url, bootstrap_servers, data_dir, log_to_stdout)
         self.heartbeat = Heartbeat(database_url, bootstrap_servers, self.id, self.host, self.pid)
         self.housekeeping = Housekeeping(self.conn)
@@ -71,7 +74,7 @@ class Agent:
     def in_lab(self, lab: Lab) -> Iterator[None]:
         """A transaction on the agent's psycopg connection working in the lab's schema."""
         with self.conn.transaction():
-            self.conn.execute("SELECT set_config('search_path', %s, true)", [lab.schema])
+            schema.enter_psycopg(self.conn, lab.schema)
             yield
 
     def say(self, lab: Lab, kind: str, summary: str, **detail: Any) -> None:

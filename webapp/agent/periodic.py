@@ -26,6 +26,7 @@ from ..db import CONTROL_SCHEMA, sqlalchemy_url
 from ..domain.lab import Lab
 from ..domain.vocabulary import DEFAULT_TTL_SECONDS
 from ..store import agents, commands
+from ..store import schema
 from .queue import LEASE_SECONDS, Reaper
 
 log = logging.getLogger("idempotency_lab.agent")
@@ -135,7 +136,7 @@ class Housekeeping:
         schemas = self.conn.execute(
             "SELECT table_schema FROM information_schema.tables WHERE table_name = 'consumer_groups' "
             "AND table_schema LIKE 'lab\\_%%' AND table_schema NOT LIKE '%%\\_\\_%%'").fetchall()
-        return [Lab(schema[4:]) for (schema,) in schemas]
+        return [Lab.of_schema(name) for (name,) in schemas]
 
     def offsets_may_have_moved(self, lab: Lab) -> bool:
         """Committed offsets move only by consumers' commits (and by resets, which snapshot
@@ -158,7 +159,7 @@ class Housekeeping:
         self._ttl_runs[lab.name] = time.monotonic()
         seconds = float(rows.get("ttl_seconds", DEFAULT_TTL_SECONDS))
         with self.conn.transaction():
-            self.conn.execute("SELECT set_config('search_path', %s, true)", [lab.schema])
+            schema.enter_psycopg(self.conn, lab.schema)
             deleted = ttl.cleanup(self.conn.execute, seconds)
             if any(deleted.values()):
                 timeline.record(self.conn.execute, "ttl", f"scheduled TTL cleanup ({seconds:g}s) deleted "

@@ -157,15 +157,15 @@ class Sidecar:
         self.started_at = 0.0
         self.exits: list[int] = []
 
-    def ensure(self) -> None:
-        """Start it if it is not running (at most once per RESTART_AFTER seconds)."""
+    def ensure(self, now: bool = False) -> None:
+        """Start it if it is not running (at most once per RESTART_AFTER seconds, unless ``now``)."""
         if self.process is not None:
             code = self.process.poll()
             if code is None:
                 return
             self.exits.append(code)
             self.process = None
-        if time.monotonic() - self.started_at < self.RESTART_AFTER:
+        if not now and time.monotonic() - self.started_at < self.RESTART_AFTER:
             return
         self.started_at = time.monotonic()
         argv = [sys.executable, "-m", self.module]

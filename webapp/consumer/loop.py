@@ -37,6 +37,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from .. import events, strategies, timeline
+from ..store import schema
 from ..db import connect
 from ..kafka import consumer_config, producer_config
 from ..labs import Lab
@@ -184,7 +185,7 @@ class ConsumerProcess:
     def _say(self, kind: str, summary: str, **detail: Any) -> None:
         """A timeline entry in the lab's schema, outside any effect transaction."""
         with self.control_conn.transaction():
-            self.control_conn.execute("SELECT set_config('search_path', %s, true)", [self.lab.schema])
+            schema.enter_psycopg(self.control_conn, self.lab.schema)
             timeline.record(self.control_conn.execute, kind, summary, consumer=self.name,
                             group=self.group_id, **detail)
 

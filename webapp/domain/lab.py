@@ -72,5 +72,14 @@ class Lab:
         return cls(schema.removeprefix(SCHEMA_PREFIX).split(LANE_SEPARATOR, 1)[0])
 
     @classmethod
+    def of_group_id(cls, group_id: str) -> "Lab":
+        return cls(group_id.split(".", 1)[0])
+
+    @classmethod
     def of_topic(cls, topic: str) -> "Lab":
         return cls(topic.split(".", 1)[0])
+
+
+def local_group(group_id: str) -> str:
+    """``default.payments`` → ``payments``: a group id as the lab's own pages name it."""
+    return Lab.of_group_id(group_id).local_group(group_id) if "." in group_id else group_id

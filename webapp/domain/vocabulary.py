@@ -64,6 +64,8 @@ class Limits:
     RESPONSE_DELAY_MS = (0, 60_000)
     NAME_LENGTH = 24
     SCORE = (0, 1000)
+    RAW_VALUE_BYTES = 512 * 1024           # a raw record's value, as the producer sends it
+    RAW_VALUE_CHARACTERS = RAW_VALUE_BYTES // 4   # as typed: every character fits in the bytes
 
 
 DEFAULT_GROUP = "payments"

@@ -1,6 +1,7 @@
 """Publishing payment events: normal, a burst, a resend, a source duplicate, a poison pill."""
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from uuid import UUID
 from decimal import Decimal, InvalidOperation
@@ -10,6 +11,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from .. import events
 from ..domain.vocabulary import PUBLISH_MODES, Limits
+from ..store import labdata, schema
 from .agent_commands import run_command
 from .fields import Whole, account, transaction, within
 from .registry import Args, Context, InvalidRequest, operation
@@ -108,3 +110,49 @@ class PublishArgs(Args):
            summary="Publish payment events through the agent's producer, and journal them")
 def publish(ctx: Context, args: PublishArgs) -> dict:
     return run_command(ctx, "publish", args.command_args(), field="mode")
+
+
+class ProduceRawArgs(Args):
+    """A record exactly as typed, as any other Kafka client could write it: a malformed record, an
+    external duplicate, an event from "another system"."""
+    key: str | None = Field(None, max_length=1024, description="the record's key as typed (the lab's events "
+                            "use the account id); empty: no key")
+    value: str | None = Field(None, max_length=Limits.RAW_VALUE_CHARACTERS, description="the record's value exactly as typed: "
+                              "JSON or any text; empty: no value (a tombstone)")
+    headers: dict[str, str] | None = Field(None, description='headers, as a JSON object like {"source": "bank-b"} '
+                                           'or one `name: value` per line')
+    partition: Whole = within(Limits.PARTITION_INDEX, "the partition; empty: chosen from the key")
+    idempotent: bool = Field(True, description="enable.idempotence on the producer")
+
+    @field_validator("headers", mode="before")
+    @classmethod
+    def _headers_as_typed(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.startswith("{"):
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"is not a JSON object: {error.msg}") from None
+        pairs = [line.split(":", 1) for line in text.splitlines() if line.strip()]
+        if any(len(pair) != 2 or not pair[0].strip() for pair in pairs):
+            raise ValueError("give one `name: value` per line, or a JSON object")
+        return {name.strip(): header.strip() for name, header in pairs}
+
+
+@operation("produce_raw", path="/produce-raw", status=201, step="produce_raw", tags=("events",),
+           summary="Produce one record exactly as typed (key, value, headers, partition), like any Kafka client")
+def produce_raw(ctx: Context, args: ProduceRawArgs) -> dict:
+    if args.partition is not None:
+        with schema.connect_in(ctx.engine, ctx.lab.schema) as conn:
+            partitions = int(labdata.settings(conn).get("partitions") or 1)
+        if args.partition >= partitions:
+            raise InvalidRequest("partition", f"{ctx.lab.topic} has {partitions} partition(s): 0 to {partitions - 1}")
+    return run_command(ctx, "produce.raw", args.model_dump(exclude_none=True), field="value")
+
+
+def template_event(account_id: str = "acc-1") -> dict[str, Any]:
+    """A valid credit to start a raw record from: the form's "template" button fills it in."""
+    event = events.credit(account_id, 10_000)
+    return {"key": event.account_id, "value": json.dumps(events.to_dict(event), indent=1)}

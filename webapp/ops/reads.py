@@ -10,7 +10,7 @@ from .registry import Context, operation
 CONSUMER_KEYS = ("id", "name", "group_id", "strategy", "state", "pid", "assigned", "positions", "applied_positions",
                  "generation", "applied", "absorbed", "dead_lettered", "commit_failures", "armed_point",
                  "armed_action", "armed_always", "step_mode", "step_at", "redelivery_window", "heartbeat_age",
-                 "last_error", "exit_code")
+                 "waiting_on", "last_error", "exit_code")
 
 
 def consumer_json(row: dict) -> dict:

@@ -6,7 +6,7 @@ for the first few of each kind: a handful of index lookups, never a scan of the 
 """
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import text
@@ -41,16 +41,16 @@ SELECT d.id, d.group_id, d.consumer, d.partition, d."offset", d.generation, d.at
        d.transaction_id, d.strategy, d.outcome, d.reason, d.delivered_at
 FROM deliveries d
 WHERE d.event_id = ANY(CAST(:events AS uuid[]))
-ORDER BY d.delivered_at, d.id
+ORDER BY d.id  -- the order they were written (a zombie's transaction may have begun long before)
 """
 
 # What happened to the consumers around those deliveries.
 TIMELINE_SQL = """
 SELECT at, kind, summary, detail FROM {journal}.timeline
-WHERE at BETWEEN :since AND :until
+WHERE at >= :since
   AND kind IN ('crashed', 'killed', 'frozen', 'thawed', 'rebalanced', 'offsets-reset', 'ttl', 'commit-failed',
                'started', 'stopped', 'error')
-ORDER BY at, id
+ORDER BY at, id LIMIT 2000
 """
 
 # Transactions consumed with no effect (and not dead-lettered): the lost ones.
@@ -148,10 +148,9 @@ class _Context:
             if events else []
         self.timeline: list[dict] = []
         if self.deliveries:
-            since = self.deliveries[0]["delivered_at"]
-            until = self.deliveries[-1]["delivered_at"]
+            since = min(d["delivered_at"] for d in self.deliveries)
             self.timeline = [dict(r) for r in session.execute(text(TIMELINE_SQL.format(journal=journal)), {
-                "since": since - _minutes(30), "until": until}).mappings()]
+                "since": since - _minutes(30)}).mappings()]
 
     def of(self, transaction_id: str) -> tuple[list[dict], list[dict]]:
         records = self.records.get(transaction_id, [])
@@ -203,7 +202,9 @@ def why_applied_twice(ctx: _Context, transaction_id: str, effects: int) -> dict[
     p1, p2 = _at(d1["partition"], d1["offset"]), _at(d2["partition"], d2["offset"])
     strategy = d2["strategy"]
     if (d1["partition"], d1["offset"]) == (d2["partition"], d2["offset"]):
-        thawed = ctx.happened(d2["consumer"], ("thawed",), d1["delivered_at"], d2["delivered_at"])
+        # A zombie: frozen holding the record, its successor applied it, thawed it applied it again
+        # (its delivery row is written after the thaw, though its transaction may have begun before).
+        thawed = ctx.happened(d2["consumer"], ("thawed",), d1["delivered_at"], datetime.max)
         if d2["consumer"] != d1["consumer"] and thawed:
             frozen = ctx.happened(d2["consumer"], ("frozen",), d1["delivered_at"] - _minutes(30), d1["delivered_at"])
             point = (frozen[-1]["detail"] or {}).get("point") if frozen else None

@@ -8,18 +8,25 @@ one lab's path into another's transaction.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 from sqlalchemy import Connection, Engine, event, text
 from sqlalchemy.orm import Session
 
 SET_PATH = "SELECT set_config('search_path', :schema, true)"
+# The same statement for plain psycopg connections (the agent, the consumers, the fault proxy).
+SET_PATH_PSYCOPG = "SELECT set_config('search_path', %s, true)"
 
 
 def enter(conn: Connection, schema: str) -> Connection:
     """Make the rest of ``conn``'s current transaction work in ``schema``."""
     conn.execute(text(SET_PATH), {"schema": schema})
     return conn
+
+
+def enter_psycopg(conn: Any, schema: str) -> None:
+    """The same for a psycopg connection (sync or async: the caller awaits an async one)."""
+    return conn.execute(SET_PATH_PSYCOPG, [schema])
 
 
 @contextmanager

@@ -10,6 +10,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from ..db import lab_session
+from ..domain.lab import local_group
 from ..labs import Lab
 
 
@@ -37,6 +38,7 @@ def register_blueprints(app: Flask) -> None:
     from ..security import csrf
     csrf.exempt(api.bp)
     register_error_pages(app)
+    app.add_template_filter(local_group)
 
 
 def register_error_pages(app: Flask) -> None:

@@ -19,6 +19,7 @@ from flask import Blueprint, abort, render_template, request
 from jinja2 import TemplateNotFound
 
 from .. import events, ops, state, strategies
+from ..ops.publishing import template_event
 from . import current_lab, dashboard, lab_db
 from .api import ops_context
 
@@ -29,7 +30,8 @@ NO_AGENT = ("No lab agent is running, so nothing was done. Start the lab with `m
 
 # The fields each form shows: an error about any other field is shown at the top of the form.
 FORM_FIELDS = {
-    "publish": ("mode", "type", "account_id", "amount", "status", "count", "event_id", "poison_kind", "idempotent"),
+    "publish": ("mode", "type", "account_id", "amount", "status", "balance_cents", "score", "count", "event_id",
+                "poison_kind", "idempotent"),
     "consumer_add": ("group", "strategy", "name"),
     "strategy": ("group", "strategy"),
     "offsets": ("group", "mode", "offsets", "back", "timestamp"),
@@ -45,7 +47,7 @@ Renderer = Callable[..., tuple[str, int]]
 def control_choices() -> dict[str, Any]:
     """The menus every control form offers, wherever the form is rendered."""
     return {"poison_kinds": [(kind, kind.replace("-", " ")) for kind in events.POISON_PILLS],
-            "strategy_names": strategies.NAMES}
+            "strategy_names": strategies.NAMES, "lab_topic": current_lab().topic}
 
 
 def run_op(name: str, body: dict[str, Any]) -> dict:
@@ -266,6 +268,12 @@ def reset_lab():
 
 
 # --- any other operation: its form template names its fields --------------------------------
+
+@bp.get("/raw-template")
+def raw_template():
+    """The raw-record form filled with a valid credit event to edit (a fresh event and transaction id)."""
+    return render_template("controls/ops/produce_raw.html", values=template_event())
+
 
 @bp.post("/op/<name>")
 def run_operation(name: str):

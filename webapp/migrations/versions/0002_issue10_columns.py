@@ -54,7 +54,7 @@ LAB = [
     PRIMARY KEY (partition, "offset")
 )""",
     """CREATE INDEX IF NOT EXISTS log_records_event_id ON log_records (event_id)""",
-    """CREATE INDEX IF NOT EXISTS log_records_firsts ON log_records (account_id, type) INCLUDE (partition, "offset", amount_cents, status, balance_cents, score) WHERE first_of_transaction""",
+    """CREATE INDEX IF NOT EXISTS log_records_firsts ON log_records (account_id, type) INCLUDE (partition, "offset", amount_cents, status, balance_cents, score, read_at) WHERE first_of_transaction""",
     """CREATE INDEX IF NOT EXISTS log_records_read_at ON log_records (read_at)""",
     """CREATE INDEX IF NOT EXISTS log_records_truth ON log_records (transaction_id, partition, "offset") WHERE invalid_reason IS NULL""",
     """CREATE TABLE IF NOT EXISTS seen_events (
