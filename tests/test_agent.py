@@ -156,6 +156,17 @@ def test_scheduled_ttl_cleanup_deletes_old_keys(app, lab):
     assert count(app, lab.lab.schema, "SELECT count(*) FROM timeline WHERE kind = 'ttl'") >= 1
 
 
+def test_scheduled_ttl_cleanup_cleans_every_lane(app, lab):
+    lane = lab.post("/groups", {"group": "atomic", "strategy": "eventid-atomic", "lane": "atomic"})
+    start(lab, name="a1", group="atomic")
+    lab.credit("acc-1", 100)
+    wait_until(lambda: count(app, lane["effects_schema"], "SELECT count(*) FROM processed_events") == 1, timeout=30,
+               message="the lane's consumer never recorded the event's key")
+    lab.post("/ttl", {"ttl_seconds": 0, "ttl_schedule_seconds": 1})
+    wait_until(lambda: count(app, lane["effects_schema"], "SELECT count(*) FROM processed_events") == 0, timeout=15,
+               message="the scheduled TTL cleanup never cleaned the lane's dedup table")
+
+
 def test_a_strategy_lane_applies_to_its_own_copy_of_the_accounts(app, lab):
     lane = lab.post("/groups", {"group": "atomic", "strategy": "eventid-atomic", "lane": "atomic"})
     assert lane["effects_schema"] == f"{lab.lab.schema}__atomic"

@@ -19,6 +19,7 @@ from . import verdict as verdict_module
 from .readmodel import why as why_module
 from .commands import AGENT_FRESH_SECONDS
 from .db import CONTROL_SCHEMA
+from .domain.vocabulary import DEDUP_TABLES
 from .labs import Lab
 from .store.schema import enter
 
@@ -248,12 +249,14 @@ def consumers(session: Session, lab: Lab) -> list[dict[str, Any]]:
 
 def dedup_tables(session: Session, ttl_seconds: float | None) -> list[dict[str, Any]]:
     tables = []
-    for table, key in (("processed_events", "event_id"), ("processed_transactions", "transaction_id")):
-        count, oldest = session.execute(text(
-            f"SELECT count(*), extract(epoch FROM now() - min(processed_at)) FROM {table}")).one()
+    for table, key in DEDUP_TABLES.items():
+        # Rows and bytes (table and indexes) grow with every event until a TTL cleanup deletes old keys.
+        count, oldest, size = session.execute(text(
+            f"SELECT count(*), extract(epoch FROM now() - min(processed_at)), "
+            f"pg_total_relation_size('{table}'::regclass) FROM {table}")).one()
         newest = session.execute(text(
             f"SELECT {key}::text AS key, processed_at FROM {table} ORDER BY processed_at DESC LIMIT 5")).all()
-        tables.append({"table": table, "key": key, "count": count,
+        tables.append({"table": table, "key": key, "count": count, "size_bytes": size,
                        "oldest_age": float(oldest) if oldest is not None else None,
                        "newest": [{"key": k, "processed_at": at} for k, at in newest], "ttl_seconds": ttl_seconds})
     return tables
@@ -472,7 +475,7 @@ def lanes(session: Session, lab: Lab) -> list[Lane]:
             f"SELECT a.id, (a.balance + coalesce((SELECT sum(amount_cents) FROM {_q(schema)}.ledger l "
             f"WHERE l.account_id = a.id), 0))::bigint FROM {_q(schema)}.accounts a ORDER BY a.id")).all())
         first = session.execute(text(FIRST_DIVERGENCE_SQL.format(s=_q(schema), journal=_q(lab.schema)))).mappings().first()
-        name = "lab" if schema == lab.schema else schema[len(lab.schema) + 2:]
+        name = "lab" if schema == lab.schema else lab.lane_of(schema)
         result.append(Lane(schema, name, [g for g in groups if g["effects_schema"] == schema], balances,
                            dict(first) if first else None))
     return result
@@ -515,7 +518,7 @@ def chart_series(session: Session, lab: Lab) -> dict[str, Any]:
     width = max(0.05, (high - low) / CHART_BUCKETS)
     steps = {"expected": dict(session.execute(text(CHART_TRUTH_SQL), {"width": width}).all())}
     for schema in schemas:
-        label = "actual" if schema == lab.schema else f"actual · lane {schema[len(lab.schema) + 2:]}"
+        label = "actual" if schema == lab.schema else f"actual · lane {lab.lane_of(schema)}"
         steps[label] = dict(session.execute(text(CHART_EFFECTS_SQL.format(s=_q(schema))), {"width": width}).all())
     times = sorted({float(t) for amounts in steps.values() for t in amounts})
     # One point a bucket before the first, so every line starts from zero.
@@ -555,7 +558,7 @@ def event_drilldown(session: Session, lab: Lab, event_id: str | None = None,
     transaction_ids = sorted({j["transaction_id"] for j in journal + log if j["transaction_id"]})
     deliveries, effects, keys, why = [], [], [], []
     for schema in effects_schemas(session, lab):
-        copy = "lab" if schema == lab.schema else schema[len(lab.schema) + 2:]
+        copy = "lab" if schema == lab.schema else lab.lane_of(schema)
         where = "event_id = CAST(:event AS uuid)" if event_id else 'partition = :partition AND "offset" = :offset'
         deliveries += [{"lane": copy, **r} for r in session.execute(text(
             f'SELECT id, group_id, consumer, partition, "offset", generation, attempt, strategy, outcome, reason, '

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .domain.vocabulary import DEDUP_TABLES, Limits
+
 # Every key table with processed_at: the unique ones and check-then-act's seen_events (no constraint).
-DEDUP_TABLES = ("processed_events", "processed_transactions", "seen_events")
 CLEANUP_SQL = {table: f"DELETE FROM {table} WHERE processed_at < now() - make_interval(secs => %(seconds)s)"
                for table in DEDUP_TABLES}
-MAX_TTL_SECONDS = 90 * 24 * 3600
+MAX_TTL_SECONDS = Limits.TTL_SECONDS[1]
 
 
 class InvalidTtl(ValueError):

@@ -7,6 +7,7 @@ the main states land in test-artifacts/ (not committed).
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,40 @@ def test_invalid_form_value_shows_its_error_and_changes_nothing(dashboard_url, b
     assert all(p["log_end"] == 0 for p in lab.state()["partitions"])
     expect(page.locator("#panel-partitions .strip .cell[data-outcome]")).to_have_count(0)
     expect(page.locator('#panel-verdict [data-verdict="not_yet_applied"]')).to_have_text("0")
+
+
+def test_a_raw_record_typed_in_the_browser_is_in_the_log_and_the_truth(dashboard_url, browser_page):
+    """Another system's event, typed by hand: journaled nowhere, yet in the strip and the expected
+    balance, because the log is the truth. Then a malformed one: expected in the DLQ."""
+    from playwright.sync_api import expect
+    page = browser_page
+    page.goto(dashboard_url)
+    page.locator("summary", has_text="Raw record").click()
+    form = page.locator("#form-raw")
+    form.get_by_role("button", name="Fill a valid event").click()
+    expect(page.locator("#form-raw [name=value]")).to_have_value(re.compile(r'"type": "credit"'), timeout=10_000)
+    page.locator("#form-raw [name=key]").fill("acc-2")
+    value = page.locator("#form-raw [name=value]").input_value().replace('"acc-1"', '"acc-2"')
+    page.locator("#form-raw [name=value]").fill(value)
+    page.locator("#form-raw [name=headers]").fill("source: bank-b")
+    page.locator("#form-raw").get_by_role("button", name="Produce raw").click()
+    expect(page.locator("#form-raw .banner.ok")).to_contain_text("done", timeout=15_000)
+    expect(page.locator('#panel-partitions .cell.foreign[data-offset="0"]')).to_have_count(1, timeout=10_000)
+    expect(page.locator("#panel-accounts")).to_contain_text("100.00", timeout=10_000)
+
+    page.locator("#form-raw [name=value]").fill("{this is not an event")
+    page.locator("#form-raw").get_by_role("button", name="Produce raw").click()
+    expect(page.locator("#form-raw .banner.ok")).to_contain_text("done", timeout=15_000)
+    expect(page.locator('#panel-verdict [data-verdict="invalid_records"]')).to_have_text("1", timeout=10_000)
+    screenshot(page, "raw-record")
+
+
+def test_a_raw_record_to_a_partition_the_topic_lacks_is_refused_in_place(dashboard_url, browser_page):
+    from playwright.sync_api import expect
+    page = browser_page
+    page.goto(dashboard_url)
+    page.locator("summary", has_text="Raw record").click()
+    page.locator("#form-raw [name=value]").fill("{}")
+    page.locator("#form-raw [name=partition]").fill("7")
+    page.locator("#form-raw").get_by_role("button", name="Produce raw").click()
+    expect(page.locator("#raw-partition-error")).to_contain_text("has 3 partition(s)", timeout=10_000)

@@ -158,12 +158,21 @@ class Housekeeping:
             return
         self._ttl_runs[lab.name] = time.monotonic()
         seconds = float(rows.get("ttl_seconds", DEFAULT_TTL_SECONDS))
+        # Every lane of the lab keeps its own dedup tables: the schedule cleans them all, like the
+        # on-demand cleanup (ops.ttl_cleanup).
+        lanes = [name for (name,) in self.conn.execute(
+            "SELECT schema_name FROM information_schema.schemata WHERE schema_name = %s OR schema_name LIKE %s "
+            "ORDER BY schema_name", [lab.schema, f"{lab.schema}\\_\\_%"])]
         with self.conn.transaction():
+            deleted = {}
+            for lane_schema in lanes:
+                schema.enter_psycopg(self.conn, lane_schema)
+                deleted[lane_schema] = ttl.cleanup(self.conn.execute, seconds)
             schema.enter_psycopg(self.conn, lab.schema)
-            deleted = ttl.cleanup(self.conn.execute, seconds)
-            if any(deleted.values()):
-                timeline.record(self.conn.execute, "ttl", f"scheduled TTL cleanup ({seconds:g}s) deleted "
-                                + ", ".join(f"{n} from {t}" for t, n in deleted.items()), **deleted)
+            total = sum(n for counts in deleted.values() for n in counts.values())
+            if total:
+                timeline.record(self.conn.execute, "ttl", f"scheduled TTL cleanup (older than {seconds:g}s) deleted "
+                                f"{total} key(s)", deleted=deleted)
 
 
 def snapshot_offsets(conn: psycopg.Connection, admin, lab: Lab) -> None:

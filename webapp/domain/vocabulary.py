@@ -68,6 +68,10 @@ class Limits:
     RAW_VALUE_CHARACTERS = RAW_VALUE_BYTES // 4   # as typed: every character fits in the bytes
 
 
+# The tables that remember what was processed, and the key each holds. `seen_events` is
+# check-then-act's table: the same key, no unique constraint (the developer trusted the SELECT).
+DEDUP_TABLES = {"processed_events": "event_id", "processed_transactions": "transaction_id", "seen_events": "event_id"}
+
 DEFAULT_GROUP = "payments"
 DEFAULT_STRATEGY = "none"
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600

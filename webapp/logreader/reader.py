@@ -132,7 +132,7 @@ def record_row(message: Message) -> dict[str, Any]:
 
 
 def default_labs(conn: psycopg.Connection) -> list[Lab]:
-    return [Lab(schema[4:]) for schema, _ in conn.execute(KNOWN_LABS_SQL).fetchall()]
+    return [Lab.of_schema(schema) for schema, _ in conn.execute(KNOWN_LABS_SQL).fetchall()]
 
 
 @dataclass

@@ -11,13 +11,12 @@ from typing import Any
 
 from .. import events
 from ..domain.lab import NAME, NAME_RULE
-from ..domain.vocabulary import CONSUMER_STATES, CRASH_POINTS, DEFAULT_GROUP
+from ..domain.vocabulary import CONSUMER_STATES, CRASH_POINTS, DEDUP_TABLES, DEFAULT_GROUP
 from .marks import Checker, LocatedDict, hint
 
 VERDICT_FIELDS = ("transactions", "duplicates_applied", "transactions_applied_twice", "effects_lost",
                   "source_duplicates_absorbed", "source_duplicates", "redeliveries_absorbed", "dead_letters",
                   "not_yet_applied")
-DEDUP_TABLES = ("processed_events", "processed_transactions")
 # How long one wait step may take (seconds): a scenario's own bound, not an operation's.
 WAIT_SECONDS = (0.5, 120.0)
 DEFAULT_WAIT = 30.0
@@ -197,7 +196,7 @@ class ConditionChecker(Checker):
             if "balance" not in c and "status" not in c:
                 self.fail(body.line, f"{where}: give the account's balance (cents) or status to wait for")
         elif subject == "dedup":
-            c["dedup"] = self.choice(body, "dedup", DEDUP_TABLES, where)
+            c["dedup"] = self.choice(body, "dedup", tuple(DEDUP_TABLES), where)
             c.update({key: self.comparison(body[key], body.line_of(key), f"{where}.{key}")
                       for key in ("rows", "oldest_age") if key in body})
             if "rows" not in c and "oldest_age" not in c:
@@ -273,7 +272,7 @@ class ConditionChecker(Checker):
                                               spec.line_of(key)))
         if "dedup" in scope:
             dedup = self.mapping(scope["dedup"], scope.line_of("dedup"), f"{where}.dedup")
-            self.keys(dedup, DEDUP_TABLES, where=f"{where}.dedup")
+            self.keys(dedup, tuple(DEDUP_TABLES), where=f"{where}.dedup")
             for table, value in dedup.items():
                 result.append(Expectation(f"{prefix}{table} rows", "dedup", {**target, "table": table},
                                           self.comparison(value, dedup.line_of(table), f"{where}.dedup.{table}"),
