@@ -121,6 +121,27 @@ def test_check_then_act_zombie_and_successor_both_apply(services, app, lab):
     assert query(services, lab, "SELECT count(*) FROM seen_events WHERE event_id = %s", record["event_id"]) == [(2,)]
 
 
+def test_an_idle_in_transaction_timeout_ends_the_zombies_transaction_and_the_successor_goes_on(services, app, lab):
+    """A zombie frozen inside its transaction holds the key's lock. With the lab's
+    idle_in_transaction_session_timeout, PostgreSQL ends its session (the transaction rolls back,
+    the lock goes), the successor applies the credit once, and the thawed zombie's work fails."""
+    use_strategy(lab, "eventid-atomic")
+    lab.post("/database-settings", {"idle_in_transaction_session_timeout_ms": 1000, "lock_timeout_ms": 0})
+    c1, c2, record = freeze_then_hand_over(lab, "between-key-and-effect")
+    # The zombie's key insert was rolled back with its session: nothing holds the successor up.
+    wait_balance(lab, 1000)
+    assert not lab.consumer(c2).get("waiting_on")
+    lab.post(f"/consumers/{c1}/thaw")
+    zombie = lab.wait_consumer(c1, lambda c: c["last_error"] and ("terminat" in c["last_error"].lower()
+                                                                   or "closed" in c["last_error"].lower()
+                                                                   or c["commit_failures"] >= 1),
+                               "the thawed zombie never noticed its session was gone", timeout=45)
+    assert zombie["applied"] == 0
+    caught_up(lab, record)
+    assert balance(lab) == 1000
+    assert [d["consumer"] for d in deliveries(app, lab, record["event_id"]) if d["outcome"] == "applied"] == ["c2"]
+
+
 def test_insert_first_the_zombies_insert_hits_the_constraint_and_one_credit_stands(services, app, lab):
     use_strategy(lab, "insert-first")
     c1, c2, record = freeze_then_hand_over(lab, "before-effect")

@@ -72,6 +72,13 @@ class ProcessedTransaction(db.Model):
     processed_at: Mapped[datetime] = mapped_column(server_default=func.now(), index=True)
 
 
+class ProcessedPayload(db.Model):
+    """payload-hash's key table: sha256 of the event's content without its ids (see the strategy)."""
+    __tablename__ = "processed_payloads"
+    payload_hash: Mapped[str] = mapped_column(Text, primary_key=True)
+    processed_at: Mapped[datetime] = mapped_column(server_default=func.now(), index=True)
+
+
 class LedgerEntry(db.Model):
     """Natural idempotency: a credit is a fact keyed by its event; the balance is derived."""
     __tablename__ = "ledger"

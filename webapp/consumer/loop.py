@@ -41,7 +41,8 @@ from ..store import schema
 from ..db import connect
 from ..kafka import consumer_config, producer_config
 from ..labs import Lab
-from ..strategies.base import ABSORBED, APPLIED, DEAD_LETTERED, FAILED, RECORD_DELIVERY, UNIQUE_VIOLATION_REASON
+from ..strategies.base import (ABSORBED, APPLIED, DEAD_LETTERED, FAILED, RECORD_DELIVERY, SESSION_SETTINGS,
+                              UNIQUE_VIOLATION_REASON)
 from .control import ControlRow, Report
 
 log = logging.getLogger("idempotency_lab.consumer")
@@ -124,9 +125,26 @@ class ConsumerProcess:
         return row[0] if row and row[0] in strategies.ON_UNIQUE_VIOLATION else "already-processed"
 
     def _current_strategy(self) -> strategies.Strategy:
-        # Read per message: a strategy switch applies from the next message on.
-        self.strategy_name = self._group_settings()[0]
+        # Read per message: a strategy switch (or new database settings) applies from the next message on.
+        row = self.control_conn.execute(
+            f'SELECT g.strategy, '
+            f'(SELECT value FROM "{self.lab.schema}".settings WHERE key = \'lock_timeout_ms\'), '
+            f'(SELECT value FROM "{self.lab.schema}".settings WHERE key = \'idle_in_transaction_session_timeout_ms\') '
+            f'FROM "{self.lab.schema}".consumer_groups g WHERE g.group_id = %s', [self.group_id]).fetchone()
+        if row is None:
+            raise RuntimeError(f"group {self.group_id} is not defined in lab {self.lab.name}")
+        self.strategy_name = row[0]
+        self._apply_session_settings(int(row[1] or 0), int(row[2] or 0))
         return strategies.get(self.strategy_name)
+
+    def _apply_session_settings(self, lock_timeout_ms: int, idle_timeout_ms: int) -> None:
+        """The lab's lock_timeout and idle_in_transaction_session_timeout on the effects connection."""
+        wanted = (lock_timeout_ms, idle_timeout_ms)
+        if wanted == self.session_settings:
+            return
+        self.effects_conn.execute(SESSION_SETTINGS, {"lock_timeout": f"{lock_timeout_ms}ms",
+                                                     "idle_in_transaction_session_timeout": f"{idle_timeout_ms}ms"})
+        self.session_settings = wanted
 
     # --- the strategy's context ----------------------------------------------------------
 
@@ -309,6 +327,7 @@ class ConsumerProcess:
             self.effects_conn = self._connect_effects()
 
     def _connect_effects(self) -> psycopg.Connection:
+        self.session_settings = None  # a new session: the lab's settings are applied again
         # Named, so pg_stat_activity (and a person looking for who holds a lock) can tell it apart.
         return connect(self.database_url, schema=self.effects_schema, autocommit=True,
                        application_name=f"lab {self.lab.name} {self.name} effects")

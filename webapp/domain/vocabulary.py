@@ -64,13 +64,15 @@ class Limits:
     RESPONSE_DELAY_MS = (0, 60_000)
     NAME_LENGTH = 24
     SCORE = (0, 1000)
+    SESSION_TIMEOUT_MS = (0, 600_000)     # lock_timeout, idle_in_transaction_session_timeout (0: none)
     RAW_VALUE_BYTES = 512 * 1024           # a raw record's value, as the producer sends it
     RAW_VALUE_CHARACTERS = RAW_VALUE_BYTES // 4   # as typed: every character fits in the bytes
 
 
 # The tables that remember what was processed, and the key each holds. `seen_events` is
 # check-then-act's table: the same key, no unique constraint (the developer trusted the SELECT).
-DEDUP_TABLES = {"processed_events": "event_id", "processed_transactions": "transaction_id", "seen_events": "event_id"}
+DEDUP_TABLES = {"processed_events": "event_id", "processed_transactions": "transaction_id", "seen_events": "event_id",
+                "processed_payloads": "payload_hash"}
 
 DEFAULT_GROUP = "payments"
 DEFAULT_STRATEGY = "none"

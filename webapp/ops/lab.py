@@ -31,6 +31,20 @@ class CleanupArgs(Args):
                                  "ttl_seconds", "seconds", unit=" s")
 
 
+class DatabaseSettingsArgs(Args):
+    lock_timeout_ms: Whole = within(Limits.SESSION_TIMEOUT_MS, "a statement waiting for a lock longer than this "
+                                    "fails (lock_timeout; 0: waits for ever)", unit=" ms")
+    idle_in_transaction_session_timeout_ms: Whole = within(
+        Limits.SESSION_TIMEOUT_MS, "a session idle inside an open transaction longer than this is terminated by "
+        "PostgreSQL, its transaction rolled back (a frozen zombie's; 0: never)", unit=" ms")
+
+    @model_validator(mode="after")
+    def _something_to_set(self) -> "DatabaseSettingsArgs":
+        if self.lock_timeout_ms is None and self.idle_in_transaction_session_timeout_ms is None:
+            raise InvalidRequest("lock_timeout_ms", "give lock_timeout_ms and/or idle_in_transaction_session_timeout_ms")
+        return self
+
+
 class ResetArgs(Args):
     partitions: Whole = within(Limits.PARTITIONS, "partitions of the new payments topic (default: LAB_PARTITIONS)")
 
@@ -67,6 +81,31 @@ def ttl_cleanup(ctx: Context, args: CleanupArgs) -> dict:
         total = sum(n for counts in deleted.values() for n in counts.values())
         labdata.say(conn, "ttl", f"TTL cleanup (older than {window:g}s) deleted {total} key(s)", deleted=deleted)
     return {"ttl_seconds": window, "deleted": deleted}
+
+
+DATABASE_SETTINGS = ("lock_timeout_ms", "idle_in_transaction_session_timeout_ms")
+
+
+@operation("get_database_settings", method="GET", path="/database-settings", tags=("lab",),
+           summary="The consumers' database session settings: lock_timeout, idle_in_transaction_session_timeout")
+def get_database_settings(ctx: Context, args: NoArgs) -> dict:
+    with schema.connect_in(ctx.engine, ctx.lab.schema) as conn:
+        values = labdata.settings(conn)
+    return {key: int(values.get(key) or 0) for key in DATABASE_SETTINGS}
+
+
+@operation("set_database_settings", path="/database-settings", step="database_settings", cli="database-settings",
+           tags=("lab",), summary="Set the consumers' lock_timeout and idle_in_transaction_session_timeout "
+                                  "(from their next message)")
+def set_database_settings(ctx: Context, args: DatabaseSettingsArgs) -> dict:
+    with schema.begin_in(ctx.engine, ctx.lab.schema) as conn:
+        for key in DATABASE_SETTINGS:
+            if getattr(args, key) is not None:
+                labdata.put_setting(conn, key, getattr(args, key))
+        labdata.say(conn, "lab", "database settings: " + ", ".join(
+            f"{key.removesuffix('_ms')} {getattr(args, key)} ms" for key in DATABASE_SETTINGS
+            if getattr(args, key) is not None))
+    return get_database_settings(ctx, NoArgs())
 
 
 @operation("reset_lab", path="/lab/reset", recorded=True, cli="", tags=("lab",),

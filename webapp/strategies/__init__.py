@@ -1,12 +1,13 @@
 """The deduplication strategies, by name. Each module holds its SQL text and ``apply``."""
 from __future__ import annotations
 
-from . import business_key, check_then_act, eventid_atomic, eventid_split, insert_first, natural, none
+from . import business_key, check_then_act, eventid_atomic, eventid_split, insert_first, natural, none, payload_hash
 from .base import ON_UNIQUE_VIOLATION, POINTS, Strategy
 
 STRATEGIES: dict[str, Strategy] = {
     module.STRATEGY.name: module.STRATEGY
-    for module in (none, check_then_act, insert_first, eventid_atomic, eventid_split, business_key, natural)
+    for module in (none, check_then_act, insert_first, eventid_atomic, eventid_split, business_key, payload_hash,
+                   natural)
 }
 NAMES = tuple(STRATEGIES)
 

@@ -26,6 +26,13 @@ SET_BALANCE = ("UPDATE accounts SET balance = %(balance_cents)s, balance_at = %(
 UPSERT_SCORE = ("INSERT INTO scores (account_id, score, score_at)\n"
                 "SELECT id, %(score)s::int, %(occurred_at)s::timestamptz FROM accounts WHERE id = %(account_id)s\n"
                 "ON CONFLICT (account_id) DO UPDATE SET score = EXCLUDED.score, score_at = EXCLUDED.score_at")
+# The lab's database settings for the effects connection: how long a statement waits for a lock
+# held by another session (a frozen zombie), and how long a session may sit idle inside an open
+# transaction before PostgreSQL terminates it (the zombie's transaction rolled back, its locks
+# released, the successor goes on). 0 means no limit. Run when the consumer connects and when the
+# lab changes them; shown in the SQL view.
+SESSION_SETTINGS = ("SELECT set_config('lock_timeout', %(lock_timeout)s, false),\n"
+                    "       set_config('idle_in_transaction_session_timeout', %(idle_in_transaction_session_timeout)s, false)")
 ACCOUNT_EXISTS = "SELECT 1 FROM accounts WHERE id = %(account_id)s"
 RECORD_DELIVERY = (
     'INSERT INTO deliveries (group_id, consumer, partition, "offset", generation, attempt,\n'

@@ -21,6 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from .. import ops, state, strategies
 from ..db import db
+from ..strategies.base import SESSION_SETTINGS
 from . import current_lab, lab_db
 
 bp = Blueprint("dashboard", __name__)
@@ -142,7 +143,7 @@ def chart_panel(lab, session, args) -> dict[str, Any]:
     return {}
 
 
-@panel("sql", depends=("groups", "consumers"))
+@panel("sql", depends=("groups", "consumers", "settings"))
 def sql_panel(lab, session, args) -> dict[str, Any]:
     groups = state.groups_list(session)
     chosen = args.get("strategy")
@@ -154,7 +155,9 @@ def sql_panel(lab, session, args) -> dict[str, Any]:
     return {"strategy": strategy, "strategies": strategies.STRATEGIES, "blocks": plan_blocks(strategy.plan),
             "groups": [g["group_id"] for g in groups if g["strategy"] == chosen],
             "armed": {p: [c for c in consumers if c["armed_point"] == p] for p in strategy.points},
-            "here": {p: [c for c in consumers if c["step_at"] == p] for p in strategy.points}}
+            "here": {p: [c for c in consumers if c["step_at"] == p] for p in strategy.points},
+            "session_sql": SESSION_SETTINGS,
+            "session": ops.call("get_database_settings", ops.Context(db.engine, lab), {})}
 
 
 @panel("status", depends=("agent",))
