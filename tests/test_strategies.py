@@ -81,6 +81,7 @@ def in_plan_order(strategy, statements) -> bool:
     ("eventid-atomic", "absorbed", 1000),
     ("eventid-split", "absorbed", 1000),
     ("business-key", "absorbed", 1000),
+    ("payload-hash", "absorbed", 1000),
     ("natural", "applied", 2000),  # a delta is not naturally idempotent
 ])
 def test_first_delivery_applies_and_redelivery_follows_the_strategy(conn, name, second_outcome, second_balance):
@@ -121,6 +122,7 @@ def test_points_passed_are_the_points_shown(conn, name):
 @pytest.mark.parametrize("name,effect_after_crash", [
     ("eventid-atomic", 0),   # key and effect in one transaction: both rolled back
     ("business-key", 0),
+    ("payload-hash", 0),
     ("eventid-split", 0),    # the key is committed, the effect is not
 ])
 def test_crash_between_key_and_effect(conn, name, effect_after_crash):
@@ -129,7 +131,8 @@ def test_crash_between_key_and_effect(conn, name, effect_after_crash):
     with pytest.raises(Crash):
         strategy.apply(RecordingContext(conn, crash_at="between-key-and-effect"), event)
     assert balance(conn) == effect_after_crash
-    key_table = "processed_transactions" if name == "business-key" else "processed_events"
+    key_table = {"business-key": "processed_transactions", "payload-hash": "processed_payloads"}.get(
+        name, "processed_events")
     key_kept = conn.execute(f"SELECT count(*) FROM {key_table}").fetchone()[0]
     # The redelivery: atomic strategies apply it now; split finds its key and skips it forever.
     outcome = strategy.apply(RecordingContext(conn), event)
@@ -149,7 +152,7 @@ def test_business_key_absorbs_a_source_duplicate_that_eventid_lets_through(conn)
     assert strategies.get("business-key").apply(RecordingContext(conn), again) == "absorbed"
 
 
-KEY_TABLES = ("processed_events", "processed_transactions", "seen_events", "ledger")
+KEY_TABLES = ("processed_events", "processed_transactions", "seen_events", "processed_payloads", "ledger")
 
 
 def account_state(conn, account_id: str) -> tuple:
@@ -274,3 +277,70 @@ def test_unknown_account_is_invalid_and_changes_nothing(conn, name):
 def test_unknown_strategy_is_named():
     with pytest.raises(strategies.UnknownStrategy, match="must be one of none, check-then-act"):
         strategies.get("exactly-once-please")
+
+
+# --- payload-hash: the choice of key --------------------------------------------------------------
+
+def test_payload_hash_absorbs_a_source_duplicate(conn):
+    strategy = strategies.get("payload-hash")
+    original = events.credit("acc-1", 1000)
+    assert strategy.apply(RecordingContext(conn), original) == "applied"
+    assert strategy.apply(RecordingContext(conn), original.as_source_duplicate()) == "absorbed"
+    assert balance(conn) == 1000 and count(conn, "payments") == 1 and count(conn, "processed_payloads") == 1
+
+
+def test_payload_hash_merges_two_real_identical_payments_in_the_same_minute(conn):
+    """Same account, same amount, same minute, two transaction ids: two real payments, one key.
+    business-key keeps them apart; payload-hash applies the first and absorbs the second, with the reason."""
+    first = events.credit("acc-1", 5000, "E-REAL-1", occurred_at=at(7))
+    second = events.credit("acc-1", 5000, "E-REAL-2", occurred_at=at(41))
+    business, by_hash = strategies.get("business-key"), strategies.get("payload-hash")
+    assert [business.apply(RecordingContext(conn), e) for e in (first, second)] == ["applied", "applied"]
+    conn.execute("UPDATE accounts SET balance = 0")
+    conn.execute("DELETE FROM payments")
+    conn.execute("DELETE FROM deliveries")
+    assert [by_hash.apply(RecordingContext(conn), e) for e in (first, second)] == ["applied", "absorbed"]
+    assert balance(conn) == 5000  # one real credit of R$ 50.00 lost
+    assert [tx for (tx,) in conn.execute("SELECT transaction_id FROM payments")] == ["E-REAL-1"]
+    (reason,) = conn.execute("SELECT reason FROM deliveries WHERE outcome = 'absorbed'").fetchone()
+    assert reason.startswith("payload hash ") and "already processed" in reason
+    assert "(credit|acc-1|5000|2026-12-01T09:00Z)" in reason and "another real payment" in reason
+    # Content that differs, or a later minute, is another key.
+    assert by_hash.apply(RecordingContext(conn), events.credit("acc-1", 5000, occurred_at=at(61))) == "applied"
+    assert by_hash.apply(RecordingContext(conn), events.credit("acc-1", 5001, occurred_at=at(7))) == "applied"
+    assert by_hash.apply(RecordingContext(conn), events.credit("acc-2", 5000, occurred_at=at(7))) == "applied"
+    assert count(conn, "processed_payloads") == 4
+
+
+def test_payload_hash_key_is_the_canonical_form_the_plan_states(conn):
+    """The SQL shown computes the key: sha256 of type|account|value|minute (UTC), no event id, no transaction id."""
+    import hashlib
+
+    from webapp.strategies import payload_hash
+
+    cases = [(events.credit("acc-1", 1000, occurred_at="2026-12-01T06:59:59.999-03:00"),
+              "credit|acc-1|1000|2026-12-01T09:59Z"),
+             (events.set_status("acc-1", "PAID", occurred_at=at(30)), "set_status|acc-1|PAID|2026-12-01T09:00Z"),
+             (events.set_balance("acc-1", 0, occurred_at=at(30)), "set_balance|acc-1|0|2026-12-01T09:00Z"),
+             (events.set_score("acc-1", 720, occurred_at=at(30)), "set_score|acc-1|720|2026-12-01T09:00Z")]
+    for event, canonical in cases:
+        row = conn.execute(payload_hash.KEY, payload_hash.key_params(event)).fetchone()
+        assert row == (canonical, hashlib.sha256(canonical.encode()).hexdigest())
+    shown = [step for step in strategies.get("payload-hash").plan if step.kind == "sql"]
+    assert shown[0].text == payload_hash.KEY and "no event_id, no transaction_id" in shown[0].note
+    assert "minute" in shown[0].note and shown[1].text == payload_hash.CLAIM
+
+
+def test_payload_hash_plan_points_are_the_points_apply_passes(conn):
+    strategy = strategies.get("payload-hash")
+    assert strategy.points == strategies.get("eventid-atomic").points
+    event = events.credit("acc-1", 1000)
+    first, again = RecordingContext(conn), RecordingContext(conn)
+    assert strategy.apply(first, event) == "applied" and strategy.apply(again, event) == "absorbed"
+    # apply passes these two; the consumer passes after-effect-before-commit and after-commit around the commit
+    assert first.points == ["before-effect", "between-key-and-effect"] and again.points == ["before-effect"]
+    assert set(first.points) | {"after-effect-before-commit", "after-commit"} == set(strategy.points)
+    unique = conn.execute("SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid "
+                          "WHERE c.relname = 'processed_payloads' AND c.relnamespace = current_schema()::regnamespace "
+                          "AND i.indisprimary").fetchone()[0]
+    assert unique == 1

@@ -17,7 +17,8 @@ from ..domain.lab import Lab
 from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY
 from ..logreader import wait_mirrored
 from ..waits import WaitTimeout, wait_until
-from . import consumer_rows, setup
+from ..store import consumers as consumer_rows
+from . import setup
 from .periodic import snapshot_offsets
 from .processes import STOP_TIMEOUT, NotRunning
 

@@ -28,7 +28,8 @@ from ..labs import ensure_control_schema
 from ..store.commands import CHANNEL, Claimed
 from ..store import schema
 from ..waits import WaitTimeout
-from . import consumer_rows, queue
+from ..store import consumers as consumer_rows
+from . import queue
 from .handlers import HANDLERS, CommandRejected
 from .periodic import Heartbeat, Housekeeping
 from .processes import Pool, Sidecar, truthy

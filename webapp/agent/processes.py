@@ -65,7 +65,7 @@ class Pool:
     def log_hint(self, lab: str, consumer_id: int) -> str:
         """Where a person finds the consumer's output."""
         if self.log_to_stdout:
-            return "see the agent's output (docker compose logs)"
+            return "see `docker compose logs consumers`: its lines start with [lab/name]"
         return f"see its log {self.log_dir / f'{lab}-consumer-{consumer_id}.log'}"
 
     def spawn(self, lab: str, consumer_id: int, name: str) -> subprocess.Popen:

@@ -32,7 +32,7 @@ from ..domain.vocabulary import AGENT_FRESH_SECONDS
 from ..store import agents, commands
 from ..store.commands import Claimed
 from ..store.schema import enter
-from . import consumer_rows
+from ..store import consumers as consumer_rows
 
 log = logging.getLogger("idempotency_lab.agent")
 
