@@ -414,3 +414,9 @@ def test_the_lost_ack_exercise_fails_when_the_stack_has_a_proxy_that_does_not_an
     assert code == 1 and result["status"] == "failed", output
     lost = next(step for step in result["steps"] if step.get("action") == "lost_ack")
     assert lost["status"] == "failed" and "fault proxy" in lost["observed"]
+
+
+def test_the_exercises_page_shows_each_seed_claim_with_its_exercise(client):
+    html = client.get("/scenarios/").get_data(as_text=True)
+    assert 'id="claims"' in html and "<table>" in html
+    assert "Check-then-act races" in html and "test_check_then_act_zombie_and_successor_both_apply" in html

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import lru_cache
+from pathlib import Path
 
 from flask import Blueprint, abort, redirect, render_template, request, url_for
 from markdown_it import MarkdownIt
@@ -39,6 +41,27 @@ _markdown = MarkdownIt("commonmark", {"html": False, "linkify": False, "typograp
 
 def markdown(source: str) -> Markup:
     return Markup(_markdown.render(source or ""))  # noqa: S704 - markdown-it escapes raw HTML (html=False)
+
+
+CLAIMS_HEADING = "## What the seeds claim, and where the lab shows it"
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+@lru_cache(maxsize=1)
+def claims_table() -> Markup | None:
+    """The README's table from each claim of the seeds to its exercise and tests, as HTML: one text,
+    kept in one place, read by people on GitHub and in the lab."""
+    try:
+        text_ = README.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    start = text_.find(CLAIMS_HEADING)
+    if start < 0:
+        return None
+    body = text_[start + len(CLAIMS_HEADING):]
+    end = body.find("\n## ")
+    table_markdown = MarkdownIt("commonmark", {"html": False}).enable("table")
+    return Markup(table_markdown.render(body[:end] if end >= 0 else body))  # noqa: S704 - raw HTML is off
 
 
 def _catalogue() -> list[tuple[str, Scenario | None, str | None]]:
@@ -71,7 +94,7 @@ def index():
     with db.engine.connect() as conn:
         runs = conn.execute(text(f"SELECT id, scenario, lab, status, created_at FROM {C}.scenario_runs "
                                  "ORDER BY id DESC LIMIT 12")).mappings().all()
-    return render_template("scenarios/index.html", catalogue=_catalogue(), runs=runs)
+    return render_template("scenarios/index.html", catalogue=_catalogue(), runs=runs, claims=claims_table())
 
 
 @bp.post("/<name>/runs")
