@@ -162,32 +162,36 @@ def kill_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
     _running(agent, row.id)
     agent.pool.kill(row.id)  # SIGKILL: no commit, no group leave, even when frozen
     agent.reap_children()
-    return {"consumer_id": row.id, "state": "killed"}
+    return {"consumer_id": row.id, "name": row.name, "state": "killed"}
+
+
+def _pause_or_resume(agent: Agent, lab: Lab, args: dict, frozen: bool) -> dict:
+    row = _own_consumer(agent, lab, args)
+    _running(agent, row.id)
+    if frozen:
+        agent.pool.freeze(row.id)
+        state, kind, summary = "frozen", "frozen", f"{row.name} frozen (SIGSTOP): no heartbeats, no progress"
+    else:
+        agent.pool.thaw(row.id)
+        state, kind, summary = "running", "thawed", f"{row.name} thawed (SIGCONT): it carries on where it stopped"
+    _set_state(agent, row.id, state)
+    agent.say(lab, kind, summary, consumer=row.name)
+    return {"consumer_id": row.id, "name": row.name, "state": state}
 
 
 def freeze_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
-    row = _own_consumer(agent, lab, args)
-    _running(agent, row.id)
-    agent.pool.freeze(row.id)
-    _set_state(agent, row.id, "frozen")
-    agent.say(lab, "frozen", f"{row.name} frozen (SIGSTOP): no heartbeats, no progress", consumer=row.name)
-    return {"consumer_id": row.id, "state": "frozen"}
+    return _pause_or_resume(agent, lab, args, frozen=True)
 
 
 def thaw_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
-    row = _own_consumer(agent, lab, args)
-    _running(agent, row.id)
-    agent.pool.thaw(row.id)
-    _set_state(agent, row.id, "running")
-    agent.say(lab, "thawed", f"{row.name} thawed (SIGCONT): it carries on where it stopped", consumer=row.name)
-    return {"consumer_id": row.id, "state": "running"}
+    return _pause_or_resume(agent, lab, args, frozen=False)
 
 
 def stop_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
     row = _own_consumer(agent, lab, args)
     agent.pool.stop(row.id)
     agent.reap_children()
-    return {"consumer_id": row.id, "state": "stopped"}
+    return {"consumer_id": row.id, "name": row.name, "state": "stopped"}
 
 
 def restart_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
@@ -196,7 +200,7 @@ def restart_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
     agent.reap_children()
     pid = agent.spawn(lab, row.id, row.name)
     agent.say(lab, "started", f"restarted consumer {row.name}", consumer=row.name, group=row.group_id)
-    return {"consumer_id": row.id, "pid": pid}
+    return {"consumer_id": row.id, "name": row.name, "pid": pid}
 
 
 def on_own_or_remote(agent: Agent, lab: Lab, row: consumer_rows.Row, verb: str) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from ..embedded import die_with_parent
+from ..embedded import die_with_parent, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 STOP_TIMEOUT = 15.0
@@ -113,12 +113,7 @@ class Pool:
         if child is None or child.process.poll() is not None:
             return
         child.process.send_signal(signal.SIGCONT)
-        child.process.send_signal(signal.SIGTERM)
-        try:
-            child.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            child.process.kill()
-            child.process.wait(timeout=10)
+        stop_process(child.process, timeout=timeout)
 
     def forget(self, consumer_id: int) -> None:
         self.children.pop(consumer_id, None)
@@ -185,11 +180,6 @@ class Sidecar:
     def stop(self, timeout: float = 10.0) -> None:
         if self.process is None or self.process.poll() is not None:
             return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        stop_process(self.process, timeout=timeout)
         if self.reader is not None:
             self.reader.join(timeout=2)

@@ -19,6 +19,7 @@ from flask import Blueprint, abort, render_template, request
 from jinja2 import TemplateNotFound
 
 from .. import events, ops, state, strategies
+from ..domain.vocabulary import Limits
 from ..ops.publishing import template_event
 from . import current_lab, dashboard, lab_db
 from .api import ops_context
@@ -47,7 +48,7 @@ Renderer = Callable[..., tuple[str, int]]
 def control_choices() -> dict[str, Any]:
     """The menus every control form offers, wherever the form is rendered."""
     return {"poison_kinds": [(kind, kind.replace("-", " ")) for kind in events.POISON_PILLS],
-            "strategy_names": strategies.NAMES, "lab_topic": current_lab().topic}
+            "strategy_names": strategies.NAMES, "lab_topic": current_lab().topic, "limits": Limits}
 
 
 def run_op(name: str, body: dict[str, Any]) -> dict:
