@@ -122,3 +122,19 @@ def test_no_agent_is_503(app_factory, services, lab_name):
     response = client.post("/api/v1/publish", json={"account_id": "acc-1", "amount": "1"})
     assert response.status_code == 503
     assert "no lab agent is running" in response.get_json()["error"]
+
+
+def test_state_judges_each_lane_against_the_same_log(lab):
+    lab.post("/groups", {"group": "atomic", "strategy": "eventid-atomic", "lane": "atomic"})
+    lab.start_consumer(name="a1", group="atomic")
+    lab.credit("acc-4", 300)
+
+    def lane_settled(state):
+        [lane] = state["lanes"]
+        return lane["verdict"]["status"] == "exactly-once" and lane
+    lane = lab.wait(lane_settled, "the lane's verdict never settled", timeout=45)
+    assert lane["lane"] == "atomic" and lane["groups"] == [{"group_id": f"{lab.lab.name}.atomic",
+                                                             "strategy": "eventid-atomic"}]
+    assert next(a for a in lane["accounts"] if a["id"] == "acc-4")["actual"] == 300
+    # The lab's own copy has no consumer: the same log, judged there, is still pending.
+    assert lab.state()["verdict"]["status"] == "pending"

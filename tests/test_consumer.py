@@ -14,6 +14,7 @@ from sqlalchemy import text
 from webapp import events
 from webapp.consumer.loop import BACKOFF_SECONDS, MAX_ATTEMPTS
 from webapp.db import connect, lab_session
+from webapp.domain.vocabulary import DEDUP_TABLES
 from webapp.waits import wait_until
 
 
@@ -219,7 +220,7 @@ def wait_deliveries(services, lab, n: int, timeout: float = 45, where: str = "tr
                timeout=timeout, interval=0.2, message=f"fewer than {n} deliveries ({where})")
 
 
-KEY_TABLES = ("processed_events", "processed_transactions", "seen_events", "ledger")
+KEY_TABLES = (*DEDUP_TABLES, "ledger")
 
 
 def test_natural_replayed_sets_change_nothing_replayed_credits_double_and_no_key_is_kept(services, lab):

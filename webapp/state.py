@@ -379,12 +379,14 @@ FROM {C}.consumers WHERE lab = :lab
 # Effects, deliveries and dedup keys of one schema. Effects and ledger rows are written in the
 # delivery's transaction, so the newest delivery id covers them; a dedup key can be committed
 # alone (eventid-split), and TTL cleanup deletes the oldest keys, hence min and max.
-EFFECTS_FINGERPRINT_SQL = """
-SELECT concat_ws(':', (SELECT max(id) FROM {s}.deliveries), (SELECT max(id) FROM {s}.payments),
-                 (SELECT max(processed_at) FROM {s}.processed_events), (SELECT min(processed_at) FROM {s}.processed_events),
-                 (SELECT max(processed_at) FROM {s}.processed_transactions),
-                 (SELECT min(processed_at) FROM {s}.processed_transactions))
-"""
+EFFECTS_FINGERPRINT_SQL = (
+    "SELECT concat_ws(':', (SELECT max(id) FROM {s}.deliveries), (SELECT max(id) FROM {s}.payments), "
+    + ", ".join(f"(SELECT max(processed_at) FROM {{s}}.{table}), (SELECT min(processed_at) FROM {{s}}.{table})"
+                for table in DEDUP_TABLES) + ")")
+# The oldest key of every dedup table: the same arithmetic as dedup_tables, so the age shown and the
+# age fingerprinted agree.
+OLDEST_KEY_AGE_SQL = ("SELECT extract(epoch FROM now() - least("
+                      + ", ".join(f"(SELECT min(processed_at) FROM {table})" for table in DEDUP_TABLES) + "))")
 
 
 AGENT_STALE_SECONDS = 5.0
@@ -401,10 +403,7 @@ def fingerprint_parts(session: Session, lab: Lab) -> dict[str, Any]:
     parts["effects"] = ";".join(
         session.execute(text(EFFECTS_FINGERPRINT_SQL.format(s=_q(schema)))).scalar_one() or ""
         for schema in effects_schemas(session, lab))
-    # The same arithmetic as dedup_tables, so the age shown and the age fingerprinted agree.
-    oldest_age = session.execute(text(
-        "SELECT extract(epoch FROM now() - least((SELECT min(processed_at) FROM processed_events),"
-        "                                        (SELECT min(processed_at) FROM processed_transactions)))")).scalar_one()
+    oldest_age = session.execute(text(OLDEST_KEY_AGE_SQL)).scalar_one()
     parts["oldest_key_age"] = float(oldest_age) if oldest_age is not None else None
     return parts
 
@@ -575,9 +574,10 @@ def event_drilldown(session: Session, lab: Lab, event_id: str | None = None,
             effects += [{"lane": copy, "table": "ledger", "id": "–", "transaction_id": None, **r} for r in session.execute(
                 text(f"SELECT event_id::text AS event_id, account_id, amount_cents, recorded_at AS at "
                      f"FROM {_q(schema)}.ledger WHERE event_id = CAST(:event AS uuid)"), params).mappings()]
-            keys += [{"lane": copy, "table": "processed_events", "key": k, "at": at} for k, at in session.execute(
-                text(f"SELECT event_id::text, processed_at FROM {_q(schema)}.processed_events "
-                     "WHERE event_id = CAST(:event AS uuid)"), params)]
+            for table in ("processed_events", "seen_events"):  # the unique key table, and check-then-act's
+                keys += [{"lane": copy, "table": table, "key": k, "at": at} for k, at in session.execute(
+                    text(f"SELECT event_id::text, processed_at FROM {_q(schema)}.{table} "
+                         "WHERE event_id = CAST(:event AS uuid)"), params)]
         # Why, for an anomaly of this transaction in this copy: read from its ledger and the timeline.
         enter(session.connection(), schema)
         for transaction_id in transaction_ids:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from .. import state
+from .. import verdict as verdict_module
+from ..store.schema import enter
 from ..store.schema import session_in
 from .faults import NoArgs
 from .lab import get_ttl
@@ -18,7 +20,8 @@ def consumer_json(row: dict) -> dict:
 
 
 @operation("get_state", method="GET", path="/state", cli="state", tags=("state",),
-           summary="Accounts (actual, expected, difference), verdict, groups, consumers, partitions, TTL")
+           summary="Accounts (actual, expected, difference), verdict, groups, consumers, partitions, TTL, "
+                   "and each strategy lane's accounts and verdict")
 def get_state(ctx: Context, args: NoArgs) -> dict:
     lab = ctx.lab
     with session_in(ctx.engine, lab.schema) as session:
@@ -32,4 +35,24 @@ def get_state(ctx: Context, args: NoArgs) -> dict:
             "partitions": [{"partition": p.partition, "log_end": p.log_end, "committed": p.committed,
                             "positions": p.positions} for p in state.partitions(session, lab)],
             "ttl": get_ttl(ctx, NoArgs()),
+            "lanes": lane_states(session, lab),
         }
+
+
+def lane_states(session, lab) -> list[dict]:
+    """Each strategy lane's own copy of the accounts, judged against the same log."""
+    groups = state.groups_list(session)
+    lanes = []
+    for lane_schema in state.effects_schemas(session, lab):
+        if lane_schema == lab.schema:
+            continue
+        enter(session.connection(), lane_schema)
+        lanes.append({
+            "lane": lab.lane_of(lane_schema), "schema": lane_schema,
+            "groups": [{"group_id": g["group_id"], "strategy": g["strategy"]} for g in groups
+                       if g["effects_schema"] == lane_schema],
+            "accounts": [{**line.__dict__, "difference": line.difference}
+                         for line in verdict_module.accounts(session, lab.schema)],
+            "verdict": verdict_module.verdict(session, lab.schema).as_dict()})
+    enter(session.connection(), lab.schema)
+    return lanes
