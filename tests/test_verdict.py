@@ -143,8 +143,8 @@ def test_why_a_double_credit_after_a_kill_at_after_effect_before_commit(lab, log
     p, o = record["partition"], record["offset"]
     assert anomaly["kind"] == "applied-twice" and (anomaly["partition"], anomaly["offset"]) == (p, o)
     assert re.fullmatch(
-        rf"P{p}@{o} was applied by c1 \(generation \d+\); c1 was killed at after-effect-before-commit before its "
-        rf"offset commit; c1 rejoined \(generation \d+\), offset {o} came back and `none` applied it again",
+        rf"P{p}@{o} was applied by c1 \(generation 1\); c1 was killed at after-effect-before-commit before its "
+        rf"offset commit; c1 rejoined \(generation 2\), offset {o} came back and `none` applied it again",
         anomaly["why"]), anomaly["why"]
     # The drill-down of that record tells the same sentence, and the verdict panel lists it.
     drill = lab.client.get(f"/records/{p}/{o}", headers={"HX-Request": "true"})

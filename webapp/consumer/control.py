@@ -67,6 +67,11 @@ class ControlRow:
                                 [self.consumer_id]).fetchone()
         return Counts(*row) if row else Counts()
 
+    def generation(self) -> int:
+        """The last generation this consumer reported, in any of its processes."""
+        row = self.conn.execute(f"SELECT generation FROM {TABLE} WHERE id = %s", [self.consumer_id]).fetchone()
+        return int(row[0] or 0) if row else 0
+
     def write(self, report: Report) -> None:
         c = report.counts
         self.conn.execute(

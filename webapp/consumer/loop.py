@@ -102,8 +102,10 @@ class ConsumerProcess:
         self.control = ControlRow(self.control_conn, consumer_id)
         self.desired = self.control.read()
         self.step_seen = self.desired.step_advance
-        # Counts are the consumer's over all its processes: a restart carries on from them.
+        # Counts are the consumer's over all its processes: a restart carries on from them, and so do
+        # its generations (each assignment it receives), so a rejoin after a crash is generation 2.
         self.report.counts = self.control.counts()
+        self.report.generation = self.control.generation()
         self.strategy_name, self.effects_schema = self._group_settings()
         self.effects_conn: psycopg.Connection | None = self._connect_effects()
         self.consumer = Consumer(consumer_config(bootstrap_servers, group_id, client_id=name))

@@ -20,6 +20,7 @@ DATABASE_URL`` prints the DDL the models have and a migrated database lacks, and
 """
 from __future__ import annotations
 
+import logging
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
@@ -30,6 +31,8 @@ from sqlalchemy.pool import NullPool
 from ..db import CONTROL_SCHEMA, sqlalchemy_url
 
 HERE = Path(__file__).resolve().parent
+# Alembic says at INFO what plugins it loads on every start: noise in the agent's and launcher's output.
+logging.getLogger("alembic").setLevel(logging.WARNING)
 VERSION_TABLE = "alembic_version"
 BASELINE = "0001"
 # Any two processes starting at once (launcher, agents, fault proxy, CLI) upgrade one at a time.

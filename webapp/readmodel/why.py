@@ -260,16 +260,18 @@ def why_lost(ctx: _Context, transaction_id: str) -> dict[str, Any]:
                        "committed offset moved past it (an offset reset skipped it)")
         return item
     d = absorbed[0] if absorbed else deliveries[0]
-    if d["outcome"] == "absorbed" and d["attempt"] == 1:
-        # Its first delivery found the key taken: not a redelivery, another record with the same key
-        # (a key that merges two real facts, like a payload hash of two identical payments).
+    faults = ctx.happened(None, ("crashed", "killed", "frozen"), d["delivered_at"] - _minutes(30), d["delivered_at"])
+    own_faults = [f for f in faults if f"(partition {d['partition']}, offset {d['offset']})" in str(f["summary"])]
+    if d["outcome"] == "absorbed" and d["attempt"] == 1 and not own_faults:
+        # Its first delivery found the key taken, and nothing happened to it before: not a
+        # redelivery, another record with the same key (a key that merges two real facts, like a
+        # payload hash of two identical payments).
         item["why"] = (f"{where} ({_describe(first) if first else ''}) was never applied: on its first delivery "
                        f"{d['consumer']} (generation {d['generation']}) found its key already taken and "
                        f"`{d['strategy']}` absorbed it as already processed ({d['reason'] or 'no reason given'}): "
                        "a different fact with the same key, and the effect was lost")
         return item
-    faults = ctx.happened(None, ("crashed", "killed", "frozen"), d["delivered_at"] - _minutes(30), d["delivered_at"])
-    faults = [f for f in faults if f"(partition {d['partition']}, offset {d['offset']})" in str(f["summary"])] or faults
+    faults = own_faults or faults
     before = f"{_fault(faults[-1], (faults[-1]['detail'] or {}).get('consumer') or 'a consumer')}; " if faults else ""
     before = before.replace(" before its offset commit", " after its key was committed and before the effect")
     item["why"] = (f"{where} ({_describe(first) if first else ''}) was never applied: {before}when offset {d['offset']} "
