@@ -434,7 +434,7 @@ def test_consumer_output_goes_to_the_agents_stdout_with_its_name(app, services, 
                                for line in log.read_text().splitlines()), timeout=10,
                    message=lambda: f"no line {prefix!r} in the agent's output: {log.read_text()[-3000:]}")
         assert not (services.data_dir / "logs" / f"{lab.lab.name}-consumer-{consumer_id}.log").exists()
-        assert any("z1 exited with code 1; see the agent's output" in s for s in timeline_summaries(app, lab))
+        assert any("z1 exited with code 1; see `docker compose logs consumers`" in s for s in timeline_summaries(app, lab))
 
 
 WEB_IMPORTS = textwrap.dedent("""
