@@ -12,10 +12,8 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from .domain.vocabulary import AGENT_FRESH_SECONDS  # noqa: F401  (re-exported for the web)
 from .store import agents as agent_rows
 from .store import commands as command_rows
-from .store.commands import CHANNEL  # noqa: F401  (re-exported)
 
 
 class CommandError(RuntimeError):

@@ -38,7 +38,7 @@ import psycopg
 
 from . import timeline
 from .db import CONTROL_SCHEMA, psycopg_conninfo
-from .labs import InvalidLabName, Lab
+from .domain.lab import InvalidLabName, Lab
 from .store.schema import enter_psycopg
 
 log = logging.getLogger("idempotency_lab.faultproxy")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlalchemy import Connection, text
 
 from .db import CONTROL_SCHEMA
-from .domain.lab import NAME, InvalidLabName, Lab  # noqa: F401  (re-exported)
+from .domain.lab import Lab
 from .migrations import create_lab_schema, upgrade_connection
 from .store.schema import enter
 

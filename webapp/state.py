@@ -17,9 +17,8 @@ from sqlalchemy.orm import Session
 
 from . import verdict as verdict_module
 from .readmodel import why as why_module
-from .commands import AGENT_FRESH_SECONDS
 from .db import CONTROL_SCHEMA
-from .domain.vocabulary import DEDUP_TABLES
+from .domain.vocabulary import AGENT_FRESH_SECONDS, DEDUP_TABLES
 from .labs import Lab
 from .store.schema import enter
 

@@ -19,11 +19,10 @@ to a timestamp is replayed as the offsets it resolved to.
 """
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 from sqlalchemy import Engine, select

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from . import business_key, check_then_act, eventid_atomic, eventid_split, insert_first, natural, none, payload_hash
-from .base import ON_UNIQUE_VIOLATION, POINTS, Strategy
+from ..domain.vocabulary import ON_UNIQUE_VIOLATION
+from .base import POINTS, Strategy
 
 STRATEGIES: dict[str, Strategy] = {
     module.STRATEGY.name: module.STRATEGY

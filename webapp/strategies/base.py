@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from ..domain.vocabulary import CRASH_POINTS as POINTS  # noqa: F401  (re-exported: the strategies' name)
-from ..domain.vocabulary import ON_UNIQUE_VIOLATION, Outcome
+from ..domain.vocabulary import Outcome
 from ..events import InvalidEvent, PaymentEvent
 
 CREDIT_BALANCE = "UPDATE accounts SET balance = balance + %(amount_cents)s WHERE id = %(account_id)s"

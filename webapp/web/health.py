@@ -10,7 +10,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from .. import state
-from ..commands import AGENT_FRESH_SECONDS
+from ..domain.vocabulary import AGENT_FRESH_SECONDS
 from ..db import db
 
 bp = Blueprint("health", __name__)
