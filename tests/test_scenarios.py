@@ -5,6 +5,7 @@ the same verdict; a malformed file is rejected with its line number.
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -117,6 +118,22 @@ def test_built_in_scenario_runs_headless(request, app_factory, path):
     assert result["status"] == "passed" and code == 0, (
         f"{result['status']}: {result['reason']}\nsteps: {json.dumps(result['steps'], indent=1)}\nfailed: {failed}")
     assert all(step["status"] == "ok" for step in result["steps"])
+    assert_every_anomaly_says_why(app_factory(LAB_NAME=result["lab"], DATABASE_URL=app.config["DATABASE_URL"],
+                                              KAFKA_BOOTSTRAP_SERVERS=app.config["KAFKA_BOOTSTRAP_SERVERS"]))
+
+
+def assert_every_anomaly_says_why(app) -> None:
+    """Each anomaly the exercise left (in the lab's verdict and every lane's) carries a sentence a
+    class can read aloud, naming the record it is about."""
+    state = app.test_client().get("/api/v1/state").get_json()
+    verdicts = [("lab", state["verdict"])] + [(lane["lane"], lane["verdict"]) for lane in state["lanes"]]
+    for copy, verdict in verdicts:
+        bad = verdict["duplicates_applied"] + verdict["effects_lost"]
+        judged = [a for a in verdict["anomalies"] if a["severity"] == "bad"]
+        assert len(judged) >= min(bad, 1), f"{copy}: {bad} anomalies counted, none explained: {verdict}"
+        for anomaly in verdict["anomalies"]:
+            assert re.search(r"P\d+@\d+|transaction", anomaly["why"]) and anomaly["why"].endswith(
+                tuple("abcdefghijklmnopqrstuvwxyz)`")), f"{copy}: {anomaly}"
 
 
 # --- record and replay ---------------------------------------------------------------------------
