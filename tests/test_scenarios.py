@@ -437,3 +437,34 @@ def test_the_exercises_page_shows_each_seed_claim_with_its_exercise(client):
     html = client.get("/scenarios/").get_data(as_text=True)
     assert 'id="claims"' in html and "<table>" in html
     assert "Check-then-act races" in html and "test_check_then_act_zombie_and_successor_both_apply" in html
+
+
+GUIDED = [p for p in BUILT_IN if p.stem[:2] in ("03", "08", "09", "10", "11", "12")]
+
+
+@pytest.mark.parametrize("path", GUIDED, ids=[p.stem for p in GUIDED])
+def test_the_new_and_rewritten_exercises_pass_in_guided_mode(scenario_app, path):
+    """Click by click, as a workshop does: each click is a `scenario.step` command the real agent
+    carries out; the run is read back from PostgreSQL until it has its verdict."""
+    from sqlalchemy import text
+
+    from webapp.db import db
+
+    client = scenario_app.test_client()
+    run_page = client.post(f"/scenarios/{path.stem}/runs").headers["Location"]
+    run_id = int(run_page.rstrip("/").rsplit("/", 1)[1])
+
+    def progress() -> tuple[bool, RunState]:
+        with scenario_app.app_context(), db.engine.connect() as conn:
+            busy, saved = conn.execute(text("SELECT busy, progress FROM lab_control.scenario_runs WHERE id = :id"),
+                                       {"id": run_id}).one()
+        return busy, RunState.from_dict(saved)
+
+    for _ in range(len(load(path).steps) + 3):
+        assert client.post(run_page + "/next", headers={"HX-Request": "true"}).status_code == 200
+        wait_until(lambda: not progress()[0], timeout=120, message=f"{path.stem}: a guided step never finished")
+        run = progress()[1]
+        if run.finished:
+            break
+    failed = [c for c in run.checks if not c["ok"]]
+    assert run.status == "passed", f"{run.status}: {run.reason or run.error}; failed: {failed}; steps: {run.steps}"
