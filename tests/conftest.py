@@ -13,15 +13,13 @@ import sys
 import threading
 
 import pytest
-from sqlalchemy import create_engine
-from sqlalchemy.pool import NullPool
 from werkzeug.serving import make_server
 
 from support import ROOT, LabDriver, Services, service_env, stop_process, wait_for_agent
 from webapp import create_app
-from webapp.db import sqlalchemy_url
 from webapp.embedded import EmbeddedBroker, EmbeddedPostgres
-from webapp.labs import Lab, ensure_control_schema
+from webapp.labs import Lab
+from webapp.migrations import upgrade
 from webapp.waits import free_port
 
 
@@ -34,10 +32,7 @@ def services(tmp_path_factory) -> Services:
     try:
         postgres.start()
         broker.start()
-        engine = create_engine(sqlalchemy_url(postgres.url), poolclass=NullPool)
-        with engine.begin() as conn:
-            ensure_control_schema(conn)
-        engine.dispose()
+        upgrade(postgres.url)  # the control schema at head, as `make run` leaves it
         yield Services(postgres.url, broker.bootstrap_servers, base, postgres, broker)
     finally:
         broker.stop()

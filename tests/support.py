@@ -113,6 +113,19 @@ class LabDriver:
     def wait_state(self, consumer_id: int, *states: str, timeout: float = 30.0) -> dict:
         return self.wait_consumer(consumer_id, lambda c: c["state"] in states, f"never reached {states}", timeout)
 
+    def crash_and_restart(self, consumer_id: int, point: str, account_id: str = "acc-1",
+                          amount_cents: int = 1000) -> dict:
+        """Arm a crash at ``point``, publish one credit, wait until the process died there (SIGKILL:
+        no commit, no leave), restart it and wait until it has a partition again; the record."""
+        self.post(f"/consumers/{consumer_id}/arm", {"point": point, "action": "crash"})
+        record = self.credit(account_id, amount_cents)
+        crashed = self.wait_consumer(consumer_id, lambda c: c["state"] == "crashed" and c["exit_code"] is not None,
+                                     f"did not crash at {point}")
+        assert crashed["step_at"] == point and crashed["exit_code"] == -9, crashed
+        self.post(f"/consumers/{consumer_id}/restart")
+        self.wait_assigned(consumer_id)
+        return record
+
     def wait_caught_up(self, timeout: float = 30.0) -> dict:
         """Every published record applied, absorbed or dead-lettered, and committed."""
         def caught_up(s):

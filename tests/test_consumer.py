@@ -56,14 +56,8 @@ def deliveries(app, lab, event_id: str) -> list[dict]:
 
 
 def crash_then_recover(lab, consumer_id: int, point: str) -> dict:
-    """Arm a crash at ``point``, publish one credit, watch the process die, restart it."""
-    lab.post(f"/consumers/{consumer_id}/arm", {"point": point, "action": "crash"})
-    record = lab.credit("acc-1", 1000)
-    crashed = lab.wait_consumer(consumer_id, lambda c: c["state"] == "crashed" and c["exit_code"] is not None,
-                                f"did not crash at {point}")
-    assert crashed["step_at"] == point and crashed["exit_code"] == -9  # SIGKILL: no commit, no leave
-    lab.post(f"/consumers/{consumer_id}/restart")
-    lab.wait_assigned(consumer_id)
+    """Arm a crash at ``point``, publish one credit, watch the process die, restart it, catch up."""
+    record = lab.crash_and_restart(consumer_id, point)
     caught_up(lab, record)
     return record
 

@@ -93,6 +93,13 @@ def outside_producer(services, **extra) -> Producer:
                      "log_level": 3, **extra})
 
 
+def produce_credits(producer: Producer, lab, count: int) -> None:
+    """``count`` credits of 1, 2, ... cents to acc-1, all on partition 0, delivered."""
+    for n in range(count):
+        producer.produce(lab.topic, key=b"acc-1", value=credit_json(cents=n + 1).encode(), partition=0)
+    assert producer.flush(30) == 0
+
+
 def test_every_record_of_an_outside_producer_is_mirrored_decoded_or_with_its_reason(services, bare_lab, start_reader):
     producer = outside_producer(services, **{"linger.ms": 200})
     valid = credit_json("acc-2", 777)
@@ -134,9 +141,7 @@ def test_every_record_of_an_outside_producer_is_mirrored_decoded_or_with_its_rea
 
 def test_a_restarted_reader_resumes_from_the_table_and_a_reread_writes_nothing(services, bare_lab, start_reader):
     producer = outside_producer(services)
-    for n in range(4):
-        producer.produce(bare_lab.topic, key=b"acc-1", value=credit_json(cents=n + 1).encode(), partition=0)
-    assert producer.flush(30) == 0
+    produce_credits(producer, bare_lab, 4)
     first = start_reader(bare_lab)
     wait_rows(services, bare_lab, 4)
     first.stop()
@@ -209,9 +214,7 @@ def test_the_first_record_of_each_transaction_is_marked_across_batches(services,
 
 def test_a_reset_lab_is_mirrored_again_from_the_start_of_its_new_topic(services, bare_lab, start_reader):
     producer = outside_producer(services)
-    for n in range(3):
-        producer.produce(bare_lab.topic, key=b"acc-1", value=credit_json(cents=n + 1).encode(), partition=0)
-    assert producer.flush(30) == 0
+    produce_credits(producer, bare_lab, 3)
     running = start_reader(bare_lab)
     wait_rows(services, bare_lab, 3)
 

@@ -130,11 +130,7 @@ def test_an_old_status_resent_after_a_newer_one_does_not_move_the_expected_statu
 
 def test_why_a_double_credit_after_a_kill_at_after_effect_before_commit(lab, log_reader):
     c1 = start(lab)
-    lab.post(f"/consumers/{c1}/arm", {"point": "after-effect-before-commit", "action": "crash"})
-    record = lab.credit("acc-1", 1000)
-    lab.wait_consumer(c1, lambda c: c["state"] == "crashed" and c["exit_code"] is not None, "did not crash")
-    lab.post(f"/consumers/{c1}/restart")
-    lab.wait_assigned(c1)
+    record = lab.crash_and_restart(c1, "after-effect-before-commit")
     lab.wait_caught_up()
     state = wait_verdict(lab, "anomalies", "the double credit was never judged", duplicates_applied=1)
     verdict = state["verdict"]
@@ -156,11 +152,7 @@ def test_why_a_double_credit_after_a_kill_at_after_effect_before_commit(lab, log
 def test_why_an_effect_lost_by_eventid_split(lab, log_reader):
     use_strategy(lab, "eventid-split")
     c1 = start(lab)
-    lab.post(f"/consumers/{c1}/arm", {"point": "between-key-and-effect", "action": "crash"})
-    record = lab.credit("acc-1", 1000)
-    lab.wait_consumer(c1, lambda c: c["state"] == "crashed" and c["exit_code"] is not None, "did not crash")
-    lab.post(f"/consumers/{c1}/restart")
-    lab.wait_assigned(c1)
+    record = lab.crash_and_restart(c1, "between-key-and-effect")
     state = wait_verdict(lab, "anomalies", "the lost effect was never judged", effects_lost=1)
     [anomaly] = state["verdict"]["anomalies"]
     p, o = record["partition"], record["offset"]

@@ -495,19 +495,10 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def ensure_control_table(database_url: str) -> None:
-    """Create the control schema (this table included) when the proxy starts before the agent."""
-    from sqlalchemy import create_engine
-    from sqlalchemy.pool import NullPool
+    """Bring the control schema (this table included) to head when the proxy starts before the agent."""
+    from .migrations import upgrade
 
-    from .db import sqlalchemy_url
-    from .labs import ensure_control_schema
-
-    engine = create_engine(sqlalchemy_url(database_url), poolclass=NullPool)
-    try:
-        with engine.begin() as conn:
-            ensure_control_schema(conn)
-    finally:
-        engine.dispose()
+    upgrade(database_url)
 
 
 def main(argv: list[str] | None = None) -> int:
