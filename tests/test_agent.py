@@ -175,7 +175,9 @@ def test_a_strategy_lane_applies_to_its_own_copy_of_the_accounts(app, lab):
     wait_until(lambda: count(app, lane["effects_schema"], "SELECT balance FROM accounts WHERE id = 'acc-1'") == 900,
                timeout=30, message="the lane's copy of acc-1 was never credited")
     assert lab.account("acc-1")["actual"] == 0  # the lab's own accounts: no consumer applies to them
-    assert lab.consumer(consumer)["applied"] == 1
+    # The consumer reports its counts with its heartbeat (every 0.5 s), not after each message.
+    lab.wait_consumer(consumer, lambda c: c["applied"] == 1, "the lane consumer never reported its one applied credit",
+                      timeout=10)
 
 
 def test_default_consumer_output_goes_to_a_log_file(services, lab):

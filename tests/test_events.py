@@ -1,8 +1,11 @@
 """The event schema: build, encode, decode, validate (pure)."""
+import dataclasses
 import json
 import uuid
+from datetime import timezone
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from webapp import events
 
@@ -107,3 +110,84 @@ def test_set_fields_are_checked(value, reason):
 
 def test_a_utc_z_suffix_is_an_offset():
     assert events.decode(raw(type="set_score", score=0, occurred_at="2026-12-01T09:00:00Z")).score == 0
+
+
+# --- properties (hypothesis): whatever bytes arrive, the consumer gets an event or a dead-letter reason ---
+
+# The same examples on every run (no example database in the checkout); a few seconds in all.
+FUZZ = settings(derandomize=True, database=None, deadline=None, max_examples=400,
+                suppress_health_check=[HealthCheck.too_slow])
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6)
+# Values close to the real ones (a UUID, an id with a trailing newline, amounts at the limits)
+# reach the checks behind the first one.
+near_values = st.one_of(
+    json_values, st.uuids().map(str), st.sampled_from(events.EVENT_TYPES + events.STATUSES),
+    st.from_regex(r"[A-Za-z0-9_.:-]{1,64}\n?", fullmatch=True),
+    st.integers(-2, events.MAX_AMOUNT_CENTS + 2), st.sampled_from([0, 1, 1000, 1001, events.MAX_AMOUNT_CENTS + 1]),
+    st.datetimes(timezones=st.none() | st.just(timezone.utc)).map(lambda when: when.isoformat()))
+FIELDS = ("event_id", "transaction_id", "type", "account_id", "occurred_at", *events.TYPE_FIELDS.values())
+near_events = st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=12), near_values, max_size=10).map(
+    lambda data: json.dumps(data).encode("utf-8", errors="surrogatepass"))
+# JSON that Python's json module refuses with something other than JSONDecodeError.
+hostile_json = st.one_of(
+    st.integers(1000, 50_000).map(lambda depth: b"[" * depth + b"]" * depth),
+    st.integers(4301, 6000).map(lambda digits: b'{"amount_cents": ' + b"9" * digits + b"}"))
+any_record = st.none() | st.binary(max_size=300) | near_events | hostile_json
+
+
+def assert_a_reason_for_the_dead_letter_topic(reason: str) -> None:
+    assert reason.strip(), "an empty reason"
+    reason.encode("utf-8")  # a Kafka header: a lone surrogate would raise here, in the consumer
+    assert "\x00" not in reason, "PostgreSQL text refuses NUL"
+    assert len(reason) <= events.MAX_REASON
+
+
+@FUZZ
+@given(any_record)
+def test_any_bytes_decode_to_an_event_or_a_dead_letter_reason(value):
+    try:
+        event = events.decode(value)
+    except events.InvalidEvent as invalid:
+        assert_a_reason_for_the_dead_letter_topic(invalid.reason)
+    else:
+        assert isinstance(event, events.PaymentEvent)
+        assert events.decode(event.encode()) == event  # what the lab accepts, it writes back the same
+
+
+valid_events = st.one_of(
+    st.builds(events.credit, amount_cents=st.integers(1, events.MAX_AMOUNT_CENTS), account_id=st.just("acc-1")),
+    st.builds(events.set_status, status=st.sampled_from(events.STATUSES), account_id=st.just("acc-1")),
+    st.builds(events.set_balance, balance_cents=st.integers(0, events.MAX_BALANCE_CENTS), account_id=st.just("a")),
+    st.builds(events.set_score, score=st.integers(*events.SCORE_RANGE), account_id=st.just("acc-2")),
+).flatmap(lambda event: st.builds(
+    lambda account, transaction, when: events.validate(
+        dataclasses.replace(event, account_id=account, transaction_id=transaction, occurred_at=when)),
+    st.from_regex(events.ACCOUNT_ID.pattern.replace("$", r"\Z")),
+    st.from_regex(events.TRANSACTION_ID.pattern.replace("$", r"\Z")),
+    st.datetimes(timezones=st.just(timezone.utc)).map(lambda when: when.isoformat())))
+
+
+@settings(FUZZ, max_examples=150)  # a simple property, and building a valid event costs more than bytes
+@given(valid_events)
+def test_valid_events_round_trip(event):
+    assert events.decode(event.encode()) == event
+
+
+@pytest.mark.parametrize("value, reason", [
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"amount_cents": ' + b"1" * 5000 + b"}", "cannot read"),
+    (raw(type="credit", amount_cents=1, account_id="acc-1\n"), "account_id must be"),
+    (raw(type="credit", amount_cents=1, transaction_id="E1\n"), "transaction_id must be"),
+    (json.dumps({"\ud800\x00": 1}).encode(), "missing field"),
+    (raw(type="credit", amount_cents=1, **{"\ud800\x00": 1}), "unknown field(s): '\\ud800\\x00'"),
+    (raw(type="credit", amount_cents=1, event_id="x" * 10_000), "event_id is not a UUID"),
+])
+def test_the_crashes_the_fuzzer_found_are_dead_letter_reasons(value, reason):
+    with pytest.raises(events.InvalidEvent) as error:
+        events.decode(value)
+    assert reason in error.value.reason
+    assert_a_reason_for_the_dead_letter_topic(error.value.reason)

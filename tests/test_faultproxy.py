@@ -408,3 +408,29 @@ def test_idempotent_producer_does_not_stop_consumer_side_duplicates(proxied_lab,
     verdict = proxied_lab.verdict()
     assert verdict["duplicates_applied"] == credited - 1
     assert proxied_lab.producer_duplicates()["producer_retry_duplicates"] == 0
+
+
+def test_chaos_cuts_the_broker_connections_of_a_consumer_and_the_producer_and_both_reconnect(proxied_lab):
+    """Chaos's cut-connections (issue 15): the proxy closes the connections whose requests carry the
+    consumer's and the lab producer's client ids; librdkafka reconnects and nothing is lost."""
+    consumer_id = proxied_lab.start_consumer_here("none")
+    proxied_lab.wait_assigned(consumer_id)
+    proxied_lab.publish_credit(100, idempotent=True)
+    proxied_lab.wait_caught_up()
+    session = proxied_lab.post("/chaos", {"seed": 5, "every_seconds": 0.3, "actions": ["cut-connections"],
+                                          "max_actions": 2})
+
+    def stopped():
+        return next((s for s in proxied_lab.client.get("/api/v1/chaos").get_json()["sessions"]
+                     if s["id"] == session["id"] and s["status"] == "stopped"), None)
+    wait_until(stopped, timeout=30, message="the chaos session never stopped")
+    with proxied_lab.engine.connect() as conn:
+        outcomes = list(conn.execute(text(
+            f"SELECT detail->>'outcome' FROM \"{proxied_lab.lab.schema}\".timeline WHERE kind = 'chaos' "
+            "AND detail->>'action' = 'cut-connections' ORDER BY id")).scalars())
+        cut = conn.execute(text("SELECT connections_cut FROM lab_control.fault_proxies WHERE name = 'default'")).scalar()
+    assert outcomes == ["done", "done"] and cut >= 2, (outcomes, cut)
+    proxied_lab.publish_credit(250, idempotent=True)
+    proxied_lab.wait(lambda s: s["verdict"]["status"] == "exactly-once" and s["verdict"]["transactions"] == 2,
+                     "the consumer did not go on after its connections were cut", timeout=60)
+    assert proxied_lab.consumer(consumer_id)["state"] == "running"

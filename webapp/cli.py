@@ -136,7 +136,9 @@ for _op in ops.OPERATIONS.values():
 
 
 def init_app(app: Flask) -> None:
+    from .housekeeping import register
     from .scenarios.cli import scenario_cli
 
+    register(lab_cli)  # lab list, lab prune
     app.cli.add_command(lab_cli)
     app.cli.add_command(scenario_cli)

@@ -25,12 +25,22 @@ DEFAULTS: dict[str, Any] = {
     "LAB_NAME": "default",
     "LAB_PARTITIONS": 3,
     "LAB_TOKEN": None,
+    # 1 when browsers reach the lab over HTTPS (a TLS proxy in front): the session cookie gets Secure.
+    "LAB_HTTPS": 0,
     "SECRET_KEY": None,
     # How long the web waits for the lab agent to carry out a command.
     "LAB_COMMAND_TIMEOUT": 30.0,
+    # Classroom mode (webapp/classroom.py): on with a class code or LAB_CLASSROOM=1; limits per lab.
+    "LAB_CLASS_CODE": None,
+    "LAB_CLASSROOM": 0,
+    "LAB_CLASS_VIEW_OTHERS": 0,
+    "LAB_MAX_LABS": 60,
+    "LAB_MAX_CONSUMERS": 4,
+    "LAB_MAX_BURST": 200,
 }
 
-INTEGER_KEYS = {"LAB_PORT", "LAB_PARTITIONS"}
+INTEGER_KEYS = {"LAB_PORT", "LAB_PARTITIONS", "LAB_HTTPS", "LAB_CLASSROOM", "LAB_CLASS_VIEW_OTHERS", "LAB_MAX_LABS",
+                "LAB_MAX_CONSUMERS", "LAB_MAX_BURST"}
 FLOAT_KEYS = {"LAB_COMMAND_TIMEOUT"}
 RUNNING_FILE = "running.json"
 

@@ -10,6 +10,12 @@ On the topic an event is UTF-8 JSON, keyed by account id:
 
 ``occurred_at`` is the event time (ISO-8601 with a UTC offset), set once when the event is created:
 a resend or a redelivery carries the same one, so a set can be ordered by it.
+
+Optional, together: ``producer_id`` and ``producer_seq``, stamped by the lab's producer as it
+sends (webapp/producer.py): which producer instance wrote the record and its running number
+for that producer. A retry inside the client re-sends the same bytes, so the same number; a
+lower number after a higher one in a partition is a batch that landed out of order
+(webapp/readmodel/ordering.py). Events without them (another client, the outbox relay) are as valid.
 """
 from __future__ import annotations
 
@@ -29,12 +35,26 @@ MAX_BALANCE_CENTS = 100_000_000
 SCORE_RANGE = (0, 1000)          # a credit score, as Brazilian bureaus give it
 ACCOUNT_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 TRANSACTION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+PRODUCER_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+MAX_PRODUCER_SEQ = 2**62
+
+
+MAX_REASON = 300  # characters: a dead-letter header and a journal column, not a copy of the record
+
+
+def _printable_reason(reason: str) -> str:
+    """The reason as text every sink accepts: UTF-8 encodable (no lone surrogate), no NUL, short."""
+    text = reason.encode("utf-8", errors="backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    return text if len(text) <= MAX_REASON else text[:MAX_REASON - 1] + "…"
 
 
 class InvalidEvent(ValueError):
     """A record that is not a valid payment event; ``reason`` goes to the dead-letter topic."""
 
     def __init__(self, reason: str):
+        # The reason quotes the record, which may hold anything: make it safe for a Kafka header
+        # and a PostgreSQL text column once, here, rather than in every sink.
+        reason = _printable_reason(reason)
         super().__init__(reason)
         self.reason = reason
 
@@ -50,6 +70,8 @@ class PaymentEvent:
     status: str | None = None
     balance_cents: int | None = None
     score: int | None = None
+    producer_id: str | None = None
+    producer_seq: int | None = None
 
     @property
     def key(self) -> bytes:
@@ -62,6 +84,10 @@ class PaymentEvent:
     def as_source_duplicate(self) -> "PaymentEvent":
         """The same business fact arriving through another path: a new event id."""
         return replace(self, event_id=str(uuid.uuid4()))
+
+    def sequenced(self, producer_id: str, producer_seq: int) -> "PaymentEvent":
+        """The event as a producer sends it: stamped with that producer's id and running number."""
+        return validate(replace(self, producer_id=producer_id, producer_seq=producer_seq))
 
 
 def _now_iso() -> str:
@@ -111,11 +137,12 @@ def validate(event: PaymentEvent) -> PaymentEvent:
         uuid.UUID(event.event_id)
     except (ValueError, TypeError, AttributeError):
         raise InvalidEvent(f"event_id is not a UUID: {event.event_id!r}") from None
-    if not isinstance(event.transaction_id, str) or not TRANSACTION_ID.match(event.transaction_id):
+    # fullmatch: the patterns end in `$`, which re.match also finds before a trailing newline.
+    if not isinstance(event.transaction_id, str) or not TRANSACTION_ID.fullmatch(event.transaction_id):
         raise InvalidEvent(f"transaction_id must be 1-64 letters, digits or ._:- : {event.transaction_id!r}")
     if event.type not in EVENT_TYPES:
         raise InvalidEvent(f"type must be one of {', '.join(EVENT_TYPES)}: {event.type!r}")
-    if not isinstance(event.account_id, str) or not ACCOUNT_ID.match(event.account_id):
+    if not isinstance(event.account_id, str) or not ACCOUNT_ID.fullmatch(event.account_id):
         raise InvalidEvent(f"account_id must be 1-32 letters, digits, _ or -: {event.account_id!r}")
     for other_type, field in TYPE_FIELDS.items():
         if other_type != event.type and getattr(event, field) is not None:
@@ -142,6 +169,13 @@ def validate(event: PaymentEvent) -> PaymentEvent:
         # A set is ordered by its event time: a time without an offset means a different instant
         # to every reader.
         raise InvalidEvent(f"occurred_at needs a UTC offset (like +00:00 or Z): {event.occurred_at!r}")
+    if (event.producer_id is None) != (event.producer_seq is None):
+        raise InvalidEvent("producer_id and producer_seq go together: give both or neither")
+    if event.producer_id is not None:
+        if not isinstance(event.producer_id, str) or not PRODUCER_ID.fullmatch(event.producer_id):
+            raise InvalidEvent(f"producer_id must be 1-64 letters, digits or ._:- : {event.producer_id!r}")
+        if not _whole(event.producer_seq) or not 0 <= event.producer_seq <= MAX_PRODUCER_SEQ:
+            raise InvalidEvent(f"producer_seq must be an integer from 0 to {MAX_PRODUCER_SEQ}: {event.producer_seq!r}")
     return event
 
 
@@ -155,15 +189,20 @@ def decode(value: bytes | None) -> PaymentEvent:
         raise InvalidEvent("value is not UTF-8") from None
     except json.JSONDecodeError as error:
         raise InvalidEvent(f"value is not JSON: {error.msg} at position {error.pos}") from None
+    except RecursionError:
+        raise InvalidEvent("value is JSON nested too deeply") from None
+    except ValueError as error:  # a number of more than 4300 digits (Python's int conversion limit)
+        raise InvalidEvent(f"value is JSON the lab cannot read: {error}") from None
     if not isinstance(data, dict):
         raise InvalidEvent(f"value is JSON but not an object: {type(data).__name__}")
-    known = {"event_id", "transaction_id", "type", "account_id", "occurred_at", *TYPE_FIELDS.values()}
+    known = {"event_id", "transaction_id", "type", "account_id", "occurred_at", *TYPE_FIELDS.values(),
+             "producer_id", "producer_seq"}
     missing = sorted({"event_id", "transaction_id", "type", "account_id", "occurred_at"} - data.keys())
     if missing:
         raise InvalidEvent(f"missing field(s): {', '.join(missing)}")
     unknown = sorted(data.keys() - known)
     if unknown:
-        raise InvalidEvent(f"unknown field(s): {', '.join(unknown)}")
+        raise InvalidEvent(f"unknown field(s): {', '.join(map(repr, unknown))}")
     return validate(PaymentEvent(**data))
 
 

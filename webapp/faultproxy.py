@@ -131,6 +131,9 @@ class Faults:
         self.responses_dropped = 0
         self.responses_delayed = 0
         self.connections = 0  # client connections open now
+        self.connections_cut = 0
+        # Chaos (issue 15): set by the proxy, closes the connections of the given client ids; the count.
+        self.cut_clients: Callable[[list[str]], int] | None = None
 
     def arm(self, drop_produce_responses: int = 0, delay_ms: int = 0) -> None:
         self.drop_produce_responses = drop_produce_responses
@@ -175,6 +178,7 @@ class ControlledFaults(Faults):
         self.upstream = upstream
         self.lab: str | None = None
         self.seen_version = 0
+        self.seen_cut_version = 0
         self._control: psycopg.AsyncConnection | None = None
         self._faults: psycopg.AsyncConnection | None = None
         # Drop claims and timeline writes share one connection; one transaction at a time.
@@ -193,6 +197,7 @@ class ControlledFaults(Faults):
             "ON CONFLICT (name) DO UPDATE SET listen = EXCLUDED.listen, upstream = EXCLUDED.upstream, "
             "host = EXCLUDED.host, pid = EXCLUDED.pid, started_at = now(), heartbeat_at = now(), "
             "drop_produce_responses = 0, delay_ms = 0, seen_version = fault_proxies.version, connections = 0, "
+            "seen_cut_version = fault_proxies.cut_version, connections_cut = 0, "
             "produce_requests = 0, responses_dropped = 0, responses_delayed = 0",
             {"name": self.name, "listen": self.listen, "upstream": self.upstream,
              "host": socket.gethostname(), "pid": os.getpid()})
@@ -203,17 +208,31 @@ class ControlledFaults(Faults):
     async def refresh(self) -> None:
         """Read the control row; acknowledge a new setting by its version."""
         row = await (await self._control.execute(
-            f"SELECT lab, drop_produce_responses, delay_ms, version FROM {TABLE} WHERE name = %s",
-            [self.name])).fetchone()
+            f"SELECT lab, drop_produce_responses, delay_ms, version, cut_version, cut_client_ids, seen_cut_version "
+            f"FROM {TABLE} WHERE name = %s", [self.name])).fetchone()
         if row is None:
             return
-        lab, drop, delay, version = row
+        lab, drop, delay, version, cut_version, cut_client_ids, seen_cut_version = row
+        if not self.seen_cut_version:
+            self.seen_cut_version = seen_cut_version  # a cut asked for before this proxy started is not ours
+        if cut_version != self.seen_cut_version:
+            await self._cut(cut_version, list(cut_client_ids or []))
         self.lab, self.drop_produce_responses, self.delay_ms = lab, drop, delay
         if version != self.seen_version:
             self.seen_version = version
             await self._control.execute(f"UPDATE {TABLE} SET seen_version = %s WHERE name = %s",
                                         [version, self.name])
             log.info("armed by lab %s: drop the next %s Produce response(s), delay %s ms", lab, drop, delay)
+
+    async def _cut(self, cut_version: int, client_ids: list[str]) -> None:
+        """Close every client connection of ``client_ids`` (chaos: a broken network path), once per version."""
+        count = self.cut_clients(client_ids) if self.cut_clients is not None else 0
+        self.seen_cut_version = cut_version
+        self.connections_cut += count
+        await self._control.execute(
+            f"UPDATE {TABLE} SET seen_cut_version = %s, connections_cut = connections_cut + %s WHERE name = %s",
+            [cut_version, count, self.name])
+        log.info("cut %s connection(s) of %s", count, ", ".join(client_ids))
 
     async def _follow(self) -> None:
         last_heartbeat = 0.0
@@ -362,6 +381,15 @@ class FaultProxy:
         self.observer = observer
         self.server: asyncio.Server | None = None
         self.clients: dict[asyncio.Task, asyncio.StreamWriter] = {}  # serving task -> client's writer
+        self.client_ids: dict[asyncio.Task, str] = {}  # serving task -> the client id its requests carry
+        self.faults.cut_clients = self.cut
+
+    def cut(self, client_ids: list[str]) -> int:
+        """Abort the connections whose requests carry one of ``client_ids``; how many."""
+        doomed = [writer for task, writer in self.clients.items() if self.client_ids.get(task) in client_ids]
+        for writer in doomed:
+            writer.transport.abort()
+        return len(doomed)
 
     async def start(self) -> "FaultProxy":
         self.server = await asyncio.start_server(self._serve_client, *self.listen)
@@ -394,7 +422,7 @@ class FaultProxy:
                 return
             # Requests in flight on this connection, oldest first: Kafka answers them in order.
             in_flight: collections.deque[RequestHeader] = collections.deque()
-            requests = asyncio.create_task(self._forward_requests(client_reader, upstream_writer, in_flight))
+            requests = asyncio.create_task(self._forward_requests(client_reader, upstream_writer, in_flight, task))
             responses = asyncio.create_task(
                 self._forward_responses(upstream_reader, client_writer, in_flight, peer))
             try:
@@ -416,12 +444,15 @@ class FaultProxy:
                         pass  # the other side may already have reset the connection
             self.faults.connections -= 1
             self.clients.pop(task, None)
+            self.client_ids.pop(task, None)
 
     async def _forward_requests(self, client: asyncio.StreamReader, broker: asyncio.StreamWriter,
-                                in_flight: collections.deque) -> None:
+                                in_flight: collections.deque, owner: asyncio.Task | None = None) -> None:
         while (frame := await read_frame(client)) is not None:
             prefix, body = frame
             request = parse_request_header(body)
+            if owner is not None and request.client_id:
+                self.client_ids[owner] = request.client_id
             # Remembered before the bytes leave, so the response can never overtake it.
             in_flight.append(request)
             if request.api_key == PRODUCE:

@@ -26,9 +26,17 @@ def admin_client(bootstrap_servers: str) -> AdminClient:
     return AdminClient(_quiet({"bootstrap.servers": bootstrap_servers}))
 
 
-def producer_config(bootstrap_servers: str, idempotent: bool) -> dict:
+# The lab's producer as the fault proxy sees it: chaos cuts its connections by this id.
+PRODUCER_CLIENT_ID = "lab-producer"
+
+
+def producer_config(bootstrap_servers: str, idempotent: bool, max_in_flight: int | None = None) -> dict:
+    """``max_in_flight``: max.in.flight.requests.per.connection (None: librdkafka's default)."""
+    in_flight = {} if max_in_flight is None else {"max.in.flight.requests.per.connection": max_in_flight}
     return _quiet({
+        **in_flight,
         "bootstrap.servers": bootstrap_servers,
+        "client.id": PRODUCER_CLIENT_ID,
         "enable.idempotence": idempotent,
         "acks": "all",
         # Each publish is its own batch: Tansu reports a wrong high watermark for batches of

@@ -140,8 +140,14 @@ class Launcher:
         env = {**os.environ, **running, "LAB_DATA_DIR": str(self.data_dir),
                "LAB_HOST": str(self.config["LAB_HOST"]), "LAB_PORT": str(self.config["LAB_PORT"])}
         self.prepare_lab(database_url, bootstrap, fresh)
+        notify = os.environ.get("LAB_NOTIFY_URL")
+        if not notify:
+            # The agent keeps the notification service running; the launcher picks its address to print it.
+            env["LAB_NOTIFY_LISTEN"] = f"{LOOPBACK}:{free_port()}"
         agent = self.spawn("agent", [sys.executable, "-m", "webapp.agent"], env)
         say("Lab agent", f"pid {agent.pid}")
+        say("Notification service", f"{notify} from LAB_NOTIFY_URL" if notify
+            else f"http://{env['LAB_NOTIFY_LISTEN']}  run by the lab agent")
         host, port = self.config["LAB_HOST"], self.config["LAB_PORT"]
         web = self.spawn("web", [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"), "app:app"], env)
         wait_until(lambda: port_open(host, port) or web.poll() is not None, timeout=30,

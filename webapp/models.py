@@ -146,8 +146,18 @@ class LogRecord(db.Model):
     # The first valid record of its transaction in log order (set by the reader as it inserts):
     # the one exactly-once applies. Later records of the same transaction are duplicates.
     first_of_transaction: Mapped[bool] = mapped_column(default=False, server_default="false")
+    # Which producer wrote the event and its running number there (events.py; the lab's producer
+    # stamps them, other clients need not): NULL when the event does not carry them.
+    producer_id: Mapped[Optional[str]] = mapped_column(String(64))
+    producer_seq: Mapped[Optional[int]] = mapped_column(BigInteger)
+    # Set by the reader as it inserts: the highest producer_seq of an earlier record of the same
+    # producer in the same partition, when it is above this record's (it landed out of order).
+    out_of_order_after: Mapped[Optional[int]] = mapped_column(BigInteger)
     read_at: Mapped[datetime] = _now()
     __table_args__ = (
+        # A producer's numbers per partition: the reader's "highest so far", the strip's "a copy?".
+        Index("log_records_producer_seq", "partition", "producer_id", "producer_seq",
+              postgresql_where=text("producer_id IS NOT NULL")),
         # The valid records of a transaction in log order: the reader's "first?" check, the why.
         Index("log_records_truth", "transaction_id", "partition", "offset",
               postgresql_where=text("invalid_reason IS NULL")),
@@ -210,7 +220,64 @@ class ConsumerGroup(db.Model):
     # "already processed" (absorb, commit the offset) or "retry" (a generic error: backoff, then the DLQ).
     on_unique_violation: Mapped[str] = mapped_column(String(24), default="already-processed",
                                                      server_default="already-processed")
+    # Throughput (revision 0007): batch_size 1 is per-message mode, more is batch mode (consume(n),
+    # one transaction and one offset commit per batch); commit_mode sync|async; static membership
+    # (group.instance.id) applies when a consumer (re)starts.
+    batch_size: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    batch_max_wait_ms: Mapped[int] = mapped_column(Integer, default=100, server_default="100")
+    commit_mode: Mapped[str] = mapped_column(String(8), default="sync", server_default="sync")
+    static_membership: Mapped[bool] = mapped_column(default=False, server_default="false")
+    # The external side effect (issue 13): whether the group's consumers notify the notification
+    # service of an applied credit, where (vocabulary.NOTIFY_MODES), and with `Idempotency-Key: <event_id>`.
+    notify: Mapped[str] = mapped_column(String(16), default="off", server_default="off")
+    notify_idempotency_key: Mapped[bool] = mapped_column(default=False, server_default="false")
     created_at: Mapped[datetime] = _now()
+
+
+class Notification(db.Model):
+    """The notification service's own record (webapp/notify): every request it received, one row
+    each. A request whose Idempotency-Key was seen before is answered with the first response and
+    kept here as ``replayed``: the customer got nothing new. The Notifications panel's "received"."""
+    __tablename__ = "notifications"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    account_id: Mapped[str] = mapped_column(String(32))
+    event_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    amount_cents: Mapped[int] = mapped_column(BigInteger)
+    text: Mapped[str] = mapped_column(Text)
+    idempotency_key: Mapped[Optional[str]] = mapped_column(Text)
+    replayed: Mapped[bool] = mapped_column(default=False, server_default="false")
+    received_at: Mapped[datetime] = _now()
+    __table_args__ = (Index("notifications_account_event", "account_id", "event_id"),)
+
+
+class IdempotencyKey(db.Model):
+    """The notification service's idempotency keys: the first response to each key, replayed to
+    every later request with the same key. The primary key is what makes two concurrent requests
+    with one key deliver once (the second waits on the first's insert, then finds it)."""
+    __tablename__ = "idempotency_keys"
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    request_hash: Mapped[str] = mapped_column(Text)   # the first request's body: a reuse with another is refused
+    status: Mapped[int] = mapped_column(Integer)
+    body: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    replays: Mapped[int] = mapped_column(default=0, server_default="0")
+    created_at: Mapped[datetime] = _now()
+
+
+class NotificationSent(db.Model):
+    """The consumers' side: every call to the notification service, written on the consumer's
+    control connection (outside the effect's transaction, so a rolled-back effect keeps its call)."""
+    __tablename__ = "notifications_sent"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    group_id: Mapped[str] = mapped_column(String(128))
+    consumer: Mapped[str] = mapped_column(String(64))
+    generation: Mapped[int] = mapped_column(Integer)
+    event_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    account_id: Mapped[str] = mapped_column(String(32))
+    mode: Mapped[str] = mapped_column(String(16))     # before-commit | after-commit
+    idempotency_key: Mapped[Optional[str]] = mapped_column(Text)
+    status: Mapped[int] = mapped_column(Integer)      # the service's HTTP status
+    replayed: Mapped[bool] = mapped_column(default=False, server_default="false")
+    sent_at: Mapped[datetime] = _now()
 
 
 class GroupOffset(db.Model):
@@ -226,6 +293,115 @@ class Setting(db.Model):
     __tablename__ = "settings"
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[Any] = mapped_column(JSONB)
+
+
+class LoadRun(db.Model):
+    """One run of the load generator (webapp/load.py): what was asked, and its progress as the
+    agent's producer thread reports it. ``cancel_requested`` is the lab's request to stop."""
+    __tablename__ = "load_runs"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    events: Mapped[int] = mapped_column(BigInteger)
+    accounts: Mapped[int] = mapped_column(Integer)
+    rate_per_second: Mapped[int] = mapped_column(Integer)  # 0: as fast as possible
+    resend_ratio: Mapped[float]
+    source_duplicate_ratio: Mapped[float]
+    seed: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16), default="starting", server_default="starting")
+    sent: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    resends: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    source_duplicates: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    failed: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    rate: Mapped[float] = mapped_column(default=0, server_default="0")  # records/s over the last report
+    cancel_requested: Mapped[bool] = mapped_column(default=False, server_default="false")
+    error: Mapped[Optional[str]] = mapped_column(Text)
+    started_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+    finished_at: Mapped[Optional[datetime]]
+
+
+class DedupScale(db.Model):
+    """Dedup tables at scale, per table, as the agent's sampler last measured them: rows (exact
+    when small, pg_class.reltuples when large), sizes, the latency of a probe key insert
+    (rolled back), and the last TTL cleanup's duration."""
+    __tablename__ = "dedup_scale"
+    table_name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    rows: Mapped[Optional[int]] = mapped_column(BigInteger)
+    rows_estimated: Mapped[bool] = mapped_column(default=False, server_default="false")
+    table_bytes: Mapped[Optional[int]] = mapped_column(BigInteger)
+    index_bytes: Mapped[Optional[int]] = mapped_column(BigInteger)
+    insert_p50_ms: Mapped[Optional[float]]
+    insert_p99_ms: Mapped[Optional[float]]
+    insert_samples: Mapped[int] = mapped_column(default=0, server_default="0")
+    sampled_at: Mapped[Optional[datetime]]
+    cleanup_ms: Mapped[Optional[float]]
+    cleanup_method: Mapped[Optional[str]] = mapped_column(String(24))  # delete | drop-partitions
+    cleanup_removed: Mapped[Optional[int]] = mapped_column(BigInteger)
+    cleanup_at: Mapped[Optional[datetime]]
+
+
+# --- the transactional outbox: the payments service's tables and its relay (webapp/outbox) ----
+
+class SourcePayment(db.Model):
+    """The payments service's own record of a payment (not the consumers' ``payments`` effect
+    table): written in one transaction with its outbox row (store/outbox.py)."""
+    __tablename__ = "source_payments"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    # The service records a business payment once: a second one with the same id fails, and its
+    # outbox row with it.
+    transaction_id: Mapped[str] = mapped_column(String(64), unique=True)
+    event_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    account_id: Mapped[str] = mapped_column(String(32))
+    amount_cents: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class OutboxRow(db.Model):
+    """One event to publish, exactly as the relay will publish it; ``published_at`` NULL until sent."""
+    __tablename__ = "outbox"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    event_id: Mapped[uuid.UUID] = mapped_column(UUID, unique=True)
+    key: Mapped[str] = mapped_column(Text)
+    payload: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    published_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
+    attempts: Mapped[int] = mapped_column(default=0, server_default="0")
+    # The relay's scan: unsent rows in order, from an index that holds only them.
+    __table_args__ = (Index("outbox_unsent", "id", postgresql_where=text("published_at IS NULL")),)
+
+
+class OutboxPublish(db.Model):
+    """Every publish of an outbox row by the relay, with its delivery report: committed before the
+    row is marked sent, so a relay killed in between leaves the evidence of its republish."""
+    __tablename__ = "outbox_publishes"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    outbox_id: Mapped[int] = mapped_column(BigInteger)
+    event_id: Mapped[uuid.UUID] = mapped_column(UUID, index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    partition: Mapped[Optional[int]] = mapped_column(Integer)
+    offset: Mapped[Optional[int]] = mapped_column(BigInteger)
+    pid: Mapped[int] = mapped_column(Integer)
+    published_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class RelayState(db.Model):
+    """The outbox relay of this lab (one row, id 1): what the lab asks of it and what it reports."""
+    __tablename__ = "relay_state"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    # Desired: a crash point (vocabulary.RELAY_CRASH_POINTS), once or every time.
+    armed_point: Mapped[Optional[str]] = mapped_column(String(40))
+    armed_always: Mapped[bool] = mapped_column(default=False, server_default="false")
+    # Reported: the agent that runs it, its process and what it did.
+    agent_id: Mapped[Optional[str]] = mapped_column(String(128))
+    pid: Mapped[Optional[int]]
+    state: Mapped[str] = mapped_column(String(16), default="wanted", server_default="wanted")
+    starts: Mapped[int] = mapped_column(default=0, server_default="0")
+    published: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    republished: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    last_event_id: Mapped[Optional[uuid.UUID]] = mapped_column(UUID)
+    last_published_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
+    crashed_at: Mapped[Optional[str]] = mapped_column(String(40))
+    last_error: Mapped[Optional[str]] = mapped_column(Text)
+    heartbeat_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
 
 
 # --- control: shared by all labs on this database ---------------------------------------
@@ -324,6 +500,34 @@ class FaultProxy(db.Model):
     produce_requests: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     responses_dropped: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     responses_delayed: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # Chaos (issue 15): cut the broker connections of these Kafka client ids once per bump of cut_version.
+    cut_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cut_client_ids: Mapped[list[Any]] = mapped_column(JSONB, default=list, server_default="[]")
+    seen_cut_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    connections_cut: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+class ChaosSession(db.Model):
+    """A chaos session on one group (issue 15): seeded random kills, freezes, restarts, session
+    terminations and broker connection cuts, carried out by the agent that runs it. Each action
+    goes to the lab's timeline (kind ``chaos``) with the seed and its index."""
+    __tablename__ = "chaos_sessions"
+    __table_args__ = {"schema": CONTROL_SCHEMA}
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    lab: Mapped[str] = mapped_column(String(32), index=True)
+    group_id: Mapped[str] = mapped_column(String(128))
+    seed: Mapped[int] = mapped_column(BigInteger)
+    every_seconds: Mapped[float]
+    actions: Mapped[list[Any]] = mapped_column(JSONB, default=list, server_default="[]")
+    down_seconds: Mapped[float]
+    max_actions: Mapped[Optional[int]]
+    agent_id: Mapped[Optional[str]] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16), default="running", server_default="running")  # running|stopping|stopped
+    actions_done: Mapped[int] = mapped_column(default=0, server_default="0")
+    last_action: Mapped[Optional[str]] = mapped_column(Text)
+    stop_reason: Mapped[Optional[str]] = mapped_column(Text)
+    started_at: Mapped[datetime] = _now()
+    stopped_at: Mapped[Optional[datetime]]
 
 
 class SessionOperation(db.Model):
@@ -350,6 +554,18 @@ class ScenarioRun(db.Model):
     busy: Mapped[bool] = mapped_column(default=False, server_default="false")
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
+
+
+class Attendee(db.Model):
+    """Classroom mode: one attendee of a class and the lab that is theirs (joined through /join)."""
+    __tablename__ = "attendees"
+    __table_args__ = (Index("attendees_class_name", "class_code", "name", unique=True), {"schema": CONTROL_SCHEMA})
+    id: Mapped[int] = mapped_column(primary_key=True)
+    class_code: Mapped[str] = mapped_column(String(64), server_default="")
+    name: Mapped[str] = mapped_column(String(64))
+    lab: Mapped[str] = mapped_column(String(32), unique=True)
+    joined_at: Mapped[datetime] = _now()
+    seen_at: Mapped[datetime] = _now()
 
 
 def lab_tables():

@@ -10,7 +10,9 @@ Lives in the lab agent (never in a web process). Modes:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -38,21 +40,45 @@ class Report:
     error: str | None
 
 
+@dataclass
+class SequencedProducer:
+    """A producer with a name and a running number for the events it sends (``producer_seq``)."""
+    producer: Producer
+    producer_id: str
+    numbers: itertools.count = field(default_factory=itertools.count)
+
+    def stamp(self, built: list[tuple[events.PaymentEvent | None, bytes]]) -> list[tuple[events.PaymentEvent | None, bytes]]:
+        """Each event stamped with this producer's id and its next number, in send order (poison as is)."""
+        stamped = []
+        for event, value in built:
+            if event is not None:
+                event = event.sequenced(self.producer_id, next(self.numbers))
+                value = event.encode()
+            stamped.append((event, value))
+        return stamped
+
+
 class Publisher:
-    """One producer per idempotence setting, created on first use and kept."""
+    """One producer per setting (idempotence, requests in flight), created on first use and kept."""
 
     def __init__(self, bootstrap_servers: str):
         self.bootstrap_servers = bootstrap_servers
-        self._producers: dict[bool, Producer] = {}
+        self._producers: dict[tuple[bool, int | None], SequencedProducer] = {}
 
-    def _producer(self, idempotent: bool) -> Producer:
-        if idempotent not in self._producers:
-            self._producers[idempotent] = Producer(producer_config(self.bootstrap_servers, idempotent))
-        return self._producers[idempotent]
+    def producer(self, idempotent: bool, max_in_flight: int | None = None) -> SequencedProducer:
+        setting = (idempotent, max_in_flight)
+        if setting not in self._producers:
+            # The id names the setting, so the strip can say which producer wrote a record.
+            name = ("idempotent" if idempotent else "plain") + (f"-inflight{max_in_flight}" if max_in_flight else "")
+            self._producers[setting] = SequencedProducer(
+                Producer(producer_config(self.bootstrap_servers, idempotent, max_in_flight)),
+                f"{name}-{uuid.uuid4().hex[:8]}")
+        return self._producers[setting]
 
-    def send(self, topic: str, records: list[tuple[bytes | None, bytes]], idempotent: bool) -> list[Report]:
+    def send(self, topic: str, records: list[tuple[bytes | None, bytes]], idempotent: bool,
+             max_in_flight: int | None = None) -> list[Report]:
         """Produce ``(key, value)`` records and wait for every delivery report, in order."""
-        producer = self._producer(idempotent)
+        producer = self.producer(idempotent, max_in_flight).producer
         reports: list[Report | None] = [None] * len(records)
 
         def on_delivery(index: int):
@@ -78,8 +104,8 @@ class Publisher:
         return [report or Report(None, None, "no delivery report") for report in reports]
 
     def close(self) -> None:
-        for producer in self._producers.values():
-            producer.flush(5)
+        for sequenced in self._producers.values():
+            sequenced.producer.flush(5)
         self._producers.clear()
 
 
@@ -205,8 +231,11 @@ VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 def publish(conn: psycopg.Connection, publisher: Publisher, lab: Lab, args: dict[str, Any]) -> dict[str, Any]:
     """Validate, produce, journal. ``conn`` works in the lab's schema. Returns what was written."""
     idempotent = bool(args.get("idempotent", True))
+    max_in_flight = _int(args, "max_in_flight", *Limits.MAX_IN_FLIGHT) if args.get("max_in_flight") is not None else None
     mode, built = build_records(conn, args)
-    reports = publisher.send(lab.topic, [(e.key if e else None, value) for e, value in built], idempotent)
+    built = publisher.producer(idempotent, max_in_flight).stamp(built)
+    reports = publisher.send(lab.topic, [(e.key if e else None, value) for e, value in built], idempotent,
+                             max_in_flight)
     rows = []
     with conn.transaction():
         for (event, value), report in zip(built, reports):
@@ -217,12 +246,14 @@ def publish(conn: psycopg.Connection, publisher: Publisher, lab: Lab, args: dict
                 mode, idempotent, report.partition, report.offset, report.error,
                 value.decode("utf-8", errors="backslashreplace")])
             rows.append({"event_id": event.event_id if event else None, "partition": report.partition,
-                         "offset": report.offset, "error": report.error})
+                         "offset": report.offset, "error": report.error,
+                         "producer_seq": event.producer_seq if event else None})
         first = built[0][0]
         summary = (f"{len(built)} {mode} event(s)" if len(built) > 1 else
                    f"{mode} {first.type} {first.account_id} {getattr(first, events.TYPE_FIELDS[first.type])}" if first else
                    f"poison pill ({args.get('poison_kind', 'not-json')})")
-        producer_kind = "idempotent producer" if idempotent else "plain producer"
+        producer_kind = ("idempotent producer" if idempotent else "plain producer") + (
+            f", {max_in_flight} request(s) in flight" if max_in_flight else "")
         timeline.record(conn.execute, "published", f"{summary} via {producer_kind}",
                         mode=mode, records=rows[:20])
-    return {"mode": mode, "idempotent": idempotent, "records": rows}
+    return {"mode": mode, "idempotent": idempotent, "max_in_flight": max_in_flight, "records": rows}

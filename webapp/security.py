@@ -4,15 +4,21 @@ Forms carry a CSRF token (Flask-WTF). The JSON API is exempt from the token but 
 state-changing request only with ``Content-Type: application/json``, which a cross-site
 form cannot send without a CORS preflight this app never grants. When LAB_TOKEN is set,
 every POST needs it: the browser through a one-time sign-in, scripts as a Bearer header.
+Wrong tokens are limited per client address (ratelimit.py): past SIGN_IN_MAX_FAILURES in
+SIGN_IN_WINDOW_SECONDS, sign-in and Bearer attempts answer 429 with Retry-After.
 """
 from __future__ import annotations
 
 import hmac
 
-from flask import Flask, jsonify, redirect, render_template, request, session, url_for
+from flask import Flask, Response, current_app, jsonify, redirect, render_template, request, session, url_for
 from flask_wtf.csrf import CSRFError, CSRFProtect
 
+from .ratelimit import FailureLimiter
+
 csrf = CSRFProtect()
+SIGN_IN_MAX_FAILURES = 5
+SIGN_IN_WINDOW_SECONDS = 60.0
 
 
 def token_matches(given: str | None, expected: str) -> bool:
@@ -28,15 +34,58 @@ def _wants_json() -> bool:
     return request.path.startswith("/api/")
 
 
+def token_guesses() -> FailureLimiter:
+    """This app's count of wrong tokens per client address."""
+    return current_app.extensions["token_guesses"]
+
+
+def client_address() -> str:
+    # The peer's address, never X-Forwarded-For: a header the client writes would let it pick a
+    # fresh address for every guess. Behind a proxy, all clients share the proxy's address.
+    return request.remote_addr or "unknown"
+
+
+def too_many_guesses(wait: int) -> Response:
+    """429 with Retry-After: as JSON for the API, as the sign-in page (with the reason) for a browser."""
+    message = (f"Too many wrong tokens from your address: wait {wait} s before trying again "
+               f"(at most {token_guesses().limit} in {token_guesses().window:g} s).")
+    if _wants_json():
+        response = jsonify(error=message, retry_after=wait)
+    else:
+        response = current_app.make_response(
+            render_template("auth/sign_in.html", error=message, next=request.values.get("next", "")))
+    response.status_code = 429
+    response.headers["Retry-After"] = str(wait)
+    return response
+
+
 def init_app(app: Flask) -> None:
     csrf.init_app(app)
+    app.extensions["token_guesses"] = FailureLimiter(
+        int(app.config.get("SIGN_IN_MAX_FAILURES", SIGN_IN_MAX_FAILURES)),
+        float(app.config.get("SIGN_IN_WINDOW_SECONDS", SIGN_IN_WINDOW_SECONDS)))
+    from .web import headers
+    headers.init_app(app)
 
     @app.before_request
     def require_token_for_controls():
         token = app.config.get("LAB_TOKEN")
         if not token or request.method in ("GET", "HEAD", "OPTIONS") or request.endpoint in ("auth.sign_in", "static"):
             return None
-        if token_matches(_bearer(), token) or session.get("lab_token_ok"):
+        if session.get("lab_token_ok"):
+            return None
+        given = _bearer()
+        if given is not None:
+            # A Bearer token is a guess like a sign-in: limited the same way, never checked while refused.
+            wait = token_guesses().retry_after(client_address())
+            if wait:
+                return too_many_guesses(wait)
+            if token_matches(given, token):
+                token_guesses().forget(client_address())
+                return None
+            token_guesses().record_failure(client_address())
+        from .web.classroom import attendee_may_post  # classroom mode: an attendee drives their own lab
+        if attendee_may_post():
             return None
         if _wants_json():
             return jsonify(error="this lab is protected: send Authorization: Bearer <LAB_TOKEN>"), 401

@@ -17,6 +17,10 @@ from sqlalchemy.orm import Session
 
 from . import verdict as verdict_module
 from .readmodel import why as why_module
+from .readmodel import ordering
+from .readmodel import outbox as outbox_readmodel
+from .readmodel import notifications as notifications_readmodel
+from .readmodel import scale as scale_readmodel
 from .db import CONTROL_SCHEMA
 from .domain.vocabulary import AGENT_FRESH_SECONDS, DEDUP_TABLES
 from .labs import Lab
@@ -48,6 +52,8 @@ class Cell:
     producer_retry: bool = False
     journaled: bool = False  # the lab's journal has a delivery report for this offset
     why: str | None = None
+    # Why this record is out of order (its producer had already written a higher number here).
+    out_of_order: str | None = None
 
 
 @dataclass
@@ -181,6 +187,7 @@ def partitions(session: Session, lab: Lab, group_id: str | None = None) -> list[
             rows = session.execute(cells_sql, {"partition": partition, "log_end": end, "length": STRIP_LENGTH,
                                                "group": group}).all()
             view.cells = [_cell(row) for row in rows]
+            ordering.mark_cells(session, partition, view.cells)
         views.append(view)
     return views
 
@@ -252,7 +259,10 @@ def dedup_tables(session: Session, ttl_seconds: float | None) -> list[dict[str, 
         # Rows and bytes (table and indexes) grow with every event until a TTL cleanup deletes old keys.
         count, oldest, size = session.execute(text(
             f"SELECT count(*), extract(epoch FROM now() - min(processed_at)), "
-            f"pg_total_relation_size('{table}'::regclass) FROM {table}")).one()
+            # over the partition tree: a partitioned processed_events keeps its rows in its partitions
+            f"coalesce((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('{table}'::regclass)), "
+            f"pg_total_relation_size('{table}'::regclass))::bigint "
+            f"FROM {table}")).one()
         newest = session.execute(text(
             f"SELECT {key}::text AS key, processed_at FROM {table} ORDER BY processed_at DESC LIMIT 5")).all()
         tables.append({"table": table, "key": key, "count": count, "size_bytes": size,
@@ -404,6 +414,9 @@ def fingerprint_parts(session: Session, lab: Lab) -> dict[str, Any]:
         for schema in effects_schemas(session, lab))
     oldest_age = session.execute(text(OLDEST_KEY_AGE_SQL)).scalar_one()
     parts["oldest_key_age"] = float(oldest_age) if oldest_age is not None else None
+    parts["outbox"] = outbox_readmodel.fingerprint(session)
+    parts["notifications"] = notifications_readmodel.fingerprint(session)
+    parts.update(scale_readmodel.fingerprint_parts(session))  # load runs, dedup tables at scale
     return parts
 
 

@@ -18,8 +18,10 @@ from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY
 from ..logreader import wait_mirrored
 from ..waits import WaitTimeout, wait_until
 from ..store import consumers as consumer_rows
-from . import setup
+from . import chaos, setup
+from .load import RUNS as LOAD_RUNS, start_load
 from .periodic import snapshot_offsets
+from .prune import drop_lab
 from .processes import STOP_TIMEOUT, NotRunning
 
 if TYPE_CHECKING:
@@ -75,15 +77,22 @@ def ensure_lab(agent: Agent, lab: Lab, args: dict) -> dict:
     return setup.ensure(agent.engine, agent.admin, lab, _partitions(args))
 
 
-def reset_lab(agent: Agent, lab: Lab, args: dict) -> dict:
-    """Stop the lab's consumers, delete its topics and schemas, start it fresh."""
-    partitions = _partitions(args)
+def quiesce(agent: Agent, lab: Lab) -> None:
+    """Stop what writes into a lab's topic and tables before they are deleted: its consumers (on
+    whichever agent runs them) and a running load (it would produce into the topic being deleted)."""
     with agent.engine.connect() as conn:
         rows = consumer_rows.live(conn, lab.name)
     for row in rows:
         on_own_or_remote(agent, lab, row, "consumer.stop")
     for row in rows:
         agent.pool.forget(row.id)
+    LOAD_RUNS.stop(lab)
+
+
+def reset_lab(agent: Agent, lab: Lab, args: dict) -> dict:
+    """Stop the lab's consumers, delete its topics and schemas, start it fresh."""
+    partitions = _partitions(args)
+    quiesce(agent, lab)
     # librdkafka crashes a consumer whose assigned topic is deleted (BROKER.md): the log reader is
     # stopped around the topics' re-creation and started again after, rather than left to crash.
     agent.log_mirror.stop()
@@ -288,4 +297,7 @@ HANDLERS: dict[str, Handler] = {
     "group.reset": reset_group,
     "lab.reset": reset_lab,
     "lab.ensure": ensure_lab,
+    "lab.drop": drop_lab,
+    "chaos.start": chaos.start,
+    "load.start": start_load,
 }

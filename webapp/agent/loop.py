@@ -12,6 +12,7 @@ import secrets
 import signal
 import socket
 import sys
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -25,14 +26,19 @@ from ..config import load_config
 from ..db import connect, sqlalchemy_url
 from ..domain.lab import Lab
 from ..labs import ensure_control_schema
+from ..store import commands as command_rows
 from ..store.commands import CHANNEL, Claimed
 from ..store import schema
 from ..waits import WaitTimeout
 from ..store import consumers as consumer_rows
-from . import queue
+from . import chaos, queue
 from .handlers import HANDLERS, CommandRejected
+from .dedup_sampler import DedupSampler
+from .load import RUNS as LOAD_RUNS
 from .periodic import Heartbeat, Housekeeping
+from .notify_service import URL_VARIABLE as NOTIFY_URL, notification_service
 from .processes import Pool, Sidecar, truthy
+from ..outbox.keeper import RelayKeeper
 
 log = logging.getLogger("idempotency_lab.agent")
 
@@ -56,6 +62,7 @@ class Agent:
         with self.engine.begin() as conn:
             ensure_control_schema(conn)
         # psycopg for LISTEN, the producer's journal and the lab-schema work; SQLAlchemy for the control plane.
+        self.database_url = database_url
         self.conn = connect(database_url, autocommit=True)
         self.admin = kafka.admin_client(bootstrap_servers)
         # The lab's producer may reach the broker through the lost-ack fault proxy (`make run`).
@@ -64,10 +71,20 @@ class Agent:
         self.pool = Pool(database_url, bootstrap_servers, data_dir, log_to_stdout)
         self.heartbeat = Heartbeat(database_url, bootstrap_servers, self.id, self.host, self.pid)
         self.housekeeping = Housekeeping(self.conn)
+        # Dedup tables at scale (issue 14): sizes and probe insert latency, on a thread of its own.
+        self.dedup_sampler = DedupSampler(database_url, loading=LOAD_RUNS.labs)
         # The log mirror (the lab's ground truth: every record of every lab topic), kept running.
         self.log_mirror = Sidecar("log reader", "webapp.logreader",
                                   {**os.environ, "DATABASE_URL": database_url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers},
                                   self.pool.log_dir, log_to_stdout)
+        # The notification service (the external side effect): a sidecar too, unless LAB_NOTIFY_URL names one.
+        self.notify_service, self.pool.env[NOTIFY_URL] = notification_service(database_url, self.pool.log_dir,
+                                                                             log_to_stdout)
+        # One outbox relay per lab that asked for one (webapp/outbox), through the lab's producer address.
+        self.relays = RelayKeeper(self.engine, {**os.environ, "DATABASE_URL": database_url,
+                                                "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers,
+                                                "KAFKA_PRODUCER_BOOTSTRAP_SERVERS": self.producer_bootstrap_servers},
+                                  self.pool.log_dir, log_to_stdout, self.id)
 
     # --- what handlers use ----------------------------------------------------------------------
 
@@ -135,32 +152,82 @@ class Agent:
         if not self.housekeeping.due():
             return
         self.log_mirror.ensure()
+        if self.notify_service is not None:
+            self.notify_service.ensure()
+        self.relays.tick()
         self.reap_children()
         self.housekeeping.run(self.admin, broker_ok=self.heartbeat.kafka_error is None)
 
     def run(self) -> int:
         try:
             self.heartbeat.start()
+            self.dedup_sampler.start()
             self.log_mirror.ensure()
+            if self.notify_service is not None:
+                self.notify_service.ensure(now=True)
             self.conn.execute(f"LISTEN {CHANNEL}")
             log.info("lab agent %s ready", self.id)
             while not self.stopping:
-                self.tick()
-                while not self.stopping and (command := queue.claim(self.engine, self.id)) is not None:
-                    self.carry_out(command)
-                for _ in self.conn.notifies(timeout=0.25, stop_after=1):
-                    pass
+                try:
+                    self.tick()
+                    while not self.stopping and (command := queue.claim(self.engine, self.id)) is not None:
+                        self.carry_out(command)
+                    for _ in self.conn.notifies(timeout=0.25, stop_after=1):
+                        pass
+                except (psycopg.OperationalError, SQLAlchemyError) as error:
+                    # PostgreSQL restarting: the agent waits for it and carries on (issue 15).
+                    self.reconnect(error)
         finally:
             self.shutdown()
         return 0
+
+    def reconnect(self, error: Exception) -> None:
+        """PostgreSQL went away (a restart): wait until it answers again, then listen again. The
+        heartbeat thread and the consumers reconnect on their own; a command whose result could not
+        be written stays running under our lease until it is carried out again or withdrawn."""
+        log.warning("database connection lost (%s); waiting for PostgreSQL", str(error).splitlines()[0])
+        delay = 0.1
+        while not self.stopping:
+            try:
+                conn = connect(self.database_url, autocommit=True)
+                conn.execute(f"LISTEN {CHANNEL}")
+            except psycopg.OperationalError:
+                time.sleep(delay)  # a backoff between connection attempts, not a guess at a condition
+                delay = min(delay * 2, 2.0)
+                continue
+            broken, self.conn = self.conn, conn
+            self.housekeeping.conn = conn
+            broken.close()
+            self.fail_interrupted()
+            log.info("database connection back")
+            return
+
+    def fail_interrupted(self) -> None:
+        """Nothing runs while we reconnect: a command still ``running`` under our claim lost its
+        result with the connection. Fail it with the reason rather than leave it leased for ever."""
+        try:
+            with self.engine.begin() as conn:
+                for command in command_rows.of_agents(conn, [self.id]):
+                    if command.status == command_rows.RUNNING:
+                        command_rows.fail(conn, command.id, "PostgreSQL restarted while the agent carried it out; "
+                                          "its result is unknown: look at the lab, then try again", "interrupted",
+                                          only_if=command_rows.RUNNING)
+        except SQLAlchemyError as error:
+            log.warning("could not fail the interrupted commands: %s", str(error).splitlines()[0])
 
     def shutdown(self) -> None:
         """Stop the consumers (gracefully, SIGKILL after their deadline) and the log mirror, record
         how each ended, fail what was still addressed to us, remove our row."""
         try:
+            LOAD_RUNS.stop_all()
+            self.dedup_sampler.stop()
             self.log_mirror.stop()
+            self.relays.stop_all()
+            chaos.stop_all()
             self.pool.stop_all()
             self.reap_children()
+            if self.notify_service is not None:
+                self.notify_service.stop()  # after the consumers: one may be waiting for its answer
         finally:
             self.publisher.close()
             self.admin = None  # the AdminClient has no close(): dropping it ends its threads

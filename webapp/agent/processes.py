@@ -61,6 +61,7 @@ class Pool:
         if not log_to_stdout:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         self.children: dict[int, Child] = {}  # consumer id -> its process
+        self.env: dict[str, str] = {}  # what every consumer is told on top of the agent's environment
 
     def log_hint(self, lab: str, consumer_id: int) -> str:
         """Where a person finds the consumer's output."""
@@ -69,7 +70,8 @@ class Pool:
         return f"see its log {self.log_dir / f'{lab}-consumer-{consumer_id}.log'}"
 
     def spawn(self, lab: str, consumer_id: int, name: str) -> subprocess.Popen:
-        env = {**os.environ, "DATABASE_URL": self.database_url, "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers,
+        env = {**os.environ, **self.env, "DATABASE_URL": self.database_url,
+               "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers,
                "PYTHONUNBUFFERED": "1"}
         argv = [sys.executable, "-m", "webapp.consumer", "--lab", lab, "--consumer-id", str(consumer_id)]
         label = f"{lab}/{name}"

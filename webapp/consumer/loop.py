@@ -6,6 +6,10 @@ then commit, close in ``finally``. The offset is committed only after the databa
 transaction has committed. First SIGTERM: finish the message, commit, leave the group.
 Second SIGTERM: exit at once.
 
+Before each message one query reads the control row and the group's settings (settings.py); the
+report is written on the heartbeat's cadence. A group with a batch size above 1 runs batch mode
+instead (batch.py): consume(n), one transaction, one offset commit per batch.
+
 Crash points are real: ``crash`` is SIGKILL to ourselves (no commit, no group leave);
 ``freeze`` is SIGSTOP to ourselves (a process pause like a long GC; the agent sends SIGCONT).
 
@@ -43,7 +47,10 @@ from ..kafka import consumer_config, producer_config
 from ..labs import Lab
 from ..strategies.base import (ABSORBED, APPLIED, DEAD_LETTERED, FAILED, RECORD_DELIVERY, SESSION_SETTINGS,
                               UNIQUE_VIOLATION_REASON)
+from . import settings as group_settings
+from .batch import BatchLoop
 from .control import ControlRow, Report
+from .notify import NotificationStopped, Notifier
 
 log = logging.getLogger("idempotency_lab.consumer")
 
@@ -96,6 +103,7 @@ class ConsumerProcess:
         self._last_heartbeat = 0.0
         self._dlq: Producer | None = None
         self._agent_pid = os.getppid()
+        self.orphaned = False  # its agent died: it stops itself and reports "gone"
         self.retrying: dict[tuple[str, int], Retry] = {}
 
         self.control_conn = connect(database_url, autocommit=True, application_name=f"lab {lab.name} {name} control")
@@ -107,8 +115,14 @@ class ConsumerProcess:
         self.report.counts = self.control.counts()
         self.report.generation = self.control.generation()
         self.strategy_name, self.effects_schema = self._group_settings()
+        self.desired, self.group = self._read_settings()
+        self.batch_span: str | None = None  # where a batch is, for the timeline, while one is applied
+        self.batches = BatchLoop(self)
+        self.notifier = Notifier(self)  # the external side effect, when the group asks for it
         self.effects_conn: psycopg.Connection | None = self._connect_effects()
-        self.consumer = Consumer(consumer_config(bootstrap_servers, group_id, client_id=name))
+        self.consumer = Consumer({**consumer_config(bootstrap_servers, group_id, client_id=lab.client_id(name)),
+                                  **group_settings.client_settings(self.group, group_id, name),
+                                  "on_commit": self._on_commit})
 
     # --- settings ----------------------------------------------------------------------
 
@@ -126,18 +140,27 @@ class ConsumerProcess:
             [self.group_id]).fetchone()
         return row[0] if row and row[0] in strategies.ON_UNIQUE_VIOLATION else "already-processed"
 
+    def _read_settings(self) -> tuple:
+        """The control row and the group's settings, in one query (consumer/settings.py)."""
+        return group_settings.read(self.control_conn, self.lab.schema, self.group_id, self.consumer_id)
+
     def _current_strategy(self) -> strategies.Strategy:
-        # Read per message: a strategy switch (or new database settings) applies from the next message on.
-        row = self.control_conn.execute(
-            f'SELECT g.strategy, '
-            f'(SELECT value FROM "{self.lab.schema}".settings WHERE key = \'lock_timeout_ms\'), '
-            f'(SELECT value FROM "{self.lab.schema}".settings WHERE key = \'idle_in_transaction_session_timeout_ms\') '
-            f'FROM "{self.lab.schema}".consumer_groups g WHERE g.group_id = %s', [self.group_id]).fetchone()
-        if row is None:
-            raise RuntimeError(f"group {self.group_id} is not defined in lab {self.lab.name}")
-        self.strategy_name = row[0]
-        self._apply_session_settings(int(row[1] or 0), int(row[2] or 0))
-        return strategies.get(self.strategy_name)
+        # The group's settings were read with the control row for this message (process): a strategy
+        # switch (or new database settings) applies from the next message on.
+        self.strategy_name = self.group.strategy
+        self.notifier.use(self.group.notify, self.group.notify_idempotency_key)
+        self._apply_session_settings(self.group.lock_timeout_ms, self.group.idle_in_transaction_session_timeout_ms)
+        return strategies.get(self.strategy_name, partitioned=self._partitioned_dedup_table())
+
+    def _partitioned_dedup_table(self) -> bool:
+        """Whether the effects schema's processed_events is partitioned (webapp/dedup_layout.py), read
+        from the catalog once per process: the layout changes only while the lab's consumers are stopped."""
+        schema = self.group.effects_schema
+        if getattr(self, "_dedup_layout", (None, False))[0] != schema:
+            row = self.control_conn.execute("SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s)",
+                                            [f'"{schema}".processed_events']).fetchone()
+            self._dedup_layout = (schema, bool(row and row[0]))
+        return self._dedup_layout[1]
 
     def _apply_session_settings(self, lock_timeout_ms: int, idle_timeout_ms: int) -> None:
         """The lab's lock_timeout and idle_in_transaction_session_timeout on the effects connection."""
@@ -163,6 +186,8 @@ class ConsumerProcess:
             "offset": message.offset(), "generation": self.report.generation,
             "event_id": event.event_id if event else None, "transaction_id": event.transaction_id if event else None,
             "strategy": self.strategy_name, "outcome": outcome, "reason": reason})
+        # The ledger row is the last statement of an effect's transaction: a notify before the commit goes here.
+        self.notifier.before_commit(event, outcome)
 
     def checkpoint(self, point: str) -> None:
         """A crash point: die, freeze or wait for a step here when the lab asked for it."""
@@ -199,6 +224,8 @@ class ConsumerProcess:
         self.report.state = "running"
 
     def _where(self) -> str:
+        if self.batch_span is not None:
+            return self.batch_span
         message = self.current
         return f"(partition {message.partition()}, offset {message.offset()})" if message is not None else ""
 
@@ -239,14 +266,15 @@ class ConsumerProcess:
             self.report.positions = {str(tp.partition): tp.offset for tp in positions if tp.offset >= 0}
         except KafkaException:
             pass  # between rebalances there may be no position to report
-        self.desired = self.control.read()
+        self.desired, self.group = self._read_settings()  # also while idle: a switch to batch mode shows
         if not self.desired.exists:
             log.info("consumer row deleted (lab reset): stopping")
             self.stopping = True
         if os.getppid() != self._agent_pid:
             # Our agent died without stopping us: nobody could kill, freeze or reap us now.
             log.info("the lab agent is gone: stopping")
-            self.stopping = True
+            self.stopping = self.orphaned = True
+            self.report.last_error = f"its lab agent (pid {self._agent_pid}) died: it stopped itself"
         self.control.write(self.report)
 
     def run(self) -> int:
@@ -256,27 +284,72 @@ class ConsumerProcess:
         self._say("started", f"{self.name} joined group {self.group_id} ({self.strategy_name})")
         try:
             while not self.stopping:
-                self.heartbeat()
-                self._resume_due()
+                try:
+                    self.heartbeat()
+                    self._resume_due()
+                except psycopg.OperationalError as error:
+                    self._control_lost(error)
+                    continue
+                if self.group.batch_mode:
+                    self.batches.step()
+                    continue
                 message = self.consumer.poll(POLL_TIMEOUT)
                 if message is None:
                     continue
                 if message.error():
                     self._on_error(message.error())
                     continue
-                self.process(message)
+                self._process_until_done(message)
             return 0
         finally:
-            self.report.state = "stopped"
+            # Gone, not stopped, when its agent died: nothing answers for this consumer any more.
+            self.report.state = "gone" if self.orphaned else "stopped"
             self.report.assigned = []
             self.consumer.close()  # commits nothing (auto-commit is off), leaves the group
             if self._dlq is not None:
                 self._dlq.flush(5)
-            self.control.write(self.report)
-            self._say("stopped", f"{self.name} left group {self.group_id}")
+            try:
+                self.control.write(self.report)
+                self._say("stopped", f"{self.name} left group {self.group_id}"
+                          + (f": its lab agent (pid {self._agent_pid}) died, nothing runs it now" if self.orphaned
+                             else ""))
+            except psycopg.OperationalError as error:
+                # PostgreSQL restarting as we stop: the agent records how we ended (our exit code).
+                log.warning("could not report the stop: %s", str(error).splitlines()[0])
             if self.effects_conn is not None:
                 self.effects_conn.close()
             self.control_conn.close()
+
+    def _process_until_done(self, message: Message) -> None:
+        """Process the message; when the control connection is lost on the way (PostgreSQL
+        restarted), reconnect and process the same message again: its offset is not committed,
+        and skipping it would lose it (issue 15)."""
+        while True:
+            try:
+                self.process(message)
+                return
+            except psycopg.OperationalError as error:
+                if self.stopping:
+                    raise
+                self._control_lost(error)
+
+    def _control_lost(self, error: psycopg.OperationalError) -> None:
+        """Wait for PostgreSQL and open the control connection again."""
+        log.warning("control connection lost (%s); waiting for PostgreSQL", str(error).splitlines()[0])
+        delay = 0.1
+        while not self.stopping:
+            try:
+                conn = connect(self.database_url, autocommit=True,
+                               application_name=f"lab {self.lab.name} {self.name} control")
+            except psycopg.OperationalError:
+                time.sleep(delay)  # a backoff between connection attempts
+                delay = min(delay * 2, 2.0)
+                continue
+            broken, self.control_conn = self.control_conn, conn
+            self.control.conn = conn
+            broken.close()
+            log.info("control connection back")
+            return
 
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():
@@ -288,13 +361,17 @@ class ConsumerProcess:
 
     def process(self, message: Message) -> None:
         self.current = message
-        # Faults and step mode armed before this message was polled apply to it.
-        self.desired = self.control.read()
+        # Faults and step mode armed before this message was polled apply to it; the group's settings
+        # (strategy, modes) are read with them, in one query.
+        self.desired, self.group = self._read_settings()
         event: events.PaymentEvent | None = None
         try:
             self._ensure_effects_conn()
             event = events.decode(message.value())
             outcome = self._current_strategy().apply(self, event)
+        except NotificationStopped:
+            self.current = None
+            return  # stopping while the service was away: rolled back, the offset not committed
         except events.InvalidEvent as invalid:
             self.dead_letter(message, invalid.reason)
             outcome = DEAD_LETTERED
@@ -312,6 +389,7 @@ class ConsumerProcess:
         else:
             counts.dead_lettered += 1
         self.report.applied_positions[str(message.partition())] = message.offset() + 1
+        self.notifier.after_commit(event, outcome)
         self.checkpoint("after-effect-before-commit")
         self.commit(message)
         self.checkpoint("after-commit")
@@ -413,17 +491,35 @@ class ConsumerProcess:
                     pass
 
     def commit(self, message: Message) -> None:
+        self.commit_offsets([TopicPartition(message.topic(), message.partition(), message.offset() + 1)])
+
+    def commit_offsets(self, offsets: list[TopicPartition]) -> None:
+        """Commit ``offsets`` (the next offset to read, per partition) in the group's commit mode.
+
+        sync waits for the broker's answer; async returns at once (the answer comes to _on_commit
+        during a later poll), so a crash can lose a commit still in flight and more records come
+        back. The report is written on the heartbeat's cadence, not after every commit."""
+        asynchronous = self.group.asynchronous_commits
         try:
-            self.consumer.commit(message=message, asynchronous=False)
+            self.consumer.commit(offsets=offsets, asynchronous=asynchronous)
         except KafkaException as error:
-            # A zombie's commit: its generation is gone (UNKNOWN_MEMBER_ID / ILLEGAL_GENERATION).
-            self.report.counts.commit_failures += 1
             kafka_error = error.args[0] if error.args else None
-            self.report.last_error = f"{kafka_error.name()}: {kafka_error.str()}" if kafka_error else str(error)
-            self._say("commit-failed", f"{self.name} could not commit offset {message.offset() + 1} on partition "
-                      f"{message.partition()}: {self.report.last_error}",
-                      partition=message.partition(), offset=message.offset())
-        self.heartbeat(force=True)
+            self._commit_failed(offsets, f"{kafka_error.name()}: {kafka_error.str()}" if kafka_error else str(error))
+        self.heartbeat()
+
+    def _on_commit(self, error: KafkaError | None, offsets: list[TopicPartition]) -> None:
+        """librdkafka's answer to a commit; an asynchronous commit's failure is only seen here."""
+        if error is not None and self.group.asynchronous_commits and error.code() != KafkaError._NO_OFFSET:
+            self._commit_failed(offsets, f"{error.name()}: {error.str()}")
+
+    def _commit_failed(self, offsets: list[TopicPartition], reason: str) -> None:
+        # A zombie's commit: its generation is gone (UNKNOWN_MEMBER_ID / ILLEGAL_GENERATION).
+        self.report.counts.commit_failures += 1
+        self.report.last_error = reason
+        what = ", ".join(f"offset {tp.offset} on partition {tp.partition}" for tp in offsets)
+        first = offsets[0] if offsets else None
+        self._say("commit-failed", f"{self.name} could not commit {what}: {reason}",
+                  partition=first.partition if first else None, offset=first.offset - 1 if first else None)
 
     def dead_letter(self, message: Message, reason: str, event: events.PaymentEvent | None = None) -> None:
         """Produce the raw record to the DLQ with its reason, then record the delivery."""

@@ -44,6 +44,11 @@ class Lab:
         """The Kafka group id of a group name local to this lab."""
         return group if group.startswith(f"{self.name}.") else f"{self.name}.{group}"
 
+    def client_id(self, consumer: str) -> str:
+        """The Kafka client id of one of the lab's consumers: what the fault proxy sees of it, so
+        chaos can cut that consumer's broker connections and no other lab's."""
+        return f"lab-{self.name}-{consumer}"
+
     def lane_schema(self, lane: str) -> str:
         """The schema of a strategy lane: its own copy of the accounts."""
         if not NAME.match(lane):

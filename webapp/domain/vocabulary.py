@@ -35,12 +35,22 @@ class Outcome(StrEnum):
 
 # Crash points in the order a message passes them.
 CRASH_POINTS = ("before-effect", "between-check-and-act", "between-key-and-effect",
+                "before-notify", "after-notify-before-commit",
                 "after-effect-before-commit", "after-commit")
+# Where a group's consumers call the notification service for an applied credit (a group setting):
+# not at all, inside the effect's transaction before its commit, or after it (before the offset commit).
+NOTIFY_MODES = ("off", "before-commit", "after-commit")
 FAULT_ACTIONS = ("crash", "freeze")
+# Crash points of the outbox relay (webapp/outbox): before it produces a batch of unsent rows, and
+# after their delivery reports, before the transaction that marks them sent.
+RELAY_CRASH_POINTS = ("relay-before-publish", "relay-after-publish-before-mark")
 # What a unique violation of a plain key INSERT means to a group (a group setting): the 001 seed's
 # "already processed" (absorb, commit the offset), or "retry" (a generic error: retried with
 # backoff while the partition stalls, then the DLQ).
 ON_UNIQUE_VIOLATION = ("already-processed", "retry")
+# How a group's consumers commit offsets: wait for the broker's answer (sync), or not (async: faster,
+# and a crash can lose the commits still in flight, so more records come back).
+COMMIT_MODES = ("sync", "async")
 CONSUMER_VERBS = ("kill", "freeze", "thaw", "stop", "restart")
 OFFSET_RESET_MODES = ("earliest", "offset", "back", "timestamp")
 PUBLISH_MODES = ("normal", "burst", "resend", "source-duplicate", "poison")
@@ -67,6 +77,19 @@ class Limits:
     SESSION_TIMEOUT_MS = (0, 600_000)     # lock_timeout, idle_in_transaction_session_timeout (0: none)
     RAW_VALUE_BYTES = 512 * 1024           # a raw record's value, as the producer sends it
     RAW_VALUE_CHARACTERS = RAW_VALUE_BYTES // 4   # as typed: every character fits in the bytes
+    MAX_IN_FLIGHT = (1, 5)                 # the producer's max.in.flight.requests.per.connection (5: idempotence's cap)
+    BATCH_SIZE = (1, 5000)                 # records per batch; 1 is per-message mode
+    BATCH_MAX_WAIT_MS = (1, 3000)          # how long consume(n) waits to fill a batch (under the 5 s freshness)
+    LOAD_EVENTS = (1, 10_000_000)          # the load generator (issue 14)
+    LOAD_ACCOUNTS = (1, 10_000)
+    LOAD_RATE = (0, 1_000_000)             # events per second; 0: as fast as possible
+    LOAD_SEED = (0, 2**31 - 1)
+    WARMUP_KEYS = (1, 10_000_000)          # synthetic dedup keys (the dedup-at-scale exercise)
+    WARMUP_DAYS = (1, 60)
+    CHAOS_SEED = (0, 2**31 - 1)             # chaos mode (issue 15)
+    CHAOS_EVERY_SECONDS = (0.2, 3600.0)     # the mean wait between two chaos actions
+    CHAOS_DOWN_SECONDS = (0.1, 600.0)       # how long a frozen or killed consumer stays down
+    CHAOS_ACTIONS = (1, 1_000_000)          # stop after this many actions
 
 
 # The tables that remember what was processed, and the key each holds. `seen_events` is

@@ -8,6 +8,10 @@ decoder the consumers use (``events.decode``) and written, one row per record, i
 ``INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING`` per lab: (partition, offset) is
 the primary key, so a reader that re-reads after a crash or a restart writes nothing twice.
 
+An event the lab's producer stamped (``producer_id``, ``producer_seq``) gets
+``out_of_order_after``: the highest number the same producer had already written to that
+partition, when above its own (webapp/readmodel/ordering.py says what that means).
+
 The reader never trusts the broker's high watermark (wrong on Tansu for multi-record batches,
 BROKER.md): the log end is the last offset it actually fetched.
 
@@ -52,6 +56,14 @@ WHERE n.nspname LIKE 'lab\\_%' AND n.nspname NOT LIKE '%\\_\\_%'
 
 SCHEMA_OID_SQL = "SELECT oid::bigint FROM pg_namespace WHERE nspname = %s"
 
+# The highest producer_seq each (partition, producer) of a batch already has in the mirror: one
+# index lookup per pair (a batch holds a few), not per record.
+PRODUCER_HIGHS_SQL = """
+SELECT p.partition, p.producer_id, (SELECT max(x.producer_seq) FROM {schema}.log_records x
+                                    WHERE x.partition = p.partition AND x.producer_id = p.producer_id)
+FROM unnest(%s::int[], %s::text[]) AS p(partition, producer_id)
+"""
+
 # Where the mirror of each partition ends: the primary key answers per partition.
 POSITIONS_SQL = 'SELECT partition, max("offset") + 1 FROM {schema}.log_records GROUP BY partition'
 
@@ -63,26 +75,31 @@ POSITIONS_SQL = 'SELECT partition, max("offset") + 1 FROM {schema}.log_records G
 INSERT_SQL = """
 INSERT INTO {schema}.log_records (partition, "offset", "timestamp", key, headers, value, event_id, transaction_id,
                                   type, account_id, amount_cents, status, balance_cents, score, occurred_at,
-                                  invalid_reason, first_of_transaction)
+                                  invalid_reason, first_of_transaction, producer_id, producer_seq, out_of_order_after)
 SELECT partition, "offset", ts, key, headers::jsonb, value, event_id::uuid, transaction_id, type, account_id,
        amount_cents, status, balance_cents, score, occurred_at, invalid_reason,
        first_in_batch AND NOT EXISTS (SELECT 1 FROM {schema}.log_records x WHERE x.transaction_id = r.transaction_id
-                                      AND x.invalid_reason IS NULL AND x.first_of_transaction)
+                                      AND x.invalid_reason IS NULL AND x.first_of_transaction),
+       producer_id, producer_seq,
+       -- the producer's highest number so far in this partition (from the reader), kept only when
+       -- above this record's own: the record landed out of order
+       CASE WHEN batch_high > producer_seq THEN batch_high END
 FROM unnest(%(partition)b::int[], %(offset)b::bigint[], %(ts)b::timestamptz[], %(key)b::text[],
             %(headers)b::text[], %(value)b::text[], %(event_id)b::text[], %(transaction_id)b::text[],
             %(type)b::text[], %(account_id)b::text[], %(amount_cents)b::bigint[], %(status)b::text[],
             %(balance_cents)b::bigint[], %(score)b::bigint[], %(occurred_at)b::text[], %(invalid_reason)b::text[],
-            %(first_in_batch)b::bool[])
+            %(first_in_batch)b::bool[], %(producer_id)b::text[], %(producer_seq)b::bigint[], %(batch_high)b::bigint[])
      AS r(partition, "offset", ts, key, headers, value, event_id, transaction_id, type, account_id, amount_cents,
-          status, balance_cents, score, occurred_at, invalid_reason, first_in_batch)
+          status, balance_cents, score, occurred_at, invalid_reason, first_in_batch, producer_id, producer_seq,
+          batch_high)
 ON CONFLICT (partition, "offset") DO NOTHING
 """
 
 COLUMNS = ("partition", "offset", "ts", "key", "headers", "value", "event_id", "transaction_id", "type",
            "account_id", "amount_cents", "status", "balance_cents", "score", "occurred_at", "invalid_reason",
-           "first_in_batch")
+           "first_in_batch", "producer_id", "producer_seq", "batch_high")
 EVENT_FIELDS = ("event_id", "transaction_id", "type", "account_id", "amount_cents", "status", "balance_cents",
-                "score", "occurred_at")
+                "score", "occurred_at", "producer_id", "producer_seq")
 MAX_TEXT = 64_000  # a record's value kept as text up to this many characters (the lab's events are ~250)
 
 
@@ -121,7 +138,7 @@ def record_row(message: Message) -> dict[str, Any]:
     # Whatever types events.py decodes: the known fields get columns, the whole event its JSON.
     for name in EVENT_FIELDS:
         value = fields.get(name)
-        if name in ("amount_cents", "balance_cents", "score"):
+        if name in ("amount_cents", "balance_cents", "score", "producer_seq"):
             value = _int(value)
         elif value is not None:
             value = str(value)
@@ -354,17 +371,35 @@ class LogReader:
             row["first_in_batch"] = transaction_id is not None and transaction_id not in seen
             if transaction_id is not None:
                 seen.add(transaction_id)
-        params = {column: [row[column] for row in rows] for column in COLUMNS}
         with conn.transaction():
             oid = conn.execute(SCHEMA_OID_SQL, [mirror.lab.schema]).fetchone()
             if oid is None or oid[0] != mirror.oid:
                 return None
+            self._mark_producer_highs(conn, mirror, rows)
+            params = {column: [row[column] for row in rows] for column in COLUMNS}
             written = conn.execute(INSERT_SQL.format(schema=_q(mirror.lab.schema)), params).rowcount
         for row in rows:
             mirror.positions[row["partition"]] = max(mirror.positions.get(row["partition"], 0), row["offset"] + 1)
         self.stats.records += written
         self.stats.batches += 1
         return written
+
+    @staticmethod
+    def _mark_producer_highs(conn: psycopg.Connection, mirror: _Mirror, rows: list[dict[str, Any]]) -> None:
+        """Set each row's ``batch_high``: the highest producer_seq its producer had written to its
+        partition before it (the mirror so far, then this batch in offset order), or None."""
+        pairs = sorted({(row["partition"], row["producer_id"]) for row in rows if row["producer_id"] is not None})
+        highest: dict[tuple[int, str], int | None] = {}
+        if pairs:
+            sql = PRODUCER_HIGHS_SQL.format(schema=_q(mirror.lab.schema))
+            for partition, producer_id, high in conn.execute(sql, [[p for p, _ in pairs], [i for _, i in pairs]]):
+                highest[(partition, producer_id)] = high
+        for row in rows:
+            producer = (row["partition"], row["producer_id"])
+            row["batch_high"] = highest.get(producer)
+            if row["producer_id"] is not None:
+                highest[producer] = max(row["producer_seq"], row["batch_high"] if row["batch_high"] is not None
+                                        else row["producer_seq"])
 
     def poll_once(self, timeout: float | None = None) -> int:
         """One batch, read and written on the caller's thread. Returns the records written."""

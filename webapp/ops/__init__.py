@@ -4,6 +4,11 @@ Importing this package declares them all; callers use ``ops.call(name, ctx, body
 from __future__ import annotations
 
 from . import consumers, faults, groups, lab, publishing, reads  # noqa: F401  (declare the operations)
+from . import chaos  # noqa: F401  (chaos mode, issue 15)
+from . import notifications  # noqa: F401  (the external side effect, issue 13)
+from . import scale  # noqa: F401  (load generator, dedup table layout, issue 14)
+from . import throughput  # noqa: F401  (batch mode, commit mode, static membership, issue 14)
+from . import outbox  # noqa: F401  (the transactional outbox, issue 13)
 from .agent_commands import NoAgent
 from .faults import NoFaultProxy
 from .registry import (OPERATIONS, Args, Context, InvalidRequest, NotFound, Operation, add_hooks, by_step, call,

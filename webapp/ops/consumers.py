@@ -11,6 +11,7 @@ from ..domain.vocabulary import CONSUMER_VERBS, CRASH_POINTS, DEFAULT_GROUP, FAU
 from ..store import consumers as store
 from ..store import schema
 from ..store.labdata import say
+from . import limits
 from .agent_commands import run_command
 from .fields import Whole, consumer_id, named
 from .registry import Args, Context, InvalidRequest, NotFound, operation
@@ -49,6 +50,7 @@ def consumer_row(ctx: Context, consumer_id: int) -> dict:
 @operation("start_consumer", path="/consumers", status=201, step="start", cli="start-consumer",
            tags=("consumers",), summary="Start a consumer process in a group")
 def start_consumer(ctx: Context, args: StartConsumerArgs) -> dict:
+    limits.check_consumers(ctx)
     return run_command(ctx, "consumer.start", {"group": args.group, "strategy": args.strategy, "name": args.name})
 
 

@@ -7,9 +7,10 @@ the same thing.
 """
 from __future__ import annotations
 
+from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, BeforeValidator, Field
+from pydantic import AfterValidator, AliasChoices, BeforeValidator, Field
 
 from ..domain.lab import NAME, NAME_RULE
 from ..domain.vocabulary import Limits
@@ -30,8 +31,28 @@ def _no_bool(value: Any) -> Any:
     return value
 
 
+def _amount_text(value: Any) -> Any:
+    # A number typed as JSON (12.5) reads as the same text a form sends ("12.5"); a comma is a decimal point.
+    return str(value).strip().replace(",", ".") if isinstance(value, (int, float, Decimal)) else value
+
+
+def _amount_in_range(value: str | None) -> str | None:
+    if value is None:
+        return value
+    try:
+        amount = Decimal(value.strip().replace(",", "."))
+    except InvalidOperation:
+        raise ValueError("must be a positive amount like 100 or 12.50") from None
+    most = Limits.AMOUNT_CENTS[1]
+    if not amount.is_finite() or amount.as_tuple().exponent < -2 or not Decimal("0.01") <= amount <= most / 100:
+        raise ValueError(f"must be from 0.01 to {most / 100:,.2f}, two decimals at most")
+    return str(amount)
+
+
 Whole = Annotated[int, BeforeValidator(_no_bool)]
 Number = Annotated[float, BeforeValidator(_no_bool)]
+# An amount in currency units, as text ("12.50"): exact, two decimals at most, within the credit limits.
+Amount = Annotated[str | None, BeforeValidator(_amount_text), AfterValidator(_amount_in_range)]
 
 
 def _aliases(name_and_aliases: tuple[str, ...]) -> AliasChoices | None:

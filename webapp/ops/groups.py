@@ -101,6 +101,16 @@ def create_group(ctx: Context, args: CreateGroupArgs) -> dict:
     return {"group_id": group_id, "strategy": args.strategy, "effects_schema": effects_schema}
 
 
+def _group_settings(ctx: Context, group: str) -> Any:
+    """A group's current row; NotFound when there is none."""
+    group_id = ctx.lab.group_id(group)
+    with schema.connect_in(ctx.engine, ctx.lab.schema) as conn:
+        row = labdata.group(conn, group_id)
+    if row is None:
+        raise NotFound(f"no group {group_id} in lab {ctx.lab.name}")
+    return row
+
+
 def _update_group(ctx: Context, group: str, summary: str, **values: Any) -> str:
     group_id = ctx.lab.group_id(group)
     with schema.begin_in(ctx.engine, ctx.lab.schema) as conn:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from uuid import UUID
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
@@ -12,8 +12,9 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from .. import events
 from ..domain.vocabulary import PUBLISH_MODES, Limits
 from ..store import labdata, schema
+from . import limits
 from .agent_commands import run_command
-from .fields import Whole, account, transaction, within
+from .fields import Amount, Whole, account, transaction, within
 from .registry import Args, Context, InvalidRequest, operation
 
 MAX_CENTS = Limits.AMOUNT_CENTS[1]
@@ -29,7 +30,7 @@ class PublishArgs(Args):
     type: Literal[tuple(events.EVENT_TYPES)] = Field("credit", description="the event type")
     account_id: str = account()
     amount_cents: Whole = within(Limits.AMOUNT_CENTS, "a credit's amount in cents")
-    amount: str | None = Field(None, description="a credit's amount in currency units, like 12.50 "
+    amount: Amount = Field(None, description="a credit's amount in currency units, like 12.50 "
                                "(instead of amount_cents)")
     status: Literal[events.STATUSES] = Field(None, description="set_status: the status to set")
     balance_cents: Whole = within((0, MAX_CENTS), "set_balance: the absolute balance in cents")
@@ -43,24 +44,9 @@ class PublishArgs(Args):
     poison_kind: Literal[tuple(events.POISON_PILLS)] = Field(
         "not-json", validation_alias=AliasChoices("poison_kind"), description="poison: which malformed record")
     idempotent: bool = Field(True, description="enable.idempotence on the producer")
-
-    @field_validator("amount", mode="before")
-    @classmethod
-    def _amount_text(cls, value: Any) -> Any:
-        return str(value).strip().replace(",", ".") if isinstance(value, (int, float, Decimal)) else value
-
-    @field_validator("amount")
-    @classmethod
-    def _amount_in_range(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        try:
-            amount = Decimal(value.strip().replace(",", "."))
-        except InvalidOperation:
-            raise ValueError("must be a positive amount like 100 or 12.50") from None
-        if not amount.is_finite() or amount.as_tuple().exponent < -2 or not Decimal("0.01") <= amount <= MAX_CENTS / 100:
-            raise ValueError(f"must be from 0.01 to {MAX_CENTS / 100:,.2f}, two decimals at most")
-        return str(amount)
+    max_in_flight: Whole = within(Limits.MAX_IN_FLIGHT, "max.in.flight.requests.per.connection on the producer "
+                                  "(empty: librdkafka's default); with idempotence off and more than one, a retried "
+                                  "batch can land after a later one")
 
     @model_validator(mode="after")
     def _what_the_mode_needs(self) -> "PublishArgs":
@@ -85,6 +71,8 @@ class PublishArgs(Args):
     def command_args(self) -> dict[str, Any]:
         """The agent's publish command: only what the mode uses."""
         args: dict[str, Any] = {"mode": self.mode, "idempotent": self.idempotent}
+        if self.max_in_flight is not None:
+            args["max_in_flight"] = self.max_in_flight
         if self.mode == "poison":
             args["poison_kind"] = self.poison_kind
             return args
@@ -109,6 +97,7 @@ class PublishArgs(Args):
 @operation("publish", path="/publish", status=201, step="publish", tags=("events",),
            summary="Publish payment events through the agent's producer, and journal them")
 def publish(ctx: Context, args: PublishArgs) -> dict:
+    limits.check_burst(ctx, args.count if args.mode == "burst" else None)
     return run_command(ctx, "publish", args.command_args(), field="mode")
 
 

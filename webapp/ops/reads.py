@@ -33,7 +33,11 @@ def get_state(ctx: Context, args: NoArgs) -> dict:
             "groups": state.groups_list(session),
             "consumers": [consumer_json(c) for c in state.consumers(session, lab)],
             "partitions": [{"partition": p.partition, "log_end": p.log_end, "committed": p.committed,
-                            "positions": p.positions} for p in state.partitions(session, lab)],
+                            "positions": p.positions,
+                            # records of the strip that landed after a later one of their producer
+                            "out_of_order": [{"offset": c.offset, "why": c.out_of_order}
+                                             for c in p.cells if c.out_of_order]}
+                           for p in state.partitions(session, lab)],
             "ttl": get_ttl(ctx, NoArgs()),
             "lanes": lane_states(session, lab),
         }

@@ -12,6 +12,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from .outbox import republish_origin
+
 LIMIT = 10
 
 # Transactions whose delta was applied more than once in this copy (payment rows and ledger rows).
@@ -234,7 +236,10 @@ def why_applied_twice(ctx: _Context, transaction_id: str, effects: int) -> dict[
     if d1["event_id"] == d2["event_id"]:
         modes = {(r["partition"], r["offset"]): r["journal_mode"] for r in records}
         unjournaled = [pos for pos, mode in modes.items() if mode is None]
-        if unjournaled and len(unjournaled) < len(modes):
+        relayed_twice = republish_origin(ctx.session, ctx.journal, d1["event_id"])
+        if relayed_twice:
+            origin = relayed_twice
+        elif unjournaled and len(unjournaled) < len(modes):
             origin = "a producer retry after a lost ack wrote it again"
         elif "resend" in modes.values():
             origin = "the lab resent it (an application-level retry)"

@@ -26,7 +26,10 @@ SUBJECTS = {"consumer": ("consumer", "state", "assigned", "step_at", "applied", 
             "account": ("account", "balance", "status", "lane"), "dedup": ("dedup", "rows", "oldest_age", "lane"),
             "log_end": ("log_end",), "all": ("all",)}
 WAIT_KEYS = tuple(dict.fromkeys(key for keys in SUBJECTS.values() for key in keys)) + ("timeout",)
-EXPECT_KEYS = ("verdict", "accounts", "dlq", "commit_failures", "dedup", "log_end", "lanes")
+EXPECT_KEYS = ("verdict", "accounts", "dlq", "commit_failures", "dedup", "log_end", "lanes", "notifications",
+               "out_of_order")
+# Per account, as the Notifications panel counts them (webapp/readmodel/notifications.py).
+NOTIFICATION_FIELDS = ("sent", "received", "delivered", "duplicates", "replays")
 LANE_EXPECT_KEYS = ("verdict", "accounts", "dedup")
 
 
@@ -238,6 +241,10 @@ class ConditionChecker(Checker):
                 result.append(Expectation("commit failures (all consumers)", "commit_failures", {},
                                           self.comparison(value, expect.line_of("commit_failures"),
                                                           "expect.commit_failures"), expect.line_of("commit_failures")))
+        if "notifications" in expect:
+            self._notifications(expect, result)
+        if "out_of_order" in expect:
+            self._out_of_order(expect, result)
         if "lanes" in expect:
             lanes = self.mapping(expect["lanes"], expect.line_of("lanes"), "expect.lanes")
             for lane, scope in lanes.items():
@@ -248,6 +255,31 @@ class ConditionChecker(Checker):
                 self.keys(scope, LANE_EXPECT_KEYS, where=f"expect.lanes.{lane}")
                 self._scope(scope, lane, result, f"expect.lanes.{lane}")
         return result
+
+    def _out_of_order(self, expect: LocatedDict, result: list) -> None:
+        """``out_of_order: {acc-1: ">= 1", acc-2: 0}``: records of each account that landed after a
+        record their producer sent later (webapp/readmodel/ordering.py)."""
+        accounts = self.mapping(expect["out_of_order"], expect.line_of("out_of_order"), "expect.out_of_order")
+        if not accounts:
+            self.fail(accounts.line, "expect.out_of_order: give at least one account and a count")
+        for account, value in accounts.items():
+            result.append(Expectation(f"{account} records out of order", "out_of_order", {"account": account},
+                                      self.comparison(value, accounts.line_of(account), f"expect.out_of_order.{account}"),
+                                      accounts.line_of(account)))
+
+    def _notifications(self, expect: LocatedDict, result: list) -> None:
+        """``notifications: {acc-1: {sent: 2, received: 2, duplicates: 1}}``: the lab's, per account."""
+        accounts = self.mapping(expect["notifications"], expect.line_of("notifications"), "expect.notifications")
+        for account, spec in accounts.items():
+            here = f"expect.notifications.{account}"
+            spec = self.mapping(spec, accounts.line_of(account), here)
+            self.keys(spec, NOTIFICATION_FIELDS, where=here)
+            if not spec:
+                self.fail(spec.line, f"{here}: give {', '.join(NOTIFICATION_FIELDS)}")
+            for key, value in spec.items():
+                result.append(Expectation(f"{account} notifications {key}", "notifications",
+                                          {"account": account, "field": key},
+                                          self.comparison(value, spec.line_of(key), f"{here}.{key}"), spec.line_of(key)))
 
     def _scope(self, scope: LocatedDict, lane: str | None, result: list, where: str) -> None:
         prefix, target = (f"lane {lane}: ", {"lane": lane}) if lane else ("", {})

@@ -109,7 +109,8 @@ def describe_step(action: str, a: dict[str, Any], refs: dict[str, str]) -> str:
         else:
             what = f"{a['type']} {a.get('account_id')} = " + next(
                 (str(a[k]) for k in ("status", "balance_cents", "score") if k in a), "?")
-        plain = "" if a.get("idempotent", True) else " (plain producer)"
+        plain = ("" if a.get("idempotent", True) else " (plain producer)") + (
+            f", {a['max_in_flight']} request(s) in flight" if a.get("max_in_flight") else "")
         return (f"publish {a.get('count', 10)} × {what}" if mode == "burst" else f"publish {what}") + plain
     if action == "start":
         return (f"start consumer {a['name']} in group {a.get('group', DEFAULT_GROUP)}"

@@ -3,6 +3,7 @@ so every error a scenario file gets names ``file:line`` and what was wrong there
 from __future__ import annotations
 
 import difflib
+import reprlib
 from typing import Any, Iterable
 
 import yaml
@@ -47,8 +48,55 @@ def located(line: int, **values: Any) -> LocatedDict:
     return result
 
 
+# Deeper than this is not a scenario; stopping here keeps PyYAML's recursive composer off Python's stack limit.
+MAX_DEPTH = 50
+class _ShortRepr(reprlib.Repr):
+    """A few items and characters of a value, however large (or aliased) it is."""
+
+    def __init__(self):
+        super().__init__()
+        self.maxlevel, self.maxlist, self.maxdict, self.maxstring, self.maxother, self.maxlong = 2, 4, 4, 60, 60, 40
+
+    # reprlib dispatches on the type's name: the located containers are cut short as list and dict.
+    def repr_LocatedList(self, value, level):
+        return self.repr_list(value, level)
+
+    def repr_LocatedDict(self, value, level):
+        return self.repr_dict(value, level)
+
+
+_SHOWN = _ShortRepr()
+
+
+def shown(value: Any) -> str:
+    """``repr(value)``, cut short: an error message quotes what was wrong, not a whole structure."""
+    return _SHOWN.repr(value)
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that keeps line numbers and refuses duplicate keys."""
+    """SafeLoader that keeps line numbers, refuses duplicate keys and nesting deeper than MAX_DEPTH,
+    and names the line of a scalar it cannot construct (a 5,000-digit number, February 30)."""
+
+    depth = 0
+
+    def compose_node(self, parent, index):
+        if self.depth >= MAX_DEPTH:
+            raise ScenarioError(self.name, self.peek_event().start_mark.line + 1,
+                                f"not valid here: nested deeper than {MAX_DEPTH} levels")
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep=deep)
+        except ScenarioError:
+            raise
+        except (ValueError, OverflowError) as error:
+            raise ScenarioError(self.name, node.start_mark.line + 1,
+                                f"cannot read the value {shown(node.value)}: {error}") from None
 
 
 def _mapping(loader: _Loader, node: yaml.MappingNode) -> LocatedDict:
@@ -59,7 +107,7 @@ def _mapping(loader: _Loader, node: yaml.MappingNode) -> LocatedDict:
         key = loader.construct_object(key_node, deep=True)
         line = key_node.start_mark.line + 1
         if not isinstance(key, (str, int)):
-            raise ScenarioError(loader.name, line, f"a key must be a word, not {key!r}")
+            raise ScenarioError(loader.name, line, f"a key must be a word, not {shown(key)}")
         if key in result:
             raise ScenarioError(loader.name, line, f"key {key!r} appears twice (first on line {result.lines[key]})")
         result[key] = loader.construct_object(value_node, deep=True)
@@ -81,16 +129,21 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _sequen
 
 
 def parse_yaml(text: str, source: str) -> Any:
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)  # the reader refuses control characters here, before any parsing
+    except yaml.reader.ReaderError as error:
+        line = text.count("\n", 0, error.position) + 1
+        raise ScenarioError(source, line, f"not valid YAML: character #x{error.character:04x} is not allowed "
+                            "(a control character)") from None
     loader.name = source
     try:
         return loader.get_single_data()
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
-        raise ScenarioError(source, mark.line + 1 if mark else None,
+        raise ScenarioError(source, mark.line + 1 if mark else 1,
                             f"not valid YAML: {error.problem or error.context}") from None
     except yaml.YAMLError as error:
-        raise ScenarioError(source, None, f"not valid YAML: {error}") from None
+        raise ScenarioError(source, 1, f"not valid YAML: {error}") from None
     finally:
         loader.dispose()
 
@@ -108,6 +161,8 @@ def kind(value: Any) -> str:
 
 def hint(value: Any, choices: Iterable[Any]) -> str:
     """``; did you mean 'x'?`` for the closest choice, or nothing."""
+    if not isinstance(value, (str, int, float)):
+        return ""  # a list or a mapping is no misspelt word (and str() of an aliased one can be huge)
     close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
     return f"did you mean {close[0]!r}?" if close else ""
 
@@ -154,7 +209,8 @@ class Checker:
         value = mapping[key]
         if value not in choices:
             close = hint(value, choices)
-            self.fail(mapping.line_of(key), f"{where}.{key}: {value!r} is not one of {', '.join(map(str, choices))}"
+            self.fail(mapping.line_of(key), f"{where}.{key}: {shown(value)} is not one of "
+                      f"{', '.join(map(str, choices))}"
                       + (f"; {close}" if close else ""))
         return value
 
@@ -167,12 +223,12 @@ class Checker:
         ok = isinstance(value, int) if whole else isinstance(value, (int, float))
         if not ok or isinstance(value, bool) or not low <= value <= high:
             self.fail(mapping.line_of(key), f"{where}.{key} must be a {'whole ' if whole else ''}number from "
-                      f"{low} to {high}, not {value!r}")
+                      f"{low} to {high}, not {shown(value)}")
         return value
 
     def flag(self, mapping, key, where, default: bool) -> bool:
         if key not in mapping:
             return default
         if not isinstance(mapping[key], bool):
-            self.fail(mapping.line_of(key), f"{where}.{key} must be true or false, not {mapping[key]!r}")
+            self.fail(mapping.line_of(key), f"{where}.{key} must be true or false, not {shown(mapping[key])}")
         return mapping[key]

@@ -14,6 +14,8 @@ from sqlalchemy import Engine, text
 from .. import state, verdict as verdict_module
 from ..db import CONTROL_SCHEMA
 from ..domain.lab import Lab
+from ..readmodel import notifications as notifications_readmodel
+from ..readmodel import ordering
 from ..store.schema import enter
 
 C = CONTROL_SCHEMA
@@ -30,6 +32,8 @@ class Snapshot:
     committed: dict[str, dict[int, int | None]] = field(default_factory=dict)
     log_ends: dict[str | None, dict[int, int]] = field(default_factory=dict)
     partitions: int = 1
+    notifications: dict[str, dict[str, Any]] = field(default_factory=dict)  # account -> sent, received, ...
+    out_of_order: dict[str, int] = field(default_factory=dict)  # account -> records that landed out of order
 
     def log_end_total(self) -> int:
         """Records in the topic as the lab knows them: per partition, the furthest of the journal
@@ -68,6 +72,8 @@ def observe(engine: Engine, lab: Lab) -> Snapshot:
         enter(conn, lab.schema)
         settings = dict(conn.execute(text("SELECT key, value FROM settings")).all())
         snap.partitions = int(settings.get("partitions", 1))
+        snap.notifications = {row["account_id"]: row for row in notifications_readmodel.accounts(conn)}
+        snap.out_of_order = ordering.by_account(conn)
         lanes: dict[str, str | None] = {lab.schema: None}
         for group_id, strategy, schema in conn.execute(text(
                 "SELECT group_id, strategy, effects_schema FROM consumer_groups")):

@@ -226,6 +226,10 @@ def observed_value(expectation: Expectation, snap: Snapshot, run: RunState) -> A
         return snap.dedup.get(lane, {}).get(target["table"], {}).get("rows")
     if expectation.kind == "log_end":
         return snap.log_end_total()
+    if expectation.kind == "notifications":
+        return snap.notifications.get(target["account"], {}).get(target["field"], 0)
+    if expectation.kind == "out_of_order":
+        return snap.out_of_order.get(target["account"], 0)
     return None
 
 

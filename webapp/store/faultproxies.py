@@ -37,3 +37,18 @@ def notify(conn: Connection, channel: str, name: str) -> None:
 def taken(conn: Connection, name: str, version: int) -> bool:
     """The proxy acknowledged setting ``version``."""
     return bool(conn.execute(select(proxies.c.seen_version >= version).where(proxies.c.name == name)).scalar())
+
+
+def cut(conn: Connection, name: str, client_ids: list[str], fresh_seconds: float) -> int | None:
+    """Ask a running proxy to close the connections of ``client_ids`` (chaos); the request's
+    version, or None when no proxy runs."""
+    return conn.execute(update(proxies).where(proxies.c.name == name, fresh(fresh_seconds))
+                        .values(cut_version=proxies.c.cut_version + 1, cut_client_ids=list(client_ids))
+                        .returning(proxies.c.cut_version)).scalar()
+
+
+def connections_cut(conn: Connection, name: str, version: int) -> int | None:
+    """The proxy's count of cut connections once it carried out cut ``version``; None before."""
+    row = conn.execute(select(proxies.c.seen_cut_version, proxies.c.connections_cut)
+                       .where(proxies.c.name == name)).first()
+    return int(row.connections_cut) if row is not None and row.seen_cut_version >= version else None

@@ -37,6 +37,11 @@ def add_group(conn: Connection, group_id: str, strategy: str, effects_schema: st
     return created is not None
 
 
+def group(conn: Connection, group_id: str) -> Any:
+    """A consumer group's row (its settings), or None."""
+    return conn.execute(select(groups_table).where(groups_table.c.group_id == group_id)).first()
+
+
 def update_group(conn: Connection, group_id: str, **values: Any) -> bool:
     """Change a group's settings; False when there is no such group."""
     changed = conn.execute(update(groups_table).where(groups_table.c.group_id == group_id).values(**values)

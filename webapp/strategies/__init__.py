@@ -17,11 +17,17 @@ class UnknownStrategy(ValueError):
     pass
 
 
-def get(name: str) -> Strategy:
+def get(name: str, partitioned: bool = False) -> Strategy:
+    """The strategy ``name``; with ``partitioned``, its variant for a ``processed_events``
+    partitioned by day (strategies/partitioned.py), for the strategies that claim in that table."""
     try:
-        return STRATEGIES[name]
+        strategy = STRATEGIES[name]
     except KeyError:
         raise UnknownStrategy(f"strategy must be one of {', '.join(NAMES)}: {name!r}") from None
+    if partitioned:
+        from .partitioned import STRATEGIES as PARTITIONED
+        return PARTITIONED.get(name, strategy)
+    return strategy
 
 
 __all__ = ["NAMES", "ON_UNIQUE_VIOLATION", "POINTS", "STRATEGIES", "Strategy", "UnknownStrategy", "get"]

@@ -100,12 +100,26 @@ class Strategy:
     teaches: str
     plan: tuple[Step, ...]
     apply: Callable[[Context, PaymentEvent], str]
+    # Batch mode (webapp/strategies/batching.py): one transaction per batch; its plan shows the
+    # statements apply_batch runs, the same string objects.
+    batch_plan: tuple[Step, ...] = ()
+    apply_batch: Callable[[Any, list], None] | None = None
 
     @property
     def points(self) -> tuple[str, ...]:
         """The crash points this strategy passes; arming another one has no effect."""
         names = [step.text for step in self.plan if step.kind == "point"]
         return tuple(p for p in POINTS if p in names)
+
+    @property
+    def batch_points(self) -> tuple[str, ...]:
+        """The crash points a batch passes (once per batch)."""
+        names = [step.text for step in self.batch_plan if step.kind == "point"]
+        return tuple(p for p in POINTS if p in names)
+
+    @property
+    def batch_statements(self) -> tuple[str, ...]:
+        return tuple(step.text for step in self.batch_plan if step.kind == "sql")
 
     @property
     def statements(self) -> tuple[str, ...]:

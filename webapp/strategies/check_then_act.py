@@ -9,9 +9,12 @@ transaction, the late one would have hit the constraint and rolled back — that
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..events import PaymentEvent
 from .base import (ABSORBED, APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Strategy, apply_effect, ddl,
                    effect_steps, note, params, point, sql)
+from .batching import looped, looped_plan
 
 KEY_TABLE = "seen_events"
 # What webapp/models.py defines (tests/test_strategies.py checks the live table has no unique index).
@@ -52,4 +55,9 @@ STRATEGY = Strategy(
           note("READ COMMITTED: the SELECT sees only committed keys, so a concurrent apply is invisible to it. "
                "A unique key here would make the late transaction fail and roll back its effect: see insert-first.")),
     apply=apply,
+    apply_batch=looped(apply),
 )
+
+# Batch mode: the per-message statements in a loop, one transaction per batch (batching.looped).
+STRATEGY = replace(STRATEGY, batch_plan=looped_plan(
+    STRATEGY.plan, "the lesson is the race between one record's SELECT and its INSERT; a set-based check would hide it."))

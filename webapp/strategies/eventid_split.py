@@ -8,7 +8,9 @@ from __future__ import annotations
 from ..events import PaymentEvent
 from .base import (ABSORBED, APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Strategy, apply_effect,
                    effect_steps, params, point, sql)
-from .eventid_atomic import CLAIM
+from .batching import (RECORD_BATCH_STEP, BatchContext, Item, apply_effects, batch_ends, effect_batch_steps,
+                       first_claims)
+from .eventid_atomic import BATCH_CLAIM, CLAIM, event_key
 
 
 def apply(ctx: Context, event: PaymentEvent) -> str:
@@ -24,6 +26,18 @@ def apply(ctx: Context, event: PaymentEvent) -> str:
     return APPLIED
 
 
+def apply_batch(ctx: BatchContext, items: list[Item]) -> None:
+    ctx.checkpoint("before-effect")
+    with ctx.transaction():
+        claimed = {str(row[0]) for row in ctx.execute(BATCH_CLAIM, {"keys": [event_key(i) for i in items]}).fetchall()}
+        fresh = first_claims(items, claimed, event_key)
+        ctx.record_batch([item for item in items if item.outcome == ABSORBED])
+    ctx.checkpoint("between-key-and-effect")
+    with ctx.transaction():
+        apply_effects(ctx, fresh)
+        ctx.record_batch(fresh)
+
+
 STRATEGY = Strategy(
     name="eventid-split",
     title="Event id key, split over two transactions",
@@ -33,4 +47,10 @@ STRATEGY = Strategy(
           BEGIN, *effect_steps(), RECORD_STEP, COMMIT,
           point("after-effect-before-commit"), point("after-commit")),
     apply=apply,
+    batch_plan=(point("before-effect"), BEGIN, sql(BATCH_CLAIM, "the batch's keys, committed on their own"),
+                RECORD_BATCH_STEP, COMMIT,
+                point("between-key-and-effect", "the batch's keys are committed, its effects are not: a crash here "
+                                                "loses every effect of the batch"),
+                BEGIN, *effect_batch_steps(), *batch_ends()),
+    apply_batch=apply_batch,
 )

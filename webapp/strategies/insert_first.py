@@ -13,8 +13,11 @@ from __future__ import annotations
 from ..events import PaymentEvent
 from .base import (APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Strategy, apply_effect, effect_steps, note,
                    params, point, sql)
+from .batching import BatchContext, Item, apply_effects, batch_ends, effect_batch_steps
 
 CLAIM = "INSERT INTO processed_events (event_id, processed_at) VALUES (%(event_id)s, now())"
+BATCH_CLAIM = ("INSERT INTO processed_events (event_id, processed_at)\n"
+               "SELECT event_id, now() FROM unnest(%(keys)s::uuid[]) AS k(event_id)")
 
 
 def apply(ctx: Context, event: PaymentEvent) -> str:
@@ -26,6 +29,17 @@ def apply(ctx: Context, event: PaymentEvent) -> str:
         apply_effect(ctx, event)
         ctx.record_delivery(event, APPLIED)
     return APPLIED
+
+
+def apply_batch(ctx: BatchContext, items: list[Item]) -> None:
+    ctx.checkpoint("before-effect")
+    with ctx.transaction():
+        # One key seen before (or twice in the batch) raises UniqueViolation: the whole batch rolls
+        # back and the consumer applies its records one by one, each with its own outcome.
+        ctx.execute(BATCH_CLAIM, {"keys": [item.event.event_id for item in items]})
+        ctx.checkpoint("between-key-and-effect")
+        apply_effects(ctx, items)
+        ctx.record_batch(items)
 
 
 STRATEGY = Strategy(
@@ -50,4 +64,10 @@ STRATEGY = Strategy(
           note("Group setting on_unique_violation: already-processed (as above, the seed's way) or retry "
                "(a generic error: retried with backoff while the partition stalls, then the dead-letter topic).")),
     apply=apply,
+    batch_plan=(point("before-effect"), BEGIN,
+                sql(BATCH_CLAIM, "every key of the batch, no ON CONFLICT: one duplicate raises unique_violation and "
+                                 "aborts the whole batch, which is rolled back and applied again one record at a "
+                                 "time (the per-message plan), where the duplicate alone is absorbed"),
+                point("between-key-and-effect"), *effect_batch_steps(), *batch_ends()),
+    apply_batch=apply_batch,
 )

@@ -13,9 +13,12 @@ same value, so the guard never does the dedup work; it only orders distinct even
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..events import PaymentEvent
 from .base import (ABSORBED, ACCOUNT_EXISTS, APPLIED, BEGIN, COMMIT, CREDIT_BALANCE, INSERT_PAYMENT, RECORD_STEP,
                    Context, Strategy, no_account, note, params, point, sql)
+from .batching import looped, looped_plan
 
 GUARDED_SET_STATUS = ("UPDATE accounts SET status = %(status)s, status_at = %(occurred_at)s\n"
                       "WHERE id = %(account_id)s AND (status_at IS NULL OR status_at <= %(occurred_at)s)")
@@ -74,4 +77,9 @@ STRATEGY = Strategy(
                "itself; the guard only keeps distinct events in event-time order. No processed_events, no "
                "processed_transactions, no ledger.")),
     apply=apply,
+    apply_batch=looped(apply),
 )
+
+# Batch mode: the per-message statements in a loop, one transaction per batch (batching.looped).
+STRATEGY = replace(STRATEGY, batch_plan=looped_plan(
+    STRATEGY.plan, "each set's event-time guard orders it against the value before it, and a credit is a plain delta."))

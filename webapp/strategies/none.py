@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..events import PaymentEvent
 from .base import (APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Strategy, apply_effect, effect_steps, point)
+from .batching import BatchContext, Item, apply_effects, plain_batch_plan
 
 
 def apply(ctx: Context, event: PaymentEvent) -> str:
@@ -13,6 +14,13 @@ def apply(ctx: Context, event: PaymentEvent) -> str:
     return APPLIED
 
 
+def apply_batch(ctx: BatchContext, items: list[Item]) -> None:
+    ctx.checkpoint("before-effect")
+    with ctx.transaction():
+        apply_effects(ctx, items)
+        ctx.record_batch(items)
+
+
 STRATEGY = Strategy(
     name="none",
     title="No deduplication",
@@ -21,4 +29,6 @@ STRATEGY = Strategy(
           point("after-effect-before-commit", "the classic window: effect committed, offset not yet"),
           point("after-commit")),
     apply=apply,
+    batch_plan=plain_batch_plan(),
+    apply_batch=apply_batch,
 )

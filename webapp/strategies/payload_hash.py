@@ -21,11 +21,14 @@ reason recorded in the delivery ledger.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from typing import Any
 
 from ..events import PaymentEvent
 from .base import (ABSORBED, APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Strategy, apply_effect, ddl,
                    effect_steps, note, params, point, sql)
+from .batching import looped, looped_plan
 
 KEY_TABLE_DDL = ("CREATE TABLE processed_payloads (\n"
                  "    payload_hash text PRIMARY KEY,   -- sha256 (hex) of the canonical content\n"
@@ -85,4 +88,9 @@ STRATEGY = Strategy(
                "the second is skipped and its credit lost. Cutting the time coarser merges more; keeping it to the "
                "millisecond lets a re-stamped source duplicate through.")),
     apply=apply,
+    apply_batch=looped(apply),
 )
+
+# Batch mode: the per-message statements in a loop, one transaction per batch (batching.looped).
+STRATEGY = replace(STRATEGY, batch_plan=looped_plan(
+    STRATEGY.plan, "the key is computed from each record's content by its own statement."))

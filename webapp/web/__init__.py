@@ -15,7 +15,10 @@ from ..labs import Lab
 
 
 def current_lab() -> Lab:
-    return Lab(current_app.config["LAB_NAME"])
+    """The lab this request works in: in classroom mode the session's own lab (or the one it views
+    read-only, see classroom.request_lab), else LAB_NAME. Every blueprint resolves it here."""
+    from .classroom import request_lab
+    return request_lab()
 
 
 @contextmanager
@@ -27,7 +30,7 @@ def lab_db() -> Iterator[tuple[Lab, Session]]:
 
 
 def register_blueprints(app: Flask) -> None:
-    from . import api, auth, controls, dashboard, health, scenarios
+    from . import api, auth, classroom, controls, dashboard, health, scenarios
 
     app.register_blueprint(dashboard.bp)
     app.register_blueprint(controls.bp)
@@ -35,6 +38,7 @@ def register_blueprints(app: Flask) -> None:
     app.register_blueprint(auth.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(scenarios.bp)
+    classroom.init_app(app)
     from ..security import csrf
     csrf.exempt(api.bp)
     register_error_pages(app)

@@ -5,7 +5,7 @@ from urllib.parse import urlparse
 
 from flask import Blueprint, current_app, redirect, render_template, request, session, url_for
 
-from ..security import token_matches
+from ..security import client_address, token_guesses, token_matches, too_many_guesses
 
 bp = Blueprint("auth", __name__)
 
@@ -24,9 +24,15 @@ def sign_in():
         return redirect(url_for("dashboard.index"))
     error = None
     if request.method == "POST":
+        # Limited per address (ratelimit.py); while refused, the token is not even compared.
+        wait = token_guesses().retry_after(client_address())
+        if wait:
+            return too_many_guesses(wait)
         if token_matches(request.form.get("token"), token):
+            token_guesses().forget(client_address())
             session["lab_token_ok"] = True
             return redirect(_safe_next(request.form.get("next")))
+        token_guesses().record_failure(client_address())
         error = "That token is not this lab's token."
     return render_template("auth/sign_in.html", error=error, next=request.args.get("next", "")), (
         401 if error else 200)

@@ -21,7 +21,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from .. import ops, state, strategies
 from ..db import db
+from ..readmodel import notifications as notifications_readmodel
 from ..strategies.base import SESSION_SETTINGS
+from ..strategies.notification import strategy_with
 from . import current_lab, lab_db
 
 bp = Blueprint("dashboard", __name__)
@@ -104,11 +106,14 @@ def partitions_panel(lab, session, args) -> dict[str, Any]:
     return {"partitions": state.partitions(session, lab), "groups": groups, "shown_group": shown, "readers": readers}
 
 
-@panel("consumers", depends=("consumers", "groups", "offsets"))
+@panel("consumers", depends=("consumers", "groups", "offsets", "notifications"))
 def consumers_panel(lab, session, args) -> dict[str, Any]:
     consumers = state.consumers(session, lab)
+    notify = notifications_readmodel.settings_by_group(session)
     for consumer in consumers:
         strategy = strategies.STRATEGIES.get(consumer["strategy"] or "")
+        if strategy and consumer["group_id"] in notify:
+            strategy = strategy_with(strategy, notify[consumer["group_id"]])  # its points include the call's
         consumer["points"] = strategy.points if strategy else strategies.POINTS
         consumer["live"] = consumer["state"] in state.LIVE_STATES
     return {"consumers": consumers, "groups": state.groups_list(session)}
@@ -143,16 +148,23 @@ def chart_panel(lab, session, args) -> dict[str, Any]:
     return {}
 
 
-@panel("sql", depends=("groups", "consumers", "settings"))
+@panel("sql", depends=("groups", "consumers", "settings", "notifications"))
 def sql_panel(lab, session, args) -> dict[str, Any]:
     groups = state.groups_list(session)
     chosen = args.get("strategy")
     if chosen not in strategies.STRATEGIES:
         chosen = groups[0]["strategy"] if groups else "none"
-    strategy = strategies.STRATEGIES[chosen]
+    # A group that notifies runs the plan with the call and the crash points around it.
+    # A partitioned processed_events (issue 14) has its own claim: the plan shows the one that runs.
+    from ..readmodel.scale import layout_of
+    partitioned = layout_of(session) == "partitioned-by-day"
+    strategy = strategy_with(strategies.get(chosen, partitioned=partitioned),
+                             notifications_readmodel.settings_for_strategy(session, chosen))
     consumers = [c for c in state.consumers(session, lab)
                  if c["strategy"] == chosen and c["state"] in state.LIVE_STATES + ("crashed",)]
     return {"strategy": strategy, "strategies": strategies.STRATEGIES, "blocks": plan_blocks(strategy.plan),
+            # Batch mode's plan (dashboard/panels/_batch_plan.html): the statements apply_batch runs.
+            "batch_blocks": plan_blocks(strategy.batch_plan),
             "groups": [g["group_id"] for g in groups if g["strategy"] == chosen],
             "armed": {p: [c for c in consumers if c["armed_point"] == p] for p in strategy.points},
             "here": {p: [c for c in consumers if c["step_at"] == p] for p in strategy.points},
@@ -166,6 +178,42 @@ def status_panel(lab, session, args) -> dict[str, Any]:
     agent = state.agent_health(session)
     alive = bool(agent) and agent["age"] is not None and float(agent["age"]) < state.AGENT_STALE_SECONDS
     return {"agent": agent, "alive": alive}
+
+
+@panel("chaos", depends=("timeline", "journal", "effects", "offsets", "groups", "agent"))
+def chaos_panel(lab, session, args) -> dict[str, Any]:
+    """Chaos mode (issue 15): the sessions, the actions so far, and whether the verdict holds."""
+    from ..readmodel.chaos import panel_data
+    return panel_data(session, lab, db.engine)
+
+
+@panel("notifications", depends=("notifications",))
+def notifications_panel(lab, session, args) -> dict[str, Any]:
+    """The external side effect: per account, sent by the consumers and received by the service."""
+    return {"groups": notifications_readmodel.group_settings(session),
+            "accounts": notifications_readmodel.accounts(session),
+            "duplicates": notifications_readmodel.duplicates(session)}
+
+
+@panel("load", depends=("load",))
+def load_panel(lab, session, args) -> dict[str, Any]:
+    """The load generator's newest runs: progress, rate, ratios, state (issue 14)."""
+    from ..readmodel.scale import load_runs
+    return {"runs": load_runs(session)}
+
+
+@panel("dedup_scale", depends=("dedup_scale", "settings"))
+def dedup_scale_panel(lab, session, args) -> dict[str, Any]:
+    """Dedup tables at scale: rows, sizes, sampled key-insert latency, the last cleanup, the layout."""
+    from ..readmodel.scale import day_partitions, dedup_scale, layout_of
+    return {"tables": dedup_scale(session), "layout": layout_of(session), "partitions": day_partitions(session)}
+
+
+@panel("outbox", depends=("outbox",))
+def outbox_panel(lab, session, args) -> dict[str, Any]:
+    """The transactional outbox: pending and sent rows, the newest, the relay, its republished events."""
+    from ..readmodel.outbox import outbox
+    return outbox(session)
 
 
 @panel("group_controls", depends=("groups",), template="controls/groups.html")

@@ -28,6 +28,7 @@ from ..scenarios import ScenarioError, built_in, guided, load
 from ..scenarios.loader import SEEDS, Scenario
 from ..scenarios.observe import observe
 from ..scenarios.runner import RunState, check_expectations, fresh_lab_name
+from . import classroom
 
 log = logging.getLogger("idempotency_lab.web")
 # How long a click waits for an agent to take the step (it answers at once and runs it on a thread).
@@ -100,7 +101,7 @@ def index():
 @bp.post("/<name>/runs")
 def start(name: str):
     scenario = _scenario(name)
-    lab = Lab(fresh_lab_name(db.engine, scenario.name))
+    lab = classroom.guided_run_lab() or Lab(fresh_lab_name(db.engine, scenario.name))
     run = RunState(scenario=scenario.name, lab=lab.name)
     with db.engine.begin() as conn:
         run_id = conn.execute(text(f"INSERT INTO {C}.scenario_runs (scenario, lab, status, progress) "
@@ -135,6 +136,7 @@ def guide(run_id: int):
 @bp.post("/runs/<int:run_id>/next")
 def next_step(run_id: int):
     row = _run_row(run_id)
+    classroom.require_drivable(row["lab"])
     if not guided.claim(db.engine, run_id):
         return _respond(run_id, error="A step of this run is already running; wait for it."), 409
     if not commands.live_agents(db.engine):

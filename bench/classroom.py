@@ -1,0 +1,268 @@
+"""A class on one server: N simulated attendees each run exercise 1 in their own lab at once.
+
+Starts a private stack the way `make run` does (embedded PostgreSQL and Tansu, one lab agent,
+the web app under gunicorn with its own config) in classroom mode, then N attendees, each a
+browser session of its own over HTTP: join with a name and the class code, start exercise 1
+(guided mode, in the attendee's own lab), press "next step" until the run ends, as a person
+clicking would. Meanwhile the instructor's board (/class) is asked once a second.
+
+Prints how many runs passed, the wall time, the peak memory (RSS) and CPU time of the agent
+(with its consumers and log reader), the web app (gunicorn master and workers) and PostgreSQL,
+and the board's response times.
+
+    .venv/bin/python bench/classroom.py [--attendees 20] [--web-workers 2]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from webapp.embedded import EmbeddedBroker, EmbeddedPostgres, stop_process  # noqa: E402
+from webapp.migrations import upgrade  # noqa: E402
+from webapp.waits import free_port, port_open, wait_until  # noqa: E402
+
+EXERCISE = "01_naive_double_credit"
+CLASS_CODE = "bench-class"
+TOKEN = "bench-instructor"
+FINISHED = ("passed", "failed", "not-run", "error")
+CSRF = re.compile(r'name="csrf-token" content="([^"]+)"')
+
+
+class Attendee(threading.Thread):
+    """One browser session: join, wait for the whole class to have joined, start exercise 1, click
+    "next step" until it ends."""
+
+    def __init__(self, url: str, name: str, deadline: float, everyone_joined: threading.Barrier):
+        super().__init__(name=name, daemon=True)
+        self.url, self.deadline, self.everyone_joined = url, deadline, everyone_joined
+        self.http = requests.Session()
+        self.status, self.error, self.seconds, self.join_seconds = "not started", None, 0.0, None
+
+    def csrf(self, path: str) -> str:
+        return CSRF.search(self.http.get(self.url + path, timeout=30).text).group(1)
+
+    def run(self) -> None:
+        try:
+            self.join_class()
+        finally:
+            self.everyone_joined.wait()
+        if self.error:
+            return
+        started = time.monotonic()
+        try:
+            self.exercise()
+        except Exception as error:  # noqa: BLE001 - a failed attendee is a result of the bench
+            self.error = f"{type(error).__name__}: {error}"
+        self.seconds = time.monotonic() - started
+
+    def join_class(self) -> None:
+        started = time.monotonic()
+        try:
+            token = self.csrf("/join")
+            joined = self.http.post(self.url + "/join", data={"name": self.name, "code": CLASS_CODE,
+                                                              "csrf_token": token}, timeout=120)
+            if joined.status_code != 200 or "/join" in joined.url:
+                why = re.search(r"data-join-error>([^<]+)<", joined.text)
+                raise RuntimeError(f"join answered {joined.status_code}: {why.group(1).strip() if why else ''}")
+            self.join_seconds = time.monotonic() - started
+        except Exception as error:  # noqa: BLE001 - a failed attendee is a result of the bench
+            self.error = f"join: {type(error).__name__}: {error}"
+
+    def exercise(self) -> None:
+        """Start exercise 1 in guided mode and press "next step" until the run ends."""
+        token = self.csrf("/scenarios/")
+        run = self.http.post(f"{self.url}/scenarios/{EXERCISE}/runs", data={"csrf_token": token}, timeout=60)
+        run_id = int(run.url.rstrip("/").split("/")[-1])
+        while time.monotonic() < self.deadline:
+            guide = self.http.get(f"{self.url}/scenarios/runs/{run_id}/guide", timeout=30).text
+            self.status = re.search(r'data-run-status="([a-z-]+)"', guide).group(1)
+            if self.status in FINISHED:
+                reason = re.search(r"data-run-reason>([^<]*)<", guide)
+                self.error = reason.group(1).strip()[:300] if reason and self.status != "passed" else None
+                break
+            if 'data-busy="true"' in guide:
+                time.sleep(0.3)  # a person watching the step run; the agent carries it out
+                continue
+            self.http.post(f"{self.url}/scenarios/runs/{run_id}/next", headers={"X-CSRFToken": token}, timeout=60)
+
+
+class Board(threading.Thread):
+    """The instructor's board, asked once a second while the class works."""
+
+    def __init__(self, url: str, stop: threading.Event):
+        super().__init__(name="board", daemon=True)
+        self.url, self.stop = url, stop
+        self.times: list[float] = []
+        self.failures: list[float] = []
+        self.http = requests.Session()
+
+    def run(self) -> None:
+        token = CSRF.search(self.http.get(self.url + "/sign-in", timeout=60).text).group(1)
+        self.http.post(self.url + "/sign-in", data={"token": TOKEN, "next": "/healthz", "csrf_token": token},
+                       timeout=60)
+        while not self.stop.is_set():
+            started = time.monotonic()
+            try:
+                ok = self.http.get(self.url + "/class", timeout=60).status_code == 200
+            except requests.RequestException:
+                ok = False
+            (self.times if ok else self.failures).append(time.monotonic() - started)
+            self.stop.wait(1.0)
+
+
+class Meter(threading.Thread):
+    """CPU seconds and peak RSS of process trees (a root and its descendants), sampled every 0.5 s."""
+
+    def __init__(self, roots: dict[str, int], stop: threading.Event):
+        super().__init__(name="meter", daemon=True)
+        self.roots, self.stop = roots, stop
+        self.peak_rss = {name: 0 for name in roots}
+        self.cpu: dict[str, dict[int, float]] = {name: {} for name in roots}
+
+    def tree(self, pid: int) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def sample(self) -> None:
+        for name, pid in self.roots.items():
+            rss = 0
+            for process in self.tree(pid):
+                try:
+                    rss += process.memory_info().rss
+                    times = process.cpu_times()
+                    self.cpu[name][process.pid] = times.user + times.system
+                except psutil.NoSuchProcess:
+                    continue
+            self.peak_rss[name] = max(self.peak_rss[name], rss)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.sample()
+            self.stop.wait(0.5)
+
+    def cpu_seconds(self, name: str, baseline: dict[int, float]) -> float:
+        return sum(total - baseline.get(pid, 0.0) for pid, total in self.cpu[name].items())
+
+
+def healthy(url: str) -> bool:
+    try:
+        return requests.get(url + "/healthz", timeout=10).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def postgres_pid(data_dir: Path) -> int:
+    return int((data_dir / "postmaster.pid").read_text().split()[0])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--attendees", type=int, default=20)
+    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds the whole class may take")
+    options = parser.parse_args()
+
+    base = Path(tempfile.mkdtemp(prefix="bench-classroom-"))
+    postgres, broker = EmbeddedPostgres(base / "postgres"), EmbeddedBroker(base / "tansu.log")
+    processes: list[subprocess.Popen] = []
+    try:
+        postgres.start()
+        broker.start()
+        upgrade(postgres.url)
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "KAFKA_", "LAB_"))}
+        env.update({"DATABASE_URL": postgres.url, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+                    "LAB_DATA_DIR": str(base), "LAB_CLASS_CODE": CLASS_CODE, "LAB_TOKEN": TOKEN,
+                    "LAB_PORT": str(port), "LAB_MAX_LABS": str(options.attendees + 10),
+                    "WEB_WORKERS": str(options.web_workers), "LAB_BROKER_KIND": "tansu"})
+        logs = open(base / "bench.log", "ab")
+        agent = subprocess.Popen([sys.executable, "-m", "webapp.agent"], env=env, cwd=ROOT, stdout=logs,
+                                 stderr=subprocess.STDOUT)
+        web = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"), "app:app"],
+                               env=env, cwd=ROOT, stdout=logs, stderr=subprocess.STDOUT)
+        processes += [web, agent]
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: port_open("127.0.0.1", port), timeout=60, message="the web app never listened")
+        wait_until(lambda: healthy(url), timeout=120, interval=0.5, message="the web app never became healthy")
+
+        stop = threading.Event()
+        meter = Meter({"agent": agent.pid, "web": web.pid, "postgres": postgres_pid(base / "postgres")}, stop)
+        meter.sample()
+        baseline = {name: dict(values) for name, values in meter.cpu.items()}
+        board = Board(url, stop)
+        deadline = time.monotonic() + options.timeout
+        started = 0.0
+
+        def class_starts() -> None:  # the barrier's action: everyone has joined, the exercise starts now
+            nonlocal started
+            started = time.monotonic()
+            meter.sample()
+            baseline.update({name: dict(values) for name, values in meter.cpu.items()})
+            board.start()
+
+        everyone_joined = threading.Barrier(options.attendees, action=class_starts)
+        attendees = [Attendee(url, f"Attendee {n:02d}", deadline, everyone_joined)
+                     for n in range(1, options.attendees + 1)]
+        joining = time.monotonic()
+        meter.start()
+        for attendee in attendees:
+            attendee.start()
+        for attendee in attendees:
+            attendee.join(timeout=max(1.0, deadline - time.monotonic()))
+        wall = time.monotonic() - started
+        join_wall = started - joining
+        stop.set()
+        meter.join(timeout=5)
+        board.join(timeout=60)
+        meter.sample()
+
+        passed = [a for a in attendees if a.status == "passed"]
+        print(f"attendees: {len(attendees)} each running {EXERCISE} in their own lab, one agent, "
+              f"gunicorn {options.web_workers} worker(s); {os.cpu_count()} CPU(s)")
+        print(f"passed: {len(passed)}/{len(attendees)}")
+        for attendee in attendees:
+            if attendee.status != "passed":
+                print(f"  {attendee.name}: {attendee.status} {attendee.error or ''}")
+        joins = sorted(a.join_seconds for a in attendees if a.join_seconds is not None)
+        if joins:
+            print(f"join (all at once): {len(joins)} labs created in {join_wall:.1f} s; one join: median "
+                  f"{statistics.median(joins):.1f} s, longest {joins[-1]:.1f} s")
+        durations = sorted(a.seconds for a in attendees)
+        print(f"exercise wall time: {wall:.1f} s (one attendee: median {statistics.median(durations):.1f} s, "
+              f"longest {durations[-1]:.1f} s)")
+        for name in ("agent", "web", "postgres"):
+            cpu = meter.cpu_seconds(name, baseline[name])
+            print(f"{name:<9} peak RSS {meter.peak_rss[name] / 2**20:7.0f} MB   CPU {cpu:7.1f} s "
+                  f"({100 * cpu / wall:.0f}% of one core on average)")
+        if board.times:
+            times = sorted(board.times)
+            p95 = times[min(len(times) - 1, int(round(0.95 * (len(times) - 1))))]
+            print(f"board /class: {len(times)} requests, p50 {1000 * statistics.median(times):.0f} ms, "
+                  f"p95 {1000 * p95:.0f} ms, max {1000 * times[-1]:.0f} ms; {len(board.failures)} failed")
+        return 0 if len(passed) == len(attendees) else 1
+    finally:
+        for process in processes:
+            stop_process(process)
+        broker.stop()
+        postgres.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""The lab at scale (issue 14): dedup key inserts and TTL at millions of keys, and the dashboard
+with millions of records in the log.
+
+Starts a private embedded PostgreSQL in a temp dir (no broker: nothing here needs one) and
+measures, printing a table for each:
+
+1. Key insert, plain vs partitioned by day (webapp/dedup_layout.py): ``processed_events`` grown
+   set-based to each size in ``--keys`` (keys spread over ``--days`` days of event time), then
+   ``--probes`` single-row inserts of the ``eventid-atomic`` claim with a random new key and
+   today's time, each timed, committed in groups of 100 (as a consumer's transactions land):
+   p50 and p99. Goal: p99 at the largest size within 1.5x of p99 at 0, partitioned.
+2. The TTL at the largest size: one day's keys removed by ``DELETE`` (plain) and by dropping that
+   day's partition (partitioned). Goal: the drop under 100 ms.
+3. The dashboard at each size in ``--records``: bench/panels.py's fill (every record mirrored,
+   delivered and applied) and every panel, ``/live`` and ``GET /api/v1/state``, p50 and p95 after a
+   change (no panel cache). Goal: each under 100 ms (p95).
+
+    .venv/bin/python bench/scale.py [--keys 0,1000000,10000000] [--records 1000000,10000000]
+        [--days 10] [--probes 2000] [--requests 20] [--skip-keys] [--skip-panels]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from webapp import dedup_layout  # noqa: E402
+from webapp.db import psycopg_conninfo  # noqa: E402
+from webapp.embedded import EmbeddedPostgres  # noqa: E402
+from webapp.strategies import eventid_atomic, partitioned  # noqa: E402
+
+BENCH_SCHEMA = "scale_keys"
+
+
+def percentile(timings: list[float], share: float) -> float:
+    ordered = sorted(timings)
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+
+def fresh_table(conn: psycopg.Connection, layout: str) -> None:
+    conn.execute(f"DROP SCHEMA IF EXISTS {BENCH_SCHEMA} CASCADE")
+    conn.execute(f"CREATE SCHEMA {BENCH_SCHEMA}")
+    conn.execute(f"SET search_path = {BENCH_SCHEMA}")
+    for statement in (dedup_layout.PLAIN_DDL if layout == dedup_layout.PLAIN else dedup_layout.PARTITIONED_DDL):
+        conn.execute(statement)
+    if layout == dedup_layout.PARTITIONED:
+        dedup_layout.ensure_partitions(conn.execute)
+
+
+def grow(conn: psycopg.Connection, to_keys: int, days: int) -> float:
+    """Insert keys until the table holds ``to_keys``, in chunks of a million; seconds taken."""
+    have = conn.execute("SELECT count(*) FROM processed_events").fetchone()[0]
+    started = time.perf_counter()
+    while have < to_keys:
+        chunk = min(1_000_000, to_keys - have)
+        dedup_layout.warm_up(conn.execute, chunk, days)
+        have += chunk
+    conn.execute("VACUUM ANALYZE processed_events")
+    return time.perf_counter() - started
+
+
+def probe_inserts(conn: psycopg.Connection, layout: str, probes: int) -> tuple[float, float]:
+    """p50 and p99 (ms) of the eventid-atomic claim with new random keys, committed every 100."""
+    claim = partitioned.CLAIM if layout == dedup_layout.PARTITIONED else eventid_atomic.CLAIM
+    now = datetime.now(timezone.utc).isoformat()
+    timings = []
+    for batch in range(0, probes, 100):
+        with conn.transaction():
+            for _ in range(min(100, probes - batch)):
+                params = {"event_id": uuid.uuid4(), "occurred_at": now}
+                started = time.perf_counter()
+                conn.execute(claim, params)
+                timings.append((time.perf_counter() - started) * 1000)
+    return statistics.median(timings), percentile(timings, 0.99)
+
+
+def ttl_one_day(conn: psycopg.Connection, layout: str, days: int) -> tuple[float, int]:
+    """Remove the oldest full day's keys: (ms, keys removed)."""
+    day = datetime.now(timezone.utc).date() - timedelta(days=days - 1)
+    started_at = datetime.combine(day, datetime.min.time(), timezone.utc)
+    with conn.transaction():
+        if layout == dedup_layout.PARTITIONED:
+            name = dedup_layout.partition_name(day)
+            rows = conn.execute(f"SELECT count(*) FROM {name}").fetchone()[0]
+            started = time.perf_counter()
+            conn.execute(dedup_layout.DROP_PARTITION_SQL.format(name=name))
+        else:
+            started = time.perf_counter()
+            rows = conn.execute("DELETE FROM processed_events WHERE processed_at >= %s::timestamptz::timestamp "
+                                "AND processed_at < %s::timestamptz::timestamp",
+                                [started_at, started_at + timedelta(days=1)]).rowcount
+    return (time.perf_counter() - started) * 1000, rows
+
+
+def bench_keys(url: str, sizes: list[int], days: int, probes: int) -> None:
+    print(f"\n1. key insert (eventid-atomic claim, random new key), {probes:,} probes per size, keys over {days} days")
+    print(f"{'layout':22} {'keys':>12} {'grow s':>8} {'p50 ms':>8} {'p99 ms':>8} {'p99 / p99 at first':>19}")
+    ttl = {}
+    with psycopg.connect(psycopg_conninfo(url), autocommit=True) as conn:
+        for layout in (dedup_layout.PLAIN, dedup_layout.PARTITIONED):
+            fresh_table(conn, layout)
+            first_p99 = None
+            for size in sizes:
+                grown = grow(conn, size, days)
+                p50, p99 = probe_inserts(conn, layout, probes)
+                first_p99 = first_p99 or p99
+                print(f"{layout:22} {size:>12,} {grown:8.1f} {p50:8.3f} {p99:8.3f} {p99 / first_p99:19.2f}", flush=True)
+            ttl[layout] = ttl_one_day(conn, layout, days)
+        conn.execute(f"DROP SCHEMA {BENCH_SCHEMA} CASCADE")
+    print(f"\n2. TTL at {sizes[-1]:,} keys: one day's keys")
+    for layout, (ms, rows) in ttl.items():
+        how = "DROP TABLE partition" if layout == dedup_layout.PARTITIONED else "DELETE ... WHERE processed_at"
+        print(f"{layout:22} {how:32} {rows:>10,} keys {ms:10.1f} ms")
+
+
+def bench_panels(url: str, tmp: str, sizes: list[int], requests: int) -> None:
+    import panels  # bench/panels.py: the fill and the measurement
+    from webapp.db import db
+    from webapp.web.dashboard import PANELS
+
+    print(f"\n3. dashboard: p50 / p95 ms after a change (no panel cache), {requests} requests each")
+    paths = ["/live", "/api/v1/state", "/panels/chart.json"] + [f"/panels/{name}" for name in PANELS]
+    for size in sizes:
+        with psycopg.connect(psycopg_conninfo(url), autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{panels.LAB.schema}" CASCADE')
+            if conn.execute("SELECT to_regclass('lab_control.consumers')").fetchone()[0]:
+                conn.execute("DELETE FROM lab_control.consumers WHERE lab = %s", [panels.LAB.name])
+        started = time.perf_counter()
+        panels.fill(url, size)
+        print(f"\n   {size:,} records (mirrored, delivered, applied), filled in {time.perf_counter() - started:.0f} s")
+        app = panels.make_app(url, tmp, cache=False)
+        with app.app_context():
+            client = app.test_client()
+            for path in paths:  # printed as measured: a long run is readable while it goes
+                p50, p95 = panels.measure(client, path, requests)
+                print(f"   {path:28} {p50:10.1f} / {p95:8.1f}" + ("   over 100 ms" if p95 >= 100 else ""), flush=True)
+            db.engine.dispose()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", default="0,1000000,10000000", help="dedup table sizes (comma-separated)")
+    parser.add_argument("--records", default="1000000,10000000", help="log sizes for the panels (comma-separated)")
+    parser.add_argument("--days", type=int, default=10, help="days of event time the keys span")
+    parser.add_argument("--probes", type=int, default=2000, help="timed inserts per size")
+    parser.add_argument("--requests", type=int, default=20, help="requests per endpoint and size")
+    parser.add_argument("--skip-keys", action="store_true")
+    parser.add_argument("--skip-panels", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="lab-scale-") as tmp:
+        postgres = EmbeddedPostgres(Path(tmp) / "postgres")
+        try:
+            postgres.start()
+            if not args.skip_keys:
+                bench_keys(postgres.url, [int(n) for n in args.keys.split(",")], args.days, args.probes)
+            if not args.skip_panels:
+                bench_panels(postgres.url, tmp, [int(n) for n in args.records.split(",")], args.requests)
+        finally:
+            postgres.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

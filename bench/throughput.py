@@ -1,0 +1,294 @@
+"""Consumer throughput: the bare limits, then the lab's consumers end to end, in one run (``make bench``).
+
+    .venv/bin/python bench/throughput.py [--events 5000] [--batch-size 500] [--strategies ...] [--profile]
+
+One embedded PostgreSQL and one embedded Tansu broker, started fresh; every figure below is taken
+on them, each case on a fresh lab (its own schema and topic, one partition), with N credits
+already in the topic, clocked from the first record consumed to the last one applied and
+committed (the group's first join, about 3 s on Tansu, is outside every clock).
+
+Bare limits: the ``eventid-atomic`` statements (claim, credit, payment row, ledger row) outside the
+lab's consumer:
+  - PostgreSQL alone, one transaction per event; and batched (the batch statements, 500 a batch)
+  - a bare loop: poll -> that transaction -> commit(message), synchronous and asynchronous
+  - a bare batch loop: consume(n) -> the batch transaction -> one synchronous commit
+Lab consumers: ``python -m webapp.consumer`` processes, as the lab agent starts them, for each
+strategy in per-message mode (sync commits; eventid-atomic also async) and in batch mode. Each lab
+figure is printed with its ratio to the bare loop of the same shape (per-message sync, per-message
+async, batch), measured just before it. ``--consumer-root`` runs the lab's consumers from another
+checkout (``git archive HEAD | tar -x -C DIR``: the same figures before a change).
+
+``--profile`` instead drains N credits with one per-message eventid-atomic consumer under cProfile
+and prints where its time goes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from itertools import count
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+from sqlalchemy import create_engine  # noqa: E402
+from sqlalchemy.pool import NullPool  # noqa: E402
+
+from webapp import events, strategies  # noqa: E402
+from webapp.agent.setup import ensure_lab  # noqa: E402
+from webapp.db import CONTROL_SCHEMA, connect, sqlalchemy_url  # noqa: E402
+from webapp.domain.lab import Lab  # noqa: E402
+from webapp.embedded import EmbeddedBroker, EmbeddedPostgres, stop_process  # noqa: E402
+from webapp.kafka import admin_client, committed_offsets, consumer_config, producer_config  # noqa: E402
+from webapp.strategies.base import CREDIT_BALANCE, INSERT_PAYMENT, RECORD_DELIVERY, params  # noqa: E402
+from webapp.strategies.batching import (CREDIT_BATCH, INSERT_PAYMENTS_BATCH, RECORD_DELIVERIES_BATCH,  # noqa: E402
+                                        Item, columns)
+from webapp.strategies.eventid_atomic import BATCH_CLAIM, CLAIM  # noqa: E402
+from webapp.waits import wait_until  # noqa: E402
+
+_labs = count(1)
+CONSUMER_ROOT = ROOT  # where `python -m webapp.consumer` runs from (--consumer-root)
+
+
+class Stack:
+    """The run's PostgreSQL and broker, and a fresh lab with N credits in its topic per case."""
+
+    def __init__(self, workdir: Path, events_per_case: int):
+        self.workdir = workdir
+        self.events = events_per_case
+        self.postgres = EmbeddedPostgres(workdir / "postgres")
+        self.broker = EmbeddedBroker(workdir / "tansu.log")
+
+    def __enter__(self) -> "Stack":
+        self.postgres.start()
+        self.broker.start()
+        self.url, self.bootstrap = self.postgres.url, self.broker.bootstrap_servers
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.broker.stop()
+        self.postgres.stop()
+
+    def fresh_lab(self) -> Lab:
+        """A new lab (schema, topic with one partition, seed accounts) holding N credits."""
+        lab = Lab(f"b{os.getpid() % 1000}_{next(_labs)}")
+        ensure_lab(self.url, self.bootstrap, lab, partitions=1)
+        producer = Producer({**producer_config(self.bootstrap, idempotent=True), "linger.ms": 5})
+        for n in range(self.events):
+            event = events.credit(f"acc-{n % 5 + 1}", 100 + n % 900)
+            while True:
+                try:
+                    producer.produce(lab.topic, value=event.encode(), key=event.key)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        if producer.flush(60):
+            raise RuntimeError("the bench's credits were not all acknowledged")
+        return lab
+
+
+def rate(count_: int, seconds: float) -> float:
+    return count_ / seconds if seconds > 0 else float("inf")
+
+
+# --- bare limits --------------------------------------------------------------------------------
+
+def bare_events(stack: Stack) -> list[events.PaymentEvent]:
+    return [events.credit(f"acc-{n % 5 + 1}", 100 + n % 900) for n in range(stack.events)]
+
+
+def ledger_params(event: events.PaymentEvent, offset: int) -> dict:
+    return {"group_id": "bench", "consumer": "bare", "partition": 0, "offset": offset, "generation": 1,
+            "event_id": event.event_id, "transaction_id": event.transaction_id, "strategy": "eventid-atomic",
+            "outcome": "applied", "reason": None}
+
+
+def one_transaction(conn, event: events.PaymentEvent, offset: int) -> None:
+    """eventid-atomic's per-message transaction, its statements as the strategy runs them."""
+    with conn.transaction():
+        if conn.execute(CLAIM, params(event)).rowcount == 1:
+            conn.execute(CREDIT_BALANCE, params(event))
+            conn.execute(INSERT_PAYMENT, params(event))
+        conn.execute(RECORD_DELIVERY, ledger_params(event, offset))
+
+
+def batch_transaction(conn, batch: list[tuple[events.PaymentEvent, int]]) -> None:
+    """eventid-atomic's batch transaction, its batch statements."""
+    items = [Item(event, 0, offset) for event, offset in batch]
+    with conn.transaction():
+        conn.execute(BATCH_CLAIM, {"keys": [i.event.event_id for i in items]}).fetchall()
+        arrays = columns(items)
+        conn.execute(CREDIT_BATCH, arrays)
+        conn.execute(INSERT_PAYMENTS_BATCH, arrays)
+        conn.execute(RECORD_DELIVERIES_BATCH, {
+            "group_id": "bench", "consumer": "bare", "generation": 1, "strategy": "eventid-atomic",
+            "partitions": [0] * len(items), "offsets": [i.offset for i in items], "outcomes": ["applied"] * len(items),
+            "reasons": [None] * len(items), "event_ids": arrays["event_ids"],
+            "transaction_ids": arrays["transaction_ids"]})
+
+
+def postgres_alone(stack: Stack, batch_size: int | None) -> float:
+    lab = Lab(f"b{os.getpid() % 1000}_{next(_labs)}")
+    ensure_lab(stack.url, stack.bootstrap, lab, partitions=1)
+    work = bare_events(stack)
+    with connect(stack.url, schema=lab.schema, autocommit=True) as conn:
+        started = time.perf_counter()
+        if batch_size is None:
+            for offset, event in enumerate(work):
+                one_transaction(conn, event, offset)
+        else:
+            for start in range(0, len(work), batch_size):
+                batch_transaction(conn, [(e, start + i) for i, e in enumerate(work[start:start + batch_size])])
+        return rate(len(work), time.perf_counter() - started)
+
+
+def bare_loop(stack: Stack, asynchronous: bool = False, batch_size: int | None = None) -> float:
+    """poll -> transaction -> commit per message (or consume(n) -> batch transaction -> commit)."""
+    lab = stack.fresh_lab()
+    acknowledged = {"offset": -1}
+
+    def on_commit(error, offsets) -> None:
+        if error is None:
+            acknowledged["offset"] = max([acknowledged["offset"], *(tp.offset for tp in offsets)])
+    consumer = Consumer({**consumer_config(stack.bootstrap, f"{lab.name}.bare", client_id="bare"),
+                         "on_commit": on_commit})
+    consumer.subscribe([lab.topic])
+    done, started = 0, None
+    try:
+        with connect(stack.url, schema=lab.schema, autocommit=True) as conn:
+            while done < stack.events:
+                if batch_size is None:
+                    message = consumer.poll(0.2)
+                    messages = [message] if message is not None else []
+                else:
+                    messages = consumer.consume(batch_size, timeout=0.1)
+                messages = [m for m in messages if not m.error()]
+                if not messages:
+                    continue
+                if started is None:
+                    started = time.perf_counter()
+                if batch_size is None:
+                    message = messages[0]
+                    one_transaction(conn, events.decode(message.value()), message.offset())
+                    consumer.commit(message=message, asynchronous=asynchronous)
+                else:
+                    batch_transaction(conn, [(events.decode(m.value()), m.offset()) for m in messages])
+                    last = messages[-1]
+                    consumer.commit(offsets=[TopicPartition(last.topic(), last.partition(), last.offset() + 1)],
+                                    asynchronous=False)
+                done += len(messages)
+            while asynchronous and acknowledged["offset"] < stack.events:
+                consumer.poll(0.01)  # the last asynchronous commits' answers
+            return rate(done, time.perf_counter() - started)
+    finally:
+        consumer.close()
+
+
+# --- the lab's consumers ---------------------------------------------------------------------------
+
+def lab_consumer(stack: Stack, strategy: str, batch_size: int, commit_mode: str = "sync",
+                 profile_to: Path | None = None) -> float:
+    """A consumer process of the lab drains the topic; records per second from its first delivery
+    to the last record applied and committed."""
+    lab = stack.fresh_lab()
+    group_id = lab.group_id("payments")
+    engine = create_engine(sqlalchemy_url(stack.url), poolclass=NullPool)
+    try:
+        with connect(stack.url, autocommit=True) as conn:
+            conn.execute(f'UPDATE "{lab.schema}".consumer_groups SET strategy = %s, batch_size = %s, '
+                         "batch_max_wait_ms = 100, commit_mode = %s WHERE group_id = %s",
+                         [strategy, batch_size, commit_mode, group_id])
+            consumer_id = conn.execute(
+                f"INSERT INTO {CONTROL_SCHEMA}.consumers (lab, name, group_id, state) "
+                "VALUES (%s, 'c1', %s, 'starting') RETURNING id", [lab.name, group_id]).fetchone()[0]
+        env = {**os.environ, "DATABASE_URL": stack.url, "KAFKA_BOOTSTRAP_SERVERS": stack.bootstrap}
+        command = [sys.executable, "-m", "webapp.consumer", "--lab", lab.name, "--consumer-id", str(consumer_id)]
+        if profile_to is not None:
+            command[1:1] = ["-m", "cProfile", "-o", str(profile_to)]
+        log = open(stack.workdir / f"{lab.name}.log", "ab")
+        process = subprocess.Popen(command, env=env, cwd=CONSUMER_ROOT, stdout=log, stderr=subprocess.STDOUT)
+        admin = admin_client(stack.bootstrap)
+        try:
+            def drained():
+                if process.poll() is not None:
+                    raise RuntimeError(f"the consumer exited: {(stack.workdir / f'{lab.name}.log').read_text()[-2000:]}")
+                with connect(stack.url, schema=lab.schema, autocommit=True) as conn:
+                    # delivered_at is the transaction's now(), in the server's clock and time zone:
+                    # the first delivery's age is taken there.
+                    done, first_age = conn.execute(
+                        "SELECT count(*), extract(epoch FROM localtimestamp - min(delivered_at))::float "
+                        "FROM deliveries").fetchone()
+                asked = time.monotonic()
+                if done < stack.events:
+                    return None
+                committed = committed_offsets(admin, group_id, lab.topic)
+                return first_age + time.monotonic() - asked if committed.get(0) == stack.events else None
+            seconds = wait_until(drained, timeout=600, interval=0.02,
+                                 message=f"{strategy} never drained {stack.events} records")
+            return rate(stack.events, seconds)
+        finally:
+            stop_process(process, timeout=30)
+            log.close()
+    finally:
+        engine.dispose()
+
+
+def print_profile(path: Path, limit: int = 28) -> None:
+    stats = pstats.Stats(str(path))
+    stats.sort_stats("tottime").print_stats(limit)
+    stats.sort_stats("cumulative").print_stats(r"(loop|batch|settings|control|strategies|notify)\.py", limit)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=5000, help="credits per case (default 5,000)")
+    parser.add_argument("--batch-size", type=int, default=500, help="batch mode's size (default 500)")
+    parser.add_argument("--strategies", nargs="+", default=list(strategies.NAMES), choices=strategies.NAMES)
+    parser.add_argument("--modes", nargs="+", default=["per-message", "batch"], choices=["per-message", "batch"])
+    parser.add_argument("--consumer-root", type=Path, default=ROOT,
+                        help="run the lab's consumers from this checkout (a before/after comparison)")
+    parser.add_argument("--profile", action="store_true", help="profile one per-message eventid-atomic consumer")
+    args = parser.parse_args()
+    global CONSUMER_ROOT
+    CONSUMER_ROOT = args.consumer_root
+    with tempfile.TemporaryDirectory(prefix="bench-throughput-") as tmp, Stack(Path(tmp), args.events) as stack:
+        if args.profile:
+            out = Path(tmp) / f"consumer-{uuid.uuid4().hex[:6]}.prof"
+            figure = lab_consumer(stack, "eventid-atomic", 1, profile_to=out)
+            wait_until(out.exists, timeout=30, message="the profile was not written")
+            print(f"per-message eventid-atomic under cProfile: {figure:,.0f} ev/s")
+            print_profile(out)
+            return 0
+        print(f"{args.events:,} credits per case, one partition; ev/s from the first record consumed to the last "
+              f"applied and committed; lab consumers from {args.consumer_root}\n")
+        print(f"{'PostgreSQL alone, one transaction per event':62} {postgres_alone(stack, None):>9,.0f} ev/s")
+        print(f"{f'PostgreSQL alone, {args.batch_size} per transaction':62} "
+              f"{postgres_alone(stack, args.batch_size):>9,.0f} ev/s")
+        # Each lab figure next to a bare loop of the same shape measured just before it: the machine's
+        # load drifts, and a ratio of two neighbours drifts less.
+        print(f"\n{'case':44} {'bare loop':>10} {'lab':>9} {'ratio':>6}")
+        cases = []
+        for name in args.strategies:
+            if "per-message" in args.modes:
+                cases.append((f"{name}, per-message, sync", {}, (name, 1, "sync")))
+                if name == "eventid-atomic":
+                    cases.append((f"{name}, per-message, async", {"asynchronous": True}, (name, 1, "async")))
+            if "batch" in args.modes:
+                cases.append((f"{name}, batch of {args.batch_size}", {"batch_size": args.batch_size},
+                              (name, args.batch_size, "sync")))
+        for title, bare_shape, (name, batch_size, commit_mode) in cases:
+            bare = bare_loop(stack, **bare_shape)
+            lab = lab_consumer(stack, name, batch_size, commit_mode=commit_mode)
+            print(f"{title:44} {bare:>10,.0f} {lab:>9,.0f} {lab / bare:>5.2f}x", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

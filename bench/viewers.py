@@ -1,0 +1,169 @@
+"""Load held (issue 15): 40 viewers (a projector and a class) watch one lab while 1,000 ev/s flow.
+
+A private stack in a temp dir: embedded PostgreSQL, the Tansu broker, a lab agent and the web app
+under gunicorn with the image's config (gthread workers), each a process of its own. The lab's
+group runs eventid-atomic with two consumers; the load generator (``start_load``, a thread of the
+agent) produces at 1,000 events/s for the whole run. Each simulated viewer does what
+static/js/live.js does in a browser: ``GET /live`` once a second, then ``GET /panels/<name>`` for
+every panel whose fingerprint changed (the chart as ``/panels/chart.json``). Printed per endpoint:
+requests, p50/p95/p99 in ms, errors (any answer but 200, or no answer). Goal: p95 < 100 ms, 0 errors.
+
+    .venv/bin/python bench/viewers.py [--viewers 40] [--seconds 60] [--rate 1000]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import requests
+from sqlalchemy import create_engine
+from sqlalchemy.pool import NullPool
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from webapp import commands, ops  # noqa: E402
+from webapp.db import sqlalchemy_url  # noqa: E402
+from webapp.embedded import LOOPBACK, EmbeddedBroker, EmbeddedPostgres, die_with_parent, stop_process  # noqa: E402
+from webapp.labs import Lab  # noqa: E402
+from webapp.migrations import upgrade  # noqa: E402
+from webapp.waits import free_port, wait_until  # noqa: E402
+
+POLL_SECONDS = 1.0   # static/js/live.js POLL_MS
+GOAL_P95_MS = 100.0
+
+
+class Viewer(threading.Thread):
+    """One browser tab: polls /live, refetches what changed, records each answer's time."""
+
+    def __init__(self, base_url: str, until: float, results: dict, lock: threading.Lock, offset: float):
+        super().__init__(daemon=True)
+        self.base_url, self.until, self.results, self.lock, self.offset = base_url, until, results, lock, offset
+        self.session = requests.Session()
+        self.fingerprints: dict[str, str] = {}
+
+    def get(self, endpoint: str, path: str) -> requests.Response | None:
+        started = time.perf_counter()
+        try:
+            response = self.session.get(self.base_url + path, timeout=10)
+            ok = response.status_code == 200
+        except requests.RequestException:
+            response, ok = None, False
+        elapsed = (time.perf_counter() - started) * 1000
+        with self.lock:
+            self.results[endpoint]["ms"].append(elapsed)
+            self.results[endpoint]["errors"] += 0 if ok else 1
+        return response if ok else None
+
+    def run(self) -> None:
+        time.sleep(self.offset)  # the class does not open the page in the same millisecond
+        while time.monotonic() < self.until:
+            tick = time.monotonic()
+            live = self.get("/live", "/live")
+            if live is not None:
+                for name, fingerprint in live.json()["fingerprints"].items():
+                    if self.fingerprints.get(name) != fingerprint:
+                        self.fingerprints[name] = fingerprint
+                        path = "/panels/chart.json" if name == "chart" else f"/panels/{name}"
+                        self.get(path, path)
+            rest = POLL_SECONDS - (time.monotonic() - tick)
+            if rest > 0:
+                time.sleep(rest)  # live.js waits a second between polls
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--viewers", type=int, default=40)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--rate", type=int, default=1000, help="events per second from the load generator")
+    parser.add_argument("--web-workers", default="2", help="gunicorn workers (WEB_WORKERS)")
+    args = parser.parse_args()
+
+    base = Path(tempfile.mkdtemp(prefix="viewers-"))
+    postgres, broker = EmbeddedPostgres(base / "postgres"), EmbeddedBroker(base / "tansu.log")
+    processes: list[subprocess.Popen] = []
+    lab = Lab("viewers")
+    port = free_port()
+    try:
+        postgres.start()
+        broker.start()
+        upgrade(postgres.url)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "KAFKA_", "LAB_"))}
+        env.update(DATABASE_URL=postgres.url, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap_servers, LAB_DATA_DIR=str(base),
+                   LAB_NAME=lab.name, LAB_PORT=str(port), LAB_BROKER_KIND="tansu", WEB_WORKERS=args.web_workers)
+        for argv, log in ((["-m", "webapp.agent"], "agent.log"),
+                          (["-m", "gunicorn", "--config", "gunicorn.conf.py", "app:app"], "web.log")):
+            with open(base / log, "ab") as out:
+                processes.append(subprocess.Popen([sys.executable, *argv], env=env, cwd=ROOT, stdout=out,
+                                                  stderr=subprocess.STDOUT, preexec_fn=die_with_parent))
+        engine = create_engine(sqlalchemy_url(postgres.url), poolclass=NullPool)
+        wait_until(lambda: commands.live_agents(engine), timeout=60, message="the agent did not report")
+        commands.run(engine, lab.name, "lab.ensure", {"partitions": 3}, timeout=60)
+        ctx = ops.Context(engine, lab)
+        ops.call("set_strategy", ctx, {"group": "payments", "strategy": "eventid-atomic"})
+        for name in ("c1", "c2"):
+            ops.call("start_consumer", ctx, {"name": name})
+        base_url = f"http://{LOOPBACK}:{port}"
+        wait_until(lambda: _answers(base_url), timeout=60, message="the web app did not answer")
+        run = ops.call("start_load", ctx, {"events": int(args.rate * (args.seconds + 10)), "rate_per_second": args.rate,
+                                            "resend_ratio": 0.02, "source_duplicate_ratio": 0.01})
+        print(f"load {run.get('id', '')} at {args.rate} ev/s; {args.viewers} viewers for {args.seconds:g} s "
+              f"on gunicorn ({args.web_workers} workers)")
+        results: dict = defaultdict(lambda: {"ms": [], "errors": 0})
+        lock = threading.Lock()
+        until = time.monotonic() + args.seconds
+        viewers = [Viewer(base_url, until, results, lock, offset=i * POLL_SECONDS / args.viewers)
+                   for i in range(args.viewers)]
+        for viewer in viewers:
+            viewer.start()
+        for viewer in viewers:
+            viewer.join()
+        load = ops.call("get_load", ctx)["runs"][0]
+        ops.call("cancel_load", ctx)
+        print(f"load generator: {load['sent']} sent at {float(load['rate'] or 0):.0f} ev/s (state {load['state']})\n")
+        print(f"{'endpoint':<28}{'requests':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'errors':>8}")
+        worst = 0.0
+        errors = 0
+        for endpoint, data in sorted(results.items(), key=lambda item: -len(item[1]["ms"])):
+            ms = data["ms"]
+            p95 = percentile(ms, 0.95)
+            worst, errors = max(worst, p95), errors + data["errors"]
+            print(f"{endpoint:<28}{len(ms):>9}{statistics.median(ms):>9.1f}{p95:>9.1f}{percentile(ms, 0.99):>9.1f}"
+                  f"{data['errors']:>8}")
+        all_ms = [m for data in results.values() for m in data["ms"]]
+        print(f"{'all':<28}{len(all_ms):>9}{statistics.median(all_ms):>9.1f}{percentile(all_ms, 0.95):>9.1f}"
+              f"{percentile(all_ms, 0.99):>9.1f}{errors:>8}")
+        held = worst < GOAL_P95_MS and errors == 0
+        print(f"\n{'✓' if held else '✕'} goal p95 < {GOAL_P95_MS:g} ms on every endpoint, 0 errors: worst p95 "
+              f"{worst:.1f} ms, {errors} error(s)")
+        engine.dispose()
+        return 0 if held else 1
+    finally:
+        for process in reversed(processes):
+            stop_process(process, timeout=30)
+        broker.stop()
+        postgres.stop()
+
+
+def _answers(base_url: str) -> bool:
+    try:
+        return requests.get(base_url + "/healthz", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Classroom mode in a real browser: the presenter view on one 1280×720 screen, driven by keys, and
+every consumer state's colours readable from the back of a room (WCAG AA, computed in Chromium).
+
+Headless Chromium against a real web server thread (CSRF on), the session's PostgreSQL, broker and
+lab agent. Screenshots land in test-artifacts/.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import pytest
+
+from webapp import classroom, commands
+from webapp.db import db
+
+pytestmark = pytest.mark.browser
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+SETTLE = 60_000  # ms: a consumer's first assignment, a crash, a rejoin
+EXERCISE = "01_naive_double_credit"
+ESSENTIAL = (".present-guide-slot", "#panel-partitions", "#panel-consumers", "#panel-verdict", "#panel-accounts",
+             "#panel-timeline")
+_classes = itertools.count(1)
+
+# WCAG 2.x contrast of every piece of text inside ``root``: its colour against the background it
+# is painted on (the nearest backgrounds up the tree, composited over white). Large text (24 px,
+# or 18.66 px bold) needs 3:1, the rest 4.5:1.
+CONTRAST_JS = """
+(root) => {
+  const parse = (c) => { const m = c.match(/[\\d.]+/g).map(Number); return [m[0], m[1], m[2], m.length > 3 ? m[3] : 1]; };
+  const over = (top, under) => [0, 1, 2].map(i => top[i] * top[3] + under[i] * (1 - top[3])).concat([1]);
+  const channel = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+  const luminance = (c) => 0.2126 * channel(c[0]) + 0.7152 * channel(c[1]) + 0.0722 * channel(c[2]);
+  const background = (element) => {
+    const layers = [];
+    for (let e = element; e; e = e.parentElement) {
+      const c = parse(getComputedStyle(e).backgroundColor);
+      if (c[3] > 0) { layers.push(c); if (c[3] >= 1) break; }
+    }
+    return layers.reverse().reduce((under, top) => over(top, under), [255, 255, 255, 1]);
+  };
+  const found = [];
+  for (const element of [root, ...root.querySelectorAll("*")]) {
+    if (element.closest("select, option, script, style")) continue;
+    const own = [...element.childNodes].filter(n => n.nodeType === 3).map(n => n.textContent.trim()).join(" ").trim();
+    if (!own || !element.getClientRects().length) continue;
+    const style = getComputedStyle(element);
+    if (style.visibility === "hidden" || style.display === "none") continue;
+    const bg = background(element);
+    const fg = over(parse(style.color), bg);
+    const [hi, lo] = [luminance(fg), luminance(bg)].sort((a, b) => b - a);
+    const size = parseFloat(style.fontSize), bold = parseInt(style.fontWeight, 10) >= 700;
+    const large = size >= 24 || (size >= 18.66 && bold);
+    found.push({text: own.slice(0, 40), ratio: (hi + 0.05) / (lo + 0.05), needed: large ? 3 : 4.5,
+                color: style.color, background: `rgb(${bg.slice(0, 3).map(Math.round).join(", ")})`});
+  }
+  return found;
+}
+"""
+
+
+def screenshot(page, name: str, full_page: bool = False) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=full_page)
+
+
+@pytest.fixture
+def class_code() -> str:
+    return f"present-{os.getpid() % 10000}-{next(_classes)}"
+
+
+@pytest.fixture
+def class_url(serve_app, agent, app_factory, class_code):
+    """A server in classroom mode (a class code, no token: loopback), over real HTTP."""
+    url = serve_app(LAB_CLASS_CODE=class_code)
+    yield url
+    app = app_factory()
+    with app.app_context():
+        with db.engine.connect() as conn:
+            labs = [person.lab for person in classroom.attendees(conn, class_code)]
+        for lab in labs:
+            commands.run(db.engine, lab, "lab.drop", {}, timeout=120)
+
+
+def join(page, url: str, name: str, code: str) -> None:
+    from playwright.sync_api import expect
+    page.goto(f"{url}/join")
+    page.fill("#join-name", name)
+    page.fill("#join-code", code)
+    page.get_by_role("button", name="Join").click()
+    expect(page.locator("[data-classroom-banner]")).to_contain_text(f"You are {name}")
+
+
+def press_next(page, label: str) -> None:
+    """The presenter's → key: the next step runs on the agent; wait until the line says ``label``."""
+    from playwright.sync_api import expect
+    page.keyboard.press("ArrowRight")
+    guide = page.locator("#present-guide")
+    expect(guide.locator("[data-step-label]")).to_have_text(label, timeout=SETTLE)
+    expect(guide).to_have_attribute("data-busy", "false", timeout=SETTLE)
+
+
+def test_the_presenter_view_fits_one_1280x720_screen_and_keys_drive_the_exercise(class_url, class_code,
+                                                                                   browser_page):
+    from playwright.sync_api import expect
+    page = browser_page
+    page.set_viewport_size({"width": 1280, "height": 720})
+    join(page, class_url, "Ana", class_code)
+    page.goto(f"{class_url}/scenarios/")
+    page.locator(f'[data-scenario="{EXERCISE}"]').get_by_role("button", name="Start").click()
+    # The fresh lab is prepared from the exercise's page: while the lab is wiped, a live page of it
+    # is told so (503 from /live), which the browser logs as an error.
+    page.locator("#next-step").click()
+    expect(page.locator('[data-step="0"]')).to_have_class("ok", timeout=SETTLE)
+
+    page.goto(f"{class_url}/present")
+    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
+    expect(page.locator("#present-guide .present-title")).to_have_text("1 · A naive consumer credits twice")
+    expect(page.locator("#present-guide [data-step-label]")).to_have_text("step 0 of 8")
+    press_next(page, "step 1 of 8")        # start c1
+    press_next(page, "step 2 of 8")        # wait until it is assigned
+    press_next(page, "step 3 of 8")        # arm the crash
+    press_next(page, "step 4 of 8")        # publish the credit
+    press_next(page, "step 5 of 8")        # wait until c1 crashed
+    card = page.locator("#panel-consumers [data-consumer]")
+    expect(card).to_have_attribute("data-state", "crashed", timeout=SETTLE)
+    expect(page.locator('#panel-partitions .strip .cell[data-offset="0"]')).to_have_count(1)
+    expect(page.locator('#panel-accounts tr[data-account="acc-1"] [data-actual]')).to_have_text("100.00")
+    expect(page.locator('[data-note="6"]')).to_be_visible()  # the next step's note: wait for the balance
+    screenshot(page, "present-1280x720")
+
+    # One screen: nothing to scroll, and every essential panel entirely inside the viewport.
+    scroll = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+    assert scroll[0] <= 1280 and scroll[1] <= 720, f"the presenter view scrolls: {scroll}"
+    # (Measured in one go in the page: panels replace themselves when they refresh.)
+    boxes = page.evaluate("""(selectors) => Object.fromEntries(selectors.map(s => {
+        const r = document.querySelector(s).getBoundingClientRect();
+        return [s, [r.left, r.top, r.right, r.bottom]]; }))""", list(ESSENTIAL))
+    for selector, (left, top, right, bottom) in boxes.items():
+        assert left >= 0 and top >= 0 and right <= 1280 and bottom <= 720, f"{selector} is off the screen: {boxes}"
+    # Large type, readable from the back of a room.
+    sizes = page.evaluate("""() => ['#panel-accounts td', '#panel-consumers .line', '.present-notes b']
+        .map(s => parseFloat(getComputedStyle(document.querySelector(s)).fontSize))""")
+    assert min(sizes) >= 18, sizes
+
+    # ← shows the step before (no request), → comes back to the current note, S toggles the SQL.
+    page.keyboard.press("ArrowLeft")
+    expect(page.locator('[data-note="5"]')).to_be_visible()
+    expect(page.locator('[data-note="6"]')).to_be_hidden()
+    page.keyboard.press("ArrowRight")
+    expect(page.locator('[data-note="6"]')).to_be_visible()
+    expect(page.locator("#present-guide [data-step-label]")).to_have_text("step 5 of 8")
+    sql = page.locator("#present-sql")
+    expect(sql).to_be_hidden()
+    page.keyboard.press("s")
+    expect(sql).to_be_visible()
+    expect(sql).to_contain_text("UPDATE accounts SET balance = balance +")
+    page.keyboard.press("s")
+    expect(sql).to_be_hidden()
+
+
+STATES = ("running", "frozen", "stepping", "killed", "stopped")
+
+
+def test_every_consumer_state_keeps_its_text_readable_and_notices_use_the_consumers_name(serve_app, lab,
+                                                                                           browser_page):
+    from playwright.sync_api import expect
+    page = browser_page
+    page.set_viewport_size({"width": 1280, "height": 900})
+    url = serve_app()
+    page.goto(url)
+    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
+    # One consumer per state, each in a group of its own (each is assigned every partition).
+    ids = {state: lab.start_consumer(group=f"g_{state}")["consumer_id"] for state in STATES}
+    for consumer_id in ids.values():
+        lab.wait_assigned(consumer_id, timeout=60)
+    lab.post(f"/consumers/{ids['stepping']}/step-mode", {"on": True})
+    lab.credit("acc-1", 100)
+    lab.wait_state(ids["stepping"], "stepping")
+    lab.post(f"/consumers/{ids['killed']}/kill")
+    lab.post(f"/consumers/{ids['stopped']}/stop")
+    # Freeze from the card's button: the notice names the consumer as its card does.
+    frozen_card = page.locator(f'[data-consumer="{ids["frozen"]}"]')
+    name = frozen_card.locator(".name").inner_text()
+    frozen_card.get_by_role("button", name="Freeze").click()
+    expect(page.locator("#notices")).to_contain_text(f"Consumer {name} frozen")
+    try:
+        failures = []
+        for state, consumer_id in ids.items():
+            card = page.locator(f'[data-consumer="{consumer_id}"]')
+            expect(card).to_have_attribute("data-state", state, timeout=SETTLE)
+            for item in card.evaluate(CONTRAST_JS):
+                if item["ratio"] < item["needed"]:
+                    failures.append(f"{state}: {item['text']!r} {item['color']} on {item['background']} "
+                                    f"= {item['ratio']:.2f} < {item['needed']}")
+        screenshot(page, "dashboard-consumer-states-1280", full_page=True)
+        assert not failures, "\n".join(failures)
+    finally:
+        lab.post(f"/consumers/{ids['frozen']}/stop")
+        lab.post(f"/consumers/{ids['stepping']}/stop")

@@ -1,0 +1,351 @@
+"""Classroom mode: a lab per attendee (join, isolation), the instructor's board, per-lab limits,
+lab housekeeping (list, prune), and three attendees running an exercise at the same time.
+
+Real parts only: the web app over its test client, the session's lab agent, PostgreSQL and the
+broker; attendees are separate browser sessions (test clients with their own cookies).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import os
+import re
+import threading
+
+import pytest
+from sqlalchemy import text
+
+from webapp import classroom, commands, kafka
+from webapp.db import db
+from webapp.domain.lab import Lab
+from webapp.housekeeping import parse_duration, prunable, LabInfo
+from webapp.waits import wait_until
+
+TOKEN = "instructor-token"
+EXERCISE = "01_naive_double_credit"
+_classes = itertools.count(1)
+
+
+@pytest.fixture
+def class_code() -> str:
+    return f"class-{os.getpid() % 10000}-{next(_classes)}"
+
+
+@pytest.fixture
+def class_app(app_factory, agent, lab_name, class_code):
+    """The web app in classroom mode: a class code, a lab token for the instructor."""
+    app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=class_code, LAB_TOKEN=TOKEN)
+    yield app
+    # Every lab an attendee of this class opened is dropped again (topics, groups, schemas).
+    with app.app_context():
+        with db.engine.connect() as conn:
+            labs = [person.lab for person in classroom.attendees(conn, class_code)]
+        for lab in labs:
+            commands.run(db.engine, lab, "lab.drop", {}, timeout=120)
+
+
+def join(app, name: str, code: str):
+    """A new browser session that joins the class as ``name``; (client, its lab)."""
+    client = app.test_client()
+    response = client.post("/join", data={"name": name, "code": code})
+    assert response.status_code == 303, response.get_data(as_text=True)
+    with client.session_transaction() as session:
+        return client, session["attendee_lab"]
+
+
+def instructor(app):
+    client = app.test_client()
+    response = client.post("/sign-in", data={"token": TOKEN, "next": "/class"})
+    assert response.status_code == 302
+    return client
+
+
+def lab_exists(app, lab: str) -> bool:
+    with app.app_context(), db.engine.connect() as conn:
+        return lab in classroom.lab_names(conn)
+
+
+# --- join ----------------------------------------------------------------------------------------
+
+def test_join_opens_an_own_lab_binds_the_session_and_reopens_it_by_name(class_app, class_code):
+    visitor = class_app.test_client()
+    assert visitor.get("/").status_code == 302 and "/join" in visitor.get("/").location
+    assert visitor.get("/api/v1/state").status_code == 403
+
+    page = visitor.get("/join").get_data(as_text=True)
+    assert 'name="name"' in page and 'name="code"' in page
+    wrong = visitor.post("/join", data={"name": "Ana Souza", "code": "not-the-code"})
+    assert wrong.status_code == 403 and "class&#39;s code" in wrong.get_data(as_text=True)
+    assert visitor.post("/join", data={"name": "   ", "code": class_code}).status_code == 400
+
+    ana, lab = join(class_app, "Ana Souza", class_code)
+    assert re.fullmatch(r"ana_souza_[0-9a-f]{4}", lab)
+    assert lab_exists(class_app, lab)
+    dashboard = ana.get("/")
+    assert dashboard.status_code == 200
+    assert f"<strong>{lab}</strong>" in dashboard.get_data(as_text=True)
+    state = ana.get("/api/v1/state").get_json()
+    assert len(state["accounts"]) == 5 and state["verdict"]["status"] == "no-events"
+    # Her session drives her lab: a credit lands there and nowhere else.
+    assert ana.post("/api/v1/publish", json={"account_id": "acc-1", "amount_cents": 500}).status_code == 201
+    assert ana.get("/api/v1/state").get_json()["verdict"]["records"] == 1
+
+    # The same name (any case, any spacing) on another browser reopens the same lab.
+    again, same_lab = join(class_app, "  ana   SOUZA ", class_code)
+    assert same_lab == lab
+    assert again.get("/api/v1/state").get_json()["verdict"]["records"] == 1
+
+
+def test_join_refuses_a_new_lab_when_the_server_holds_its_most(app_factory, agent, lab_name, class_code):
+    with app_factory().app_context(), db.engine.connect() as conn:
+        existing = len(classroom.lab_names(conn))
+    app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=class_code, LAB_MAX_LABS=existing + 1)
+    _, lab = join(app, "Ana", class_code)
+    try:
+        response = app.test_client().post("/join", data={"name": "Bruno", "code": class_code})
+        assert response.status_code == 409
+        assert "LAB_MAX_LABS" in response.get_data(as_text=True) and "lab prune" in response.get_data(as_text=True)
+        # Reopening a lab creates none: Ana gets hers back.
+        assert join(app, "ana", class_code)[1] == lab
+    finally:
+        with app.app_context():
+            commands.run(db.engine, lab, "lab.drop", {}, timeout=120)
+
+
+
+def test_guesses_of_the_class_code_and_the_instructor_token_are_limited(app_factory, agent, lab_name, class_code):
+    """The class code and the lab token are secrets: wrong guesses from one address share one limit."""
+    app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=class_code, LAB_TOKEN=TOKEN, SIGN_IN_MAX_FAILURES=2)
+    guesser = app.test_client()
+    for _ in range(2):
+        assert guesser.post("/join", data={"name": "Eve", "code": "guess"}).status_code == 403
+    refused = guesser.post("/join", data={"name": "Eve", "code": class_code})
+    assert refused.status_code == 429 and int(refused.headers["Retry-After"]) > 0
+    # The same address may not try the instructor's token either, not even the right one, until the wait is over.
+    board = app.test_client().get("/class", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert board.status_code != 200
+
+# --- isolation -----------------------------------------------------------------------------------
+
+def test_an_attendee_cannot_drive_another_attendees_lab(class_app, class_code):
+    ana, ana_lab = join(class_app, "Ana", class_code)
+    bruno, bruno_lab = join(class_app, "Bruno", class_code)
+    assert ana_lab != bruno_lab
+
+    # Naming Bruno's lab in a change: refused, whatever the route.
+    refused = ana.post(f"/api/v1/publish?lab={bruno_lab}", json={"account_id": "acc-1", "amount_cents": 100})
+    assert refused.status_code == 403 and "not yours" in refused.get_json()["error"]
+    # Bruno's guided run: Ana cannot step it.
+    started = bruno.post(f"/scenarios/{EXERCISE}/runs")
+    assert started.status_code == 303
+    run_id = int(started.location.rstrip("/").split("/")[-1])
+    with class_app.app_context(), db.engine.connect() as conn:
+        assert conn.execute(text("SELECT lab FROM lab_control.scenario_runs WHERE id = :id"),
+                            {"id": run_id}).scalar() == bruno_lab
+    assert ana.post(f"/scenarios/runs/{run_id}/next").status_code == 403
+    # Bruno's consumer is not in Ana's lab: her session cannot reach it by id.
+    consumer = bruno.post("/api/v1/consumers", json={}).get_json()
+    try:
+        assert ana.post(f"/api/v1/consumers/{consumer['consumer_id']}/kill", json={}).status_code == 404
+        # Viewing another lab is the instructor's unless the class allows it.
+        assert ana.get(f"/api/v1/state?lab={bruno_lab}").status_code == 403
+        assert ana.post(f"/labs/{bruno_lab}/view").status_code == 403
+        teacher = instructor(class_app)
+        viewed = teacher.get(f"/api/v1/state?lab={bruno_lab}", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert viewed.status_code == 200 and viewed.get_json()["consumers"][0]["id"] == consumer["consumer_id"]
+        # The instructor's read-only view of Bruno's lab: the dashboard shows it, changes are refused.
+        assert teacher.post(f"/labs/{bruno_lab}/view").status_code == 303
+        page = teacher.get("/").get_data(as_text=True)
+        assert f"<strong>{bruno_lab}</strong>" in page and "read-only" in page
+        assert teacher.post("/api/v1/publish", json={"account_id": "acc-1", "amount_cents": 100}).status_code == 403
+        assert teacher.post("/labs/view/leave").status_code == 303
+        assert bruno.get("/api/v1/state").get_json()["verdict"]["records"] == 0
+    finally:
+        bruno.post(f"/api/v1/consumers/{consumer['consumer_id']}/stop", json={})
+    # Without the class's permission nobody unbound drives anything.
+    assert class_app.test_client().post("/api/v1/publish", json={}).status_code == 401
+
+
+def test_attendees_may_view_each_other_when_the_instructor_allows_it(app_factory, agent, lab_name, class_code):
+    app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=class_code, LAB_CLASS_VIEW_OTHERS=1)
+    try:
+        ana, _ = join(app, "Ana", class_code)
+        _, bruno_lab = join(app, "Bruno", class_code)
+        assert ana.get(f"/api/v1/state?lab={bruno_lab}").status_code == 200
+        assert ana.post(f"/api/v1/publish?lab={bruno_lab}", json={"account_id": "acc-1"}).status_code == 403
+    finally:
+        with app.app_context():
+            with db.engine.connect() as conn:
+                labs = [person.lab for person in classroom.attendees(conn, class_code)]
+            for lab in labs:
+                commands.run(db.engine, lab, "lab.drop", {}, timeout=120)
+
+
+# --- limits --------------------------------------------------------------------------------------
+
+def test_per_lab_limits_refuse_with_a_clear_message(app_factory, agent, lab_name, class_code):
+    app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=class_code, LAB_MAX_CONSUMERS=1, LAB_MAX_BURST=5)
+    ana, lab = join(app, "Ana", class_code)
+    try:
+        burst = ana.post("/api/v1/publish", json={"mode": "burst", "count": 6, "account_id": "acc-1",
+                                                   "amount_cents": 100})
+        assert burst.status_code == 400
+        assert burst.get_json()["field"] == "count" and "at most 5 events per burst" in burst.get_json()["error"]
+        assert ana.post("/api/v1/publish", json={"mode": "burst", "count": 5, "account_id": "acc-1",
+                                                 "amount_cents": 100}).status_code == 201
+        first = ana.post("/api/v1/consumers", json={}).get_json()
+        second = ana.post("/api/v1/consumers", json={})
+        assert second.status_code == 400 and second.get_json()["field"] == "consumers"
+        assert "already runs 1 consumer(s)" in second.get_json()["error"]
+        # The dashboard's form says it too, not a 500.
+        form = ana.post("/controls/consumers", data={"group": "payments"})
+        assert form.status_code == 422 and "LAB_MAX_CONSUMERS" in form.get_data(as_text=True)
+        ana.post(f"/api/v1/consumers/{first['consumer_id']}/stop", json={})
+    finally:
+        with app.app_context():
+            commands.run(db.engine, lab, "lab.drop", {}, timeout=120)
+
+
+# --- the board -----------------------------------------------------------------------------------
+
+def test_the_board_lists_every_lab_with_its_verdict_starts_an_exercise_for_everyone_and_exports(
+        class_app, class_code):
+    ana, ana_lab = join(class_app, "Ana", class_code)
+    _, bruno_lab = join(class_app, "Bruno", class_code)
+    ana.post("/api/v1/publish", json={"account_id": "acc-1", "amount_cents": 700})
+    # Attendees are not instructors: the board is refused to them.
+    assert ana.get("/class").status_code == 403
+    assert class_app.test_client().get("/class").status_code == 302
+
+    teacher = instructor(class_app)
+    board = teacher.get("/class").get_data(as_text=True)
+    cards = dict(re.findall(r'data-lab="([a-z0-9_]+)" data-verdict="([a-z-]+)"', board))
+    assert cards == {ana_lab: "pending", bruno_lab: "no-events"}
+    assert "Ana" in board and "Bruno" in board and "no exercise yet" in board
+
+    started = teacher.post("/class/start", data={"scenario": EXERCISE})
+    assert started.status_code == 303 and "started in 2 lab(s)" in teacher.get(started.location).get_data(as_text=True)
+    with class_app.app_context(), db.engine.connect() as conn:
+        runs = dict(conn.execute(text("SELECT lab, scenario FROM lab_control.scenario_runs WHERE lab = ANY(:labs)"),
+                                 {"labs": [ana_lab, bruno_lab]}).all())
+    assert runs == {ana_lab: EXERCISE, bruno_lab: EXERCISE}
+    cards_html = teacher.get("/class/cards").get_data(as_text=True)
+    assert cards_html.count("A naive consumer credits twice · step 0 of 8") == 2
+    # Each attendee's dashboard links to their own run.
+    assert "Your exercise: 01_naive_double_credit" in ana.get("/").get_data(as_text=True)
+
+    exported = teacher.get("/class/results.csv")
+    assert exported.status_code == 200 and exported.mimetype == "text/csv"
+    rows = {row["lab"]: row for row in csv.DictReader(io.StringIO(exported.get_data(as_text=True)))}
+    assert rows[ana_lab]["name"] == "Ana" and rows[ana_lab]["verdict"] == "pending"
+    assert rows[bruno_lab]["exercise"].startswith("1 · ") and rows[bruno_lab]["step"] == "0"
+
+    # Reset one lab: the agent wipes it (Ana's credit gone) and the board says it was asked.
+    reset = teacher.post(f"/class/labs/{ana_lab}/reset")
+    assert reset.status_code == 303
+    def wiped() -> bool:
+        state = ana.get("/api/v1/state")  # 503 while the agent recreates the lab's schema
+        return state.status_code == 200 and state.get_json()["verdict"]["records"] == 0
+    wait_until(wiped, timeout=60, message="the instructor's reset never reached Ana's lab")
+
+
+# --- housekeeping --------------------------------------------------------------------------------
+
+def test_durations_and_what_prune_keeps():
+    assert parse_duration("12h") == 43200 and parse_duration("30m") == 1800 and parse_duration("2d") == 172800
+    assert parse_duration("45") == 45
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration("soon")
+    old = dict(created=None, last_activity=None, consumers=0, size_bytes=0, schemas=1, attendee=None)
+    labs = [LabInfo(name="old", idle_seconds=90000, busy=False, **old),
+            LabInfo(name="fresh", idle_seconds=10, busy=False, **old),
+            LabInfo(name="default", idle_seconds=90000, busy=False, **old),
+            LabInfo(name="stepping", idle_seconds=90000, busy=True, **old),
+            LabInfo(name="empty", idle_seconds=None, busy=False, **old)]
+    # A lab with no recorded activity at all is kept: nothing says how old it is.
+    assert [i.name for i in prunable(labs, 43200, keep={"default"})] == ["old"]
+
+
+def test_list_and_prune_drop_an_idle_labs_topics_groups_and_schemas(class_app, class_code, services):
+    ana, lab = join(class_app, "Ana", class_code)
+    consumer = ana.post("/api/v1/consumers", json={}).get_json()
+    ana.post("/api/v1/publish", json={"account_id": "acc-2", "amount_cents": 300})
+    wait_until(lambda: ana.get("/api/v1/state").get_json()["verdict"]["status"] == "exactly-once", timeout=60,
+               message="the consumer never applied the credit")
+    runner = class_app.test_cli_runner()
+    listed = runner.invoke(args=["lab", "list", "--json"])
+    assert listed.exit_code == 0, listed.output
+    info = next(i for i in json.loads(listed.output) if i["name"] == lab)
+    assert info["attendee"] == "Ana" and info["consumers"] == 1 and info["size_bytes"] > 0
+    assert info["idle_seconds"] < 60
+
+    # Two days without activity.
+    with class_app.app_context(), db.engine.begin() as conn:
+        conn.execute(text(f'UPDATE "{Lab(lab).schema}".timeline SET at = at - interval \'2 days\''))
+        conn.execute(text("UPDATE lab_control.attendees SET seen_at = seen_at - interval '2 days' WHERE lab = :lab"),
+                     {"lab": lab})
+    dry = runner.invoke(args=["lab", "prune", "--idle", "1d", "--dry-run"])
+    assert dry.exit_code == 0 and json.loads(dry.output)["would_drop"] == [lab]
+    assert lab_exists(class_app, lab)
+
+    pruned = runner.invoke(args=["lab", "prune", "--idle", "1d"])
+    assert pruned.exit_code == 0, pruned.output
+    summary = json.loads(pruned.output[pruned.output.index("{"):])
+    assert summary["dropped"] == [lab] and summary["failed"] == {}
+    assert summary["groups_deleted"] == [f"{lab}.payments"], summary
+    assert not lab_exists(class_app, lab)
+    admin = kafka.admin_client(services.bootstrap_servers)
+    assert not [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"{lab}.")]
+    with class_app.app_context(), db.engine.connect() as conn:
+        assert classroom.attendee_of_lab(conn, lab) is None
+        assert conn.execute(text("SELECT count(*) FROM lab_control.consumers WHERE lab = :lab"),
+                            {"lab": lab}).scalar() == 0
+    with class_app.app_context(), db.engine.connect() as conn:
+        assert conn.execute(text("SELECT state FROM lab_control.consumers WHERE id = :id"),
+                            {"id": consumer["consumer_id"]}).first() is None
+    assert runner.invoke(args=["lab", "prune", "--idle", "soon"]).exit_code == 2
+
+
+# --- three attendees at once ---------------------------------------------------------------------
+
+def test_three_attendees_run_exercise_one_at_the_same_time_each_in_their_own_lab(class_app, class_code):
+    attendees = [join(class_app, name, class_code) for name in ("Ana", "Bruno", "Carla")]
+    outcomes: dict[str, dict] = {}
+    errors: list[str] = []
+
+    def run_exercise(client, lab):
+        try:
+            started = client.post(f"/scenarios/{EXERCISE}/runs")
+            run_id = int(started.location.rstrip("/").split("/")[-1])
+            for _ in range(12):
+                row = run_row(class_app, run_id)
+                if row["status"] in ("passed", "failed", "not-run", "error"):
+                    break
+                assert client.post(f"/scenarios/runs/{run_id}/next").status_code == 303
+                wait_until(lambda: not run_row(class_app, run_id)["busy"], timeout=120, interval=0.2,
+                           message=f"step of run {run_id} never finished")
+            outcomes[lab] = run_row(class_app, run_id)
+        except Exception as error:  # noqa: BLE001 - reported by the main thread
+            errors.append(f"{lab}: {error!r}")
+
+    threads = [threading.Thread(target=run_exercise, args=attendee) for attendee in attendees]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors, errors
+    assert set(outcomes) == {lab for _, lab in attendees}
+    for lab, row in outcomes.items():
+        assert row["lab"] == lab, row
+        assert row["status"] == "passed", (lab, row["progress"].get("reason"))
+    for client, lab in attendees:
+        verdict = client.get("/api/v1/state").get_json()["verdict"]
+        assert verdict["duplicates_applied"] == 1 and verdict["transactions"] == 1, (lab, verdict)
+
+
+def run_row(app, run_id: int) -> dict:
+    with app.app_context(), db.engine.connect() as conn:
+        return dict(conn.execute(text("SELECT lab, status, busy, progress FROM lab_control.scenario_runs "
+                                      "WHERE id = :id"), {"id": run_id}).mappings().one())

@@ -1,0 +1,186 @@
+"""Recovery (issue 15): PostgreSQL restarted under a running lab, and the lab agent SIGKILLed.
+
+A stack of this module's own (its PostgreSQL is stopped and started again on the same data
+directory and port; its agent is killed), so the session's services never go away under other
+tests. Real processes, real signals; every wait has a deadline.
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
+
+from support import ROOT, LabDriver, service_env, stop_process, wait_for_agent
+from webapp import commands, create_app
+from webapp.db import db, sqlalchemy_url
+from webapp.domain.vocabulary import AGENT_FRESH_SECONDS
+from webapp.embedded import EmbeddedBroker, EmbeddedPostgres
+from webapp.labs import Lab
+from webapp.migrations import upgrade
+from webapp.waits import wait_until
+
+
+class Stack:
+    def __init__(self, base):
+        self.base = base
+        self.postgres = EmbeddedPostgres(base / "postgres")
+        self.broker = EmbeddedBroker(base / "tansu.log")
+        self.agent: subprocess.Popen | None = None
+        self.agents: list[subprocess.Popen] = []
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {k: v for k, v in service_env(self, LAB_DATA_DIR=str(self.base)).items()}
+
+    # what service_env reads
+    @property
+    def database_url(self) -> str:
+        return self.postgres.url
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.broker.bootstrap_servers
+
+    @property
+    def data_dir(self):
+        return self.base
+
+    def start_agent(self) -> subprocess.Popen:
+        log_path = self.base / f"agent-{len(self.agents) + 1}.log"
+        with open(log_path, "ab") as log:
+            self.agent = subprocess.Popen([sys.executable, "-m", "webapp.agent"], env=self.env, cwd=ROOT, stdout=log,
+                                          stderr=subprocess.STDOUT)
+        self.agents.append(self.agent)
+        wait_for_agent(self.database_url, self.agent, log_path)
+        return self.agent
+
+    def agent_log(self) -> str:
+        return (self.base / f"agent-{len(self.agents)}.log").read_text()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    stack = Stack(tmp_path_factory.mktemp("recovery"))
+    try:
+        stack.postgres.start()
+        stack.broker.start()
+        upgrade(stack.postgres.url)
+        stack.start_agent()
+        yield stack
+    finally:
+        for agent in stack.agents:
+            stop_process(agent)
+        stack.broker.stop()
+        stack.postgres.stop()
+
+
+@pytest.fixture
+def recovery_lab(stack, tmp_path):
+    name = f"r{len(stack.agents)}_{int(time.monotonic() * 1000) % 100000}"
+    app = create_app({"TESTING": True, "DATABASE_URL": stack.database_url,
+                      "KAFKA_BOOTSTRAP_SERVERS": stack.bootstrap_servers, "LAB_DATA_DIR": str(tmp_path / "data"),
+                      "SECRET_KEY": "test", "WTF_CSRF_ENABLED": False, "LAB_NAME": name})
+    engine = create_engine(sqlalchemy_url(stack.database_url), poolclass=NullPool)
+    commands.run(engine, name, "lab.ensure", {"partitions": 3}, timeout=60)
+    driver = LabDriver(app.test_client(), Lab(name))
+    driver.post("/groups/payments/strategy", {"strategy": "eventid-atomic"})
+    yield driver
+    for consumer in driver.state()["consumers"]:
+        if consumer["state"] in ("starting", "running", "frozen", "stepping"):
+            driver.client.post(f"/api/v1/consumers/{consumer['id']}/stop", json={})
+    engine.dispose()
+    with app.app_context():
+        db.engine.dispose()
+
+
+def applied_twice_and_missing(stack, lab) -> tuple[int, int]:
+    """From the effect table and the log alone (not the lab's verdict): transactions with more
+    than one payment row, and valid credit transactions in the log with none."""
+    engine = create_engine(sqlalchemy_url(stack.database_url), poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            s = f'"{lab.lab.schema}"'
+            twice = conn.execute(text(f"SELECT count(*) FROM (SELECT transaction_id FROM {s}.payments "
+                                      "GROUP BY transaction_id HAVING count(*) > 1) x")).scalar_one()
+            missing = conn.execute(text(
+                f"SELECT count(DISTINCT r.transaction_id) FROM {s}.log_records r WHERE r.type = 'credit' "
+                f"AND r.invalid_reason IS NULL AND NOT EXISTS (SELECT 1 FROM {s}.payments p "
+                "WHERE p.transaction_id = r.transaction_id)")).scalar_one()
+        return twice, missing
+    finally:
+        engine.dispose()
+
+
+def test_a_postgresql_restart_under_a_running_lab(stack, recovery_lab):
+    lab = recovery_lab
+    consumers = [lab.start_consumer(name=name)["consumer_id"] for name in ("c1", "c2")]
+    for consumer_id in consumers:
+        lab.wait_consumer(consumer_id, lambda c: c["state"] == "running", "never ran")
+    lab.publish(account_id="acc-1", amount_cents=100, mode="burst", count=300)
+    agent = stack.agent
+
+    stack.postgres.stop()  # mid-flight: the consumers are applying the burst
+    for path in ("/api/v1/state", "/", "/live", "/panels/verdict"):
+        response = lab.client.get(path)
+        assert response.status_code == 503, f"{path}: {response.status_code} {response.get_data(as_text=True)[:300]}"
+        assert "database does not answer" in response.get_data(as_text=True) or path == "/", path
+    body = lab.client.get("/api/v1/state").get_json()
+    assert "recovers by itself" in body["error"]
+    assert lab.client.get("/healthz").status_code == 503
+
+    stack.postgres.start()  # the same data directory and port
+    wait_until(lambda: lab.client.get("/api/v1/state").status_code == 200, timeout=30,
+               message="the web app did not answer again after PostgreSQL came back")
+    wait_until(lambda: lab.client.get("/healthz").status_code == 200, timeout=30,
+               message=lambda: f"the agent did not report again: {lab.client.get('/healthz').get_json()} "
+                               f"{stack.agent_log()}")
+    assert agent.poll() is None, f"the agent died with PostgreSQL: {stack.agent_log()}"
+    # The agent carries out commands again, and the consumers go on where they were.
+    lab.publish(account_id="acc-2", amount_cents=700)
+    lab.wait(lambda s: s["verdict"]["status"] == "exactly-once" and s["verdict"]["transactions"] == 301,
+             "the lab never settled to exactly-once after the restart", timeout=90)
+    states = {c["name"]: c["state"] for c in lab.state()["consumers"]}
+    assert states == {"c1": "running", "c2": "running"}, states
+    assert applied_twice_and_missing(stack, lab) == (0, 0)
+    assert lab.account("acc-1")["actual"] == 30000 and lab.account("acc-2")["actual"] == 700
+
+
+def test_a_sigkilled_agent_its_consumers_go_and_the_dashboard_says_so(stack, recovery_lab):
+    lab = recovery_lab
+    consumer_id = lab.start_consumer(name="k1")["consumer_id"]
+    lab.wait_assigned(consumer_id)
+    dead = stack.agent
+    dead_pid = lab.consumer(consumer_id)["pid"]
+    dead.send_signal(signal.SIGKILL)
+    dead.wait(timeout=10)
+    # The consumer notices its agent is gone and leaves; nothing runs it now.
+    row = lab.wait_consumer(consumer_id, lambda c: c["state"] == "gone", "did not show as gone",
+                            timeout=AGENT_FRESH_SECONDS + 5)
+    assert "agent" in (row["last_error"] or ""), row
+    wait_until(lambda: not _alive(dead_pid), timeout=10, message=f"the orphaned consumer {dead_pid} still runs")
+    # The top bar says no agent runs (once its heartbeat is stale), the consumer's card says gone.
+    html = wait_until(lambda: 'data-agent="down"' in (page := lab.client.get("/").get_data(as_text=True)) and page,
+                      timeout=AGENT_FRESH_SECONDS + 5, message="the dashboard never said the agent is down")
+    assert "∅ gone" in html
+    stack.start_agent()
+    started = time.monotonic()
+    lab.wait(lambda s: s["consumers"][0]["state"] == "gone", "the next agent does not show the consumer gone",
+             timeout=AGENT_FRESH_SECONDS)
+    assert time.monotonic() - started <= AGENT_FRESH_SECONDS
+    timeline = lab.client.get("/panels/timeline").get_data(as_text=True)
+    assert "k1" in timeline and "agent" in timeline and "died" in timeline, timeline
+    # The lab works again through the new agent.
+    lab.start_consumer(name="k2")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

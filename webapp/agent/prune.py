@@ -1,0 +1,81 @@
+"""Dropping a lab for good: its topics, its consumer groups, its schemas and its control rows.
+
+``flask --app app lab prune`` asks an agent (command ``lab.drop``: only an agent can stop the
+lab's consumers and hold its log reader off the topics being deleted), or, with no agent running,
+calls :func:`drop` itself with an admin client of its own.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from sqlalchemy import Engine, text
+
+from .. import classroom, kafka
+from ..domain.lab import Lab
+from ..labs import drop_database_state, lab_schemas
+
+if TYPE_CHECKING:
+    from .loop import Agent
+
+
+def lab_topics(admin: AdminClient, lab: Lab) -> list[str]:
+    """Every topic named under the lab's prefix (``<lab>.payments``, its DLQ, and any other)."""
+    return sorted(name for name in admin.list_topics(timeout=kafka.ADMIN_TIMEOUT).topics
+                  if name.startswith(f"{lab.name}."))
+
+
+def lab_group_ids(engine: Engine, lab: Lab) -> list[str]:
+    """The Kafka group ids of the lab's groups, as its schemas list them."""
+    ids: set[str] = set()
+    with engine.connect() as conn:
+        for schema in lab_schemas(conn, lab):
+            if conn.execute(text("SELECT 1 FROM pg_tables WHERE schemaname = :s AND tablename = 'consumer_groups'"),
+                            {"s": schema}).first():
+                ids.update(conn.execute(text(f'SELECT group_id FROM "{schema}".consumer_groups')).scalars())
+    return sorted(ids)
+
+
+def delete_groups(admin: AdminClient, group_ids: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Delete the groups the broker knows; (deleted, {group: why not}) — a broker that cannot
+    delete a group leaves its committed offsets behind, and the caller says so."""
+    if not group_ids:
+        return [], {}
+    deleted, failed = [], {}
+    try:
+        futures = admin.delete_consumer_groups(group_ids, request_timeout=kafka.ADMIN_TIMEOUT)
+    except (KafkaException, ValueError) as error:
+        return [], {group: str(error) for group in group_ids}
+    for group, future in futures.items():
+        try:
+            future.result()
+            deleted.append(group)
+        except KafkaException as error:
+            failed[group] = str(error.args[0] if error.args else error)
+    return deleted, failed
+
+
+def drop(engine: Engine, admin: AdminClient, lab: Lab) -> dict[str, Any]:
+    """Drop the lab's topics, groups, schemas and control rows (its consumers already stopped)."""
+    groups = lab_group_ids(engine, lab)
+    topics = kafka.delete_topics(admin, lab_topics(admin, lab))
+    deleted, failed = delete_groups(admin, groups)
+    with engine.begin() as conn:
+        schemas = lab_schemas(conn, lab)
+        drop_database_state(conn, lab)
+        classroom.forget_labs(conn, [lab.name])
+    return {"lab": lab.name, "topics": topics, "schemas": schemas, "groups": deleted, "groups_kept": failed}
+
+
+def drop_lab(agent: Agent, lab: Lab, args: dict) -> dict:
+    """The agent's ``lab.drop``: stop the lab's consumers and load, hold the log reader off, drop it."""
+    from .handlers import quiesce
+
+    quiesce(agent, lab)
+    # librdkafka crashes a reader whose assigned topic is deleted (BROKER.md): hold it off meanwhile.
+    agent.log_mirror.stop()
+    try:
+        return drop(agent.engine, agent.admin, lab)
+    finally:
+        agent.log_mirror.ensure(now=True)

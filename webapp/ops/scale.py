@@ -1,0 +1,143 @@
+"""Throughput mode, part 2: the load generator, the dedup table's layout, and synthetic keys.
+
+- ``start_load`` / ``cancel_load`` / ``get_load``: N events over M accounts, paced or as fast as
+  possible, with seeded ratios of resends and source duplicates, produced by a lab agent
+  (webapp/agent/load.py); progress in the lab's ``load_runs``.
+- ``set_dedup_layout``: ``processed_events`` plain or range-partitioned by the event's own time
+  (webapp/dedup_layout.py), converted in place with its keys, only while the lab's consumers are
+  stopped.
+- ``dedup_warmup``: fill ``processed_events`` with synthetic keys (set-based, no events) to
+  measure a dedup table at a million keys without producing a million events.
+"""
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import Field, model_validator
+from sqlalchemy import text
+
+from .. import dedup_layout
+from ..db import CONTROL_SCHEMA
+from ..domain.vocabulary import LIVE_STATES, Limits
+from ..labs import lab_schemas
+from ..store import labdata, schema
+from .agent_commands import run_command
+from .faults import NoArgs
+from .fields import Number, Whole, within
+from .registry import Args, Context, InvalidRequest, operation
+
+
+class LoadArgs(Args):
+    events: Whole = within(Limits.LOAD_EVENTS, "how many records to produce, resends and source duplicates "
+                           "included", default=...)
+    accounts: Whole = within(Limits.LOAD_ACCOUNTS, "spread over this many accounts, acc-1 … acc-M (created "
+                             "when missing)", default=5)
+    rate_per_second: Whole = within(Limits.LOAD_RATE, "target rate; 0: as fast as possible", default=0)
+    resend_ratio: Number = within((0.0, 1.0), "share of records that resend a recent event (same event_id)",
+                                  default=0.0)
+    source_duplicate_ratio: Number = within((0.0, 1.0), "share of records that repeat a recent transaction "
+                                            "under a new event_id", default=0.0)
+    seed: Whole = within(Limits.LOAD_SEED, "the same seed gives the same stream of kinds, accounts and amounts",
+                         default=1)
+
+    @model_validator(mode="after")
+    def _ratios_fit(self) -> "LoadArgs":
+        if self.resend_ratio + self.source_duplicate_ratio > 1.0:
+            raise InvalidRequest("source_duplicate_ratio", "resend_ratio + source_duplicate_ratio must be at most 1")
+        return self
+
+
+class LayoutArgs(Args):
+    layout: Literal[dedup_layout.LAYOUTS] = Field(
+        description="plain: processed_events keyed by event_id; partitioned-by-day: range-partitioned by the "
+                    "event's occurred_at, keyed by (event_id, occurred_at), TTL by dropping whole days")
+
+
+class WarmupArgs(Args):
+    keys: Whole = within(Limits.WARMUP_KEYS, "synthetic keys to insert into processed_events", default=...)
+    days: Whole = within(Limits.WARMUP_DAYS, "spread their event and processing times over the last N days",
+                         default=10)
+
+
+def _ceiling(ctx: Context, name: str, key: str, value: int) -> None:
+    # A deployment (or the test suite) may keep loads smaller than the lab's limits.
+    ceiling = ctx.config.get(key)
+    if ceiling is not None and value > int(ceiling):
+        raise InvalidRequest(name, f"must be at most {int(ceiling):,} on this lab ({key})")
+
+
+@operation("start_load", path="/load", status=201, step="load", cli="load", tags=("load",),
+           summary="Start the load generator: N events over M accounts, paced or as fast as possible, with "
+                   "ratios of resends and source duplicates")
+def start_load(ctx: Context, args: LoadArgs) -> dict:
+    _ceiling(ctx, "events", "LAB_MAX_LOAD_EVENTS", args.events)
+    return run_command(ctx, "load.start", args.model_dump(), field="events")
+
+
+@operation("cancel_load", path="/load/cancel", step="cancel_load", tags=("load",),
+           summary="Ask the running load to stop (it stops within half a second)")
+def cancel_load(ctx: Context, args: NoArgs) -> dict:
+    with schema.begin_in(ctx.engine, ctx.lab.schema) as conn:
+        runs = conn.execute(text("UPDATE load_runs SET cancel_requested = true "
+                                 "WHERE state IN ('starting', 'running') RETURNING id")).scalars().all()
+        if runs:
+            labdata.say(conn, "published", f"load run {', '.join(map(str, runs))}: cancel requested")
+    return {"cancelled": list(runs)}
+
+
+@operation("get_load", method="GET", path="/load", tags=("load",),
+           summary="The load generator's newest runs: sent, resends, source duplicates, rate, state")
+def get_load(ctx: Context, args: NoArgs) -> dict:
+    with schema.connect_in(ctx.engine, ctx.lab.schema) as conn:
+        rows = conn.execute(text(
+            "SELECT id, events, accounts, rate_per_second, resend_ratio, source_duplicate_ratio, seed, state, sent, "
+            "resends, source_duplicates, failed, rate, cancel_requested, error FROM load_runs ORDER BY id DESC LIMIT 5"
+        )).mappings().all()
+    return {"runs": [dict(row) for row in rows]}
+
+
+def _live_consumers(conn, ctx: Context) -> list[str]:
+    return list(conn.execute(text(f'SELECT name FROM "{CONTROL_SCHEMA}".consumers WHERE lab = :lab '
+                                  "AND state = ANY(:live) ORDER BY id"),
+                             {"lab": ctx.lab.name, "live": [str(s) for s in LIVE_STATES]}).scalars())
+
+
+@operation("set_dedup_layout", path="/dedup/layout", step="dedup_layout", cli="dedup-layout", tags=("dedup",),
+           summary="Rebuild processed_events plain or partitioned by day of occurred_at, keys kept (the lab's "
+                   "consumers must be stopped)")
+def set_dedup_layout(ctx: Context, args: LayoutArgs) -> dict:
+    with ctx.engine.begin() as conn:
+        live = _live_consumers(conn, ctx)
+        if live:
+            raise InvalidRequest("layout", f"stop the lab's consumers first ({', '.join(live)}): the table is "
+                                 "rebuilt while nothing writes to it")
+        started = time.perf_counter()
+        converted = {}
+        for lab_schema in lab_schemas(conn, ctx.lab):
+            schema.enter(conn, lab_schema)
+            converted[lab_schema] = dedup_layout.convert(conn.exec_driver_sql, args.layout, ctx.lab.schema)
+        schema.enter(conn, ctx.lab.schema)
+        labdata.put_setting(conn, "dedup_table_layout", args.layout)
+        seconds = time.perf_counter() - started
+        keys = sum(c["keys"] for c in converted.values())
+        without = sum(c["without_event_time"] for c in converted.values())
+        labdata.say(conn, "ttl", f"processed_events rebuilt {args.layout} in {seconds:.2f} s: {keys:,} key(s) kept"
+                    + (f", {without:,} with no record in the log kept their processing time as event time"
+                       if without else ""), converted=converted)
+    return {"layout": args.layout, "converted": converted, "seconds": round(seconds, 3)}
+
+
+@operation("dedup_warmup", path="/dedup/warmup", step="dedup_warmup", cli="dedup-warmup", tags=("dedup",),
+           summary="Insert N synthetic keys into processed_events (set-based, no events), spread over the last "
+                   "days: a dedup table at a million keys in seconds")
+def dedup_warmup(ctx: Context, args: WarmupArgs) -> dict:
+    _ceiling(ctx, "keys", "LAB_MAX_WARMUP_KEYS", args.keys)
+    with schema.begin_in(ctx.engine, ctx.lab.schema) as conn:
+        started = time.perf_counter()
+        inserted = dedup_layout.warm_up(conn.exec_driver_sql, args.keys, args.days)
+        conn.exec_driver_sql("ANALYZE processed_events")  # the panel's row estimate and the planner see them
+        seconds = time.perf_counter() - started
+        labdata.say(conn, "ttl", f"{inserted:,} synthetic key(s) inserted into processed_events in {seconds:.2f} s "
+                    f"(spread over {args.days} day(s); no events behind them)", keys=inserted)
+    return {"keys": inserted, "days": args.days, "seconds": round(seconds, 3)}

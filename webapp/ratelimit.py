@@ -1,0 +1,69 @@
+"""A limit on failed guesses (a wrong LAB_TOKEN), per client address, in this process's memory.
+
+At most ``limit`` failures in any ``window`` seconds from one address; past that, every attempt
+from it is refused, the right token too, until the oldest failure in the window is older than the
+window. The token is never checked while refused, so guessing does not go on behind the refusals.
+
+In memory, per process: with gunicorn's few workers (WEB_WORKERS, default 2) an address gets at
+most ``limit`` failures per worker in a window, which still turns a brute force from thousands of
+guesses a second into a handful a minute. Nothing to set up, nothing to clean: a restart forgets.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from typing import Callable
+
+# Addresses remembered at most; past that the least recently failing is forgotten first, so a
+# flood of addresses costs bounded memory (and forgetting one only gives it a fresh window).
+MAX_ADDRESSES = 10_000
+
+
+class FailureLimiter:
+    """Counts failures per key (a client address) in a sliding window; thread-safe."""
+
+    def __init__(self, limit: int, window: float, clock: Callable[[], float] = time.monotonic,
+                 max_keys: int = MAX_ADDRESSES):
+        if limit < 1 or window <= 0:
+            raise ValueError("a failure limit needs limit >= 1 and window > 0")
+        self.limit = limit
+        self.window = window
+        self._clock = clock
+        self._max_keys = max_keys
+        self._failures: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def _recent(self, key: str, now: float) -> deque[float]:
+        """The key's failures still inside the window (older ones dropped)."""
+        failures = self._failures.get(key, deque())
+        while failures and failures[0] <= now - self.window:
+            failures.popleft()
+        if not failures:
+            self._failures.pop(key, None)
+        return failures
+
+    def retry_after(self, key: str) -> int:
+        """Whole seconds until ``key`` may try again; 0 when it may try now."""
+        with self._lock:
+            now = self._clock()
+            failures = self._recent(key, now)
+            if len(failures) < self.limit:
+                return 0
+            return max(1, math.ceil(failures[0] + self.window - now))
+
+    def record_failure(self, key: str) -> None:
+        with self._lock:
+            now = self._clock()
+            failures = self._recent(key, now)
+            self._failures.pop(key, None)  # re-inserted last: the dict is ordered by latest failure
+            failures.append(now)
+            self._failures[key] = failures
+            while len(self._failures) > self._max_keys:
+                del self._failures[next(iter(self._failures))]
+
+    def forget(self, key: str) -> None:
+        """A right answer: the key's failures no longer count."""
+        with self._lock:
+            self._failures.pop(key, None)
