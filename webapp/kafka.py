@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 # Short group timeouts: on Tansu the first join waits about half the session timeout, and they
@@ -69,9 +69,16 @@ def ensure_topics(admin: AdminClient, topics: dict[str, int]) -> list[str]:
     missing = [NewTopic(name, partitions, -1) for name, partitions in topics.items() if name not in existing]
     if not missing:
         return []
-    for future in admin.create_topics(missing, operation_timeout=ADMIN_TIMEOUT).values():
-        future.result()
-    return [topic.topic for topic in missing]
+    created = []
+    for name, future in admin.create_topics(missing, operation_timeout=ADMIN_TIMEOUT).items():
+        try:
+            future.result()
+            created.append(name)
+        except KafkaException as error:
+            # Made meanwhile by another client (an agent, the log reader): the topic is there, as asked.
+            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    return created
 
 
 def delete_topics(admin: AdminClient, names: list[str]) -> list[str]:

@@ -185,7 +185,8 @@ def test_every_consumer_state_keeps_its_text_readable_and_notices_use_the_consum
     frozen_card = page.locator(f'[data-consumer="{ids["frozen"]}"]')
     name = frozen_card.locator(".name").inner_text()
     frozen_card.get_by_role("button", name="Freeze").click()
-    expect(page.locator("#notices")).to_contain_text(f"Consumer {name} frozen")
+    # The notice comes back with the POST, once the agent has frozen the process: a command round trip.
+    expect(page.locator("#notices")).to_contain_text(f"Consumer {name} frozen", timeout=SETTLE)
     try:
         failures = []
         for state, consumer_id in ids.items():
