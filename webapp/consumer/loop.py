@@ -104,6 +104,7 @@ class ConsumerProcess:
         self._dlq: Producer | None = None
         self._agent_pid = os.getppid()
         self.orphaned = False  # its agent died: it stops itself and reports "gone"
+        self.control_broken: psycopg.OperationalError | None = None  # noted in a rebalance callback
         self.retrying: dict[tuple[str, int], Retry] = {}
 
         self.control_conn = connect(database_url, autocommit=True, application_name=f"lab {lab.name} {name} control")
@@ -238,22 +239,36 @@ class ConsumerProcess:
 
     # --- the loop ------------------------------------------------------------------------
 
+    @contextmanager
+    def _reporting_from_callback(self):
+        """Around a rebalance callback's writes to PostgreSQL. No exception may leave a rebalance
+        callback (it would surface from poll() mid-rebalance): a connection lost to a PostgreSQL
+        restart is noted, the loop reconnects next, and the report, kept in memory, goes out with
+        the next heartbeat."""
+        try:
+            yield
+        except psycopg.OperationalError as error:
+            self.control_broken = error
+
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.report.generation += 1
         self.report.assigned = sorted(p.partition for p in partitions)
-        self.control.write(self.report)
-        self._say("rebalanced", f"{self.name} assigned partitions {self.report.assigned or 'none'} "
-                  f"(generation {self.report.generation})", partitions=self.report.assigned)
+        with self._reporting_from_callback():
+            self.control.write(self.report)
+            self._say("rebalanced", f"{self.name} assigned partitions {self.report.assigned or 'none'} "
+                      f"(generation {self.report.generation})", partitions=self.report.assigned)
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._forget_retries(partitions)
         self.report.assigned = []
-        self.control.write(self.report)
+        with self._reporting_from_callback():
+            self.control.write(self.report)
 
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._forget_retries(partitions)
         self.report.assigned = []
-        self._say("rebalanced", f"{self.name} lost partitions {sorted(p.partition for p in partitions)}")
+        with self._reporting_from_callback():
+            self._say("rebalanced", f"{self.name} lost partitions {sorted(p.partition for p in partitions)}")
 
     def heartbeat(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -284,6 +299,9 @@ class ConsumerProcess:
         self._say("started", f"{self.name} joined group {self.group_id} ({self.strategy_name})")
         try:
             while not self.stopping:
+                if self.control_broken is not None:
+                    broken, self.control_broken = self.control_broken, None
+                    self._control_lost(broken)
                 try:
                     self.heartbeat()
                     self._resume_due()
