@@ -216,3 +216,35 @@ def proxied_stack(base: Path) -> Iterator[Services]:
             stop_process(process)
         broker.stop()
         postgres.stop()
+
+
+@contextmanager
+def in_process_fault_proxy(base: Path, observer: Callable | None = None) -> Iterator[tuple[Any, Any, str]]:
+    """A Tansu broker advertising a FaultProxy that runs on an event loop in a thread of this
+    process; yields (proxy, its Faults, the address clients bootstrap from)."""
+    import asyncio
+    import threading
+
+    from webapp.embedded import LOOPBACK
+    from webapp.faultproxy import FaultProxy, Faults
+
+    broker = EmbeddedBroker(base / "tansu.log")
+    faults = Faults()
+    loop = asyncio.new_event_loop()
+    extra = {"observer": observer} if observer is not None else {}
+    proxy = FaultProxy((LOOPBACK, 0), (LOOPBACK, broker.port), faults, **extra)
+    thread = threading.Thread(target=loop.run_forever, name="fault-proxy-loop")
+    try:
+        loop.run_until_complete(proxy.start())
+        thread.start()
+        broker.start(advertised_port=proxy.port)
+        yield proxy, faults, f"{LOOPBACK}:{proxy.port}"
+    finally:
+        if thread.is_alive():
+            asyncio.run_coroutine_threadsafe(proxy.close(), loop).result(timeout=10)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
+        else:
+            loop.run_until_complete(proxy.close())
+        loop.close()
+        broker.stop()

@@ -7,11 +7,9 @@ so every command below names this module's agent.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -22,7 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
-from support import ROOT, LabDriver, service_env, stop_process, wait_for_agent
+from support import ROOT, LabDriver, in_process_fault_proxy, service_env, stop_process, wait_for_agent
 from webapp import commands, ops, state
 from webapp.db import lab_session, sqlalchemy_url
 from webapp.embedded import LOOPBACK, EmbeddedBroker
@@ -95,29 +93,12 @@ class InProcessProxy:
 
 @pytest.fixture(scope="module")
 def in_process(tmp_path_factory):
-    """A Tansu broker advertising a FaultProxy that runs on an event loop in a thread of this process."""
-    broker = EmbeddedBroker(tmp_path_factory.mktemp("in_process") / "tansu.log")
+    """A Tansu broker advertising a FaultProxy in this process, every frame it sees recorded."""
     frames: list = []
-    faults = Faults()
-    loop = asyncio.new_event_loop()
-    proxy = FaultProxy((LOOPBACK, 0), (LOOPBACK, broker.port), faults,
-                       observer=lambda direction, request, correlation_id: frames.append(
-                           (direction, request, correlation_id)))
-    thread = threading.Thread(target=loop.run_forever, name="fault-proxy-loop")
-    try:
-        loop.run_until_complete(proxy.start())
-        thread.start()
-        broker.start(advertised_port=proxy.port)
-        yield InProcessProxy(proxy, faults, frames, f"{LOOPBACK}:{proxy.port}")
-    finally:
-        if thread.is_alive():
-            asyncio.run_coroutine_threadsafe(proxy.close(), loop).result(timeout=10)
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=10)
-        else:
-            loop.run_until_complete(proxy.close())
-        loop.close()
-        broker.stop()
+    with in_process_fault_proxy(tmp_path_factory.mktemp("in_process"), observer=lambda direction, request,
+                                correlation_id: frames.append((direction, request, correlation_id))) as (
+            proxy, faults, address):
+        yield InProcessProxy(proxy, faults, frames, address)
 
 
 def test_frames_are_parsed_on_real_traffic(in_process):

@@ -9,9 +9,7 @@ process, the proxy, an agent whose producer goes through it), as tests/test_scen
 """
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import uuid
 
 import pytest
@@ -20,12 +18,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from support import ROOT, assert_passed, proxied_stack, run_guided
+from support import ROOT, assert_passed, in_process_fault_proxy, proxied_stack, run_guided
 from webapp import events, state
 from webapp.db import lab_session, sqlalchemy_url
 from webapp.domain.lab import Lab
-from webapp.embedded import LOOPBACK, EmbeddedBroker
-from webapp.faultproxy import FaultProxy, Faults
 from webapp.producer import Publisher
 from webapp.readmodel import ordering
 from webapp.waits import wait_until
@@ -130,26 +126,9 @@ def test_the_mirror_keeps_each_number_and_marks_the_records_that_landed_out_of_o
 
 @pytest.fixture(scope="module")
 def proxied_broker(tmp_path_factory):
-    """A Tansu broker advertising a FaultProxy that runs on an event loop in a thread of this process."""
-    broker = EmbeddedBroker(tmp_path_factory.mktemp("ordering_broker") / "tansu.log")
-    faults = Faults()
-    loop = asyncio.new_event_loop()
-    proxy = FaultProxy((LOOPBACK, 0), (LOOPBACK, broker.port), faults)
-    thread = threading.Thread(target=loop.run_forever, name="ordering-proxy-loop")
-    try:
-        loop.run_until_complete(proxy.start())
-        thread.start()
-        broker.start(advertised_port=proxy.port)
-        yield f"{LOOPBACK}:{proxy.port}", faults
-    finally:
-        if thread.is_alive():
-            asyncio.run_coroutine_threadsafe(proxy.close(), loop).result(timeout=10)
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=10)
-        else:
-            loop.run_until_complete(proxy.close())
-        loop.close()
-        broker.stop()
+    """A Tansu broker advertising a FaultProxy in this process (support.in_process_fault_proxy)."""
+    with in_process_fault_proxy(tmp_path_factory.mktemp("ordering_broker")) as (_, faults, address):
+        yield address, faults
 
 
 def numbers_in_the_log(bootstrap: str, topic: str, expected_at_least: int) -> list[int]:
