@@ -52,6 +52,9 @@ GUARANTEED = ("eventid-atomic", "insert-first", "business-key")
 CONSUMERS_PER_GROUP = 3
 CHAOS_EVERY_SECONDS = 2.0
 DOWN_SECONDS = 3.0
+# Chaos goes on until every group has taken at least this many actions (the publish may be over
+# sooner on a fast machine, and a loaded one acts less often than every 2 s).
+MIN_ACTIONS_PER_GROUP = 5
 RESEND_SHARE = 0.05
 SOURCE_DUPLICATE_SHARE = 0.05
 
@@ -213,6 +216,9 @@ def soak(events: int, seconds: float, base: Path, restart_postgres: bool = True,
                        timeout=60, message="the agent did not take commands again after the restart")
         runs.append(load(ctx, halves[1], seconds / 2, seed=2))
         timings["publish_s"] = round(time.monotonic() - started, 1)
+        wait_until(lambda: _chaos_done_enough(ctx), timeout=180, interval=0.5,
+                   message=lambda: f"chaos fell short of {MIN_ACTIONS_PER_GROUP} actions per group: "
+                                   f"{_actions_by_group(ctx)}")
         stopped = wait_until(lambda: _try(lambda: ops.call("stop_chaos", ctx, {})), timeout=120,
                              message="chaos did not stop")
         chaos_sessions = ops.call("get_chaos", ctx)["sessions"]
@@ -227,12 +233,23 @@ def soak(events: int, seconds: float, base: Path, restart_postgres: bool = True,
                               group_id in wedged))
         return {"events": sum(r["sent"] for r in runs), "log_records": state["lanes"][0]["verdict"]["records"],
                 "load_runs": [{k: r[k] for k in ("state", "sent", "resends", "source_duplicates", "failed")}
-                              for r in runs], "chaos_actions": sum(s["actions_done"] for s in chaos_sessions), "wedged": wedged,
+                              for r in runs], "chaos_actions": sum(s["actions_done"] for s in chaos_sessions),
+                "chaos_actions_by_group": {s["group_id"]: s["actions_done"] for s in chaos_sessions}, "wedged": wedged,
                 "chaos_stopped": stopped["stopped"], "rows": [asdict(r) | {"verdict_agrees": r.verdict_agrees} for r in rows],
                 **timings}
     finally:
         engine.dispose()
         stack.stop()
+
+
+def _actions_by_group(ctx: ops.Context) -> dict[str, int]:
+    """Actions taken so far by each group's chaos session."""
+    return {s["group_id"]: s["actions_done"] for s in (_try(lambda: ops.call("get_chaos", ctx)) or {}).get("sessions", [])}
+
+
+def _chaos_done_enough(ctx: ops.Context) -> bool:
+    counts = _actions_by_group(ctx)
+    return len(counts) == len(STRATEGIES) and min(counts.values()) >= MIN_ACTIONS_PER_GROUP
 
 
 WEDGED_AFTER = 30.0   # seconds with live members, none assigned, records pending

@@ -23,7 +23,9 @@ def test_the_short_soak_loses_nothing_applies_nothing_twice_and_the_verdict_agre
     report = json.loads(done.stdout.strip().splitlines()[-1])
     rows = {row["strategy"]: row for row in report["rows"]}
     assert set(rows) == {"none", "eventid-atomic", "insert-first", "business-key"}, report
-    assert report["events"] >= 1000 and report["chaos_actions"] >= 20, report
+    assert report["events"] >= 1000, report
+    # Chaos runs until every group has taken at least 5 actions (bench/soak.py waits for it).
+    assert len(report["chaos_actions_by_group"]) == 4 and min(report["chaos_actions_by_group"].values()) >= 5, report
     for strategy in ("eventid-atomic", "insert-first", "business-key"):
         assert rows[strategy]["lost"] == 0 and rows[strategy]["applied_twice"] == 0, rows[strategy]
     assert rows["business-key"]["source_duplicates_twice"] == 0, rows["business-key"]
