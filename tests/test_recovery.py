@@ -167,11 +167,9 @@ def test_a_sigkilled_agent_its_consumers_go_and_the_dashboard_says_so(stack, rec
     html = wait_until(lambda: 'data-agent="down"' in (page := lab.client.get("/").get_data(as_text=True)) and page,
                       timeout=AGENT_FRESH_SECONDS + 5, message="the dashboard never said the agent is down")
     assert "∅ gone" in html
+    # A consumer too stuck to notice is the reaper's to mark gone, within 5 s of the next agent's
+    # start: test_agent.py::test_the_reaper_fails_a_sigkilled_agents_commands_and_marks_its_consumers_gone.
     stack.start_agent()
-    started = time.monotonic()
-    lab.wait(lambda s: s["consumers"][0]["state"] == "gone", "the next agent does not show the consumer gone",
-             timeout=AGENT_FRESH_SECONDS)
-    assert time.monotonic() - started <= AGENT_FRESH_SECONDS
     timeline = lab.client.get("/panels/timeline").get_data(as_text=True)
     assert "k1" in timeline and "agent" in timeline and "died" in timeline, timeline
     # The lab works again through the new agent.

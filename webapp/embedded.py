@@ -7,6 +7,7 @@ for until it answers, and stopped (then killed if it lingers) on exit.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import importlib.util
 import os
 import pwd
@@ -22,6 +23,7 @@ LOOPBACK = "127.0.0.1"
 PR_SET_PDEATHSIG = 1
 # PostgreSQL refuses to run as root; as root we run it as this system user.
 POSTGRES_SYSTEM_USER = "embedded_postgres"
+USERADD_LOCK = "/tmp/embedded_postgres-useradd.lock"
 
 
 def _postgres_bin_dir() -> Path:
@@ -75,11 +77,19 @@ class EmbeddedPostgres:
     def _system_user() -> str | None:
         if os.geteuid() != 0:
             return None
-        try:
-            pwd.getpwnam(POSTGRES_SYSTEM_USER)
-        except KeyError:
-            subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                            POSTGRES_SYSTEM_USER], check=True, capture_output=True)
+        # Several processes may start a cluster at once on a fresh machine (the test workers do):
+        # one lock around look-up and creation, so only the first creates the user.
+        with open(USERADD_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                pwd.getpwnam(POSTGRES_SYSTEM_USER)
+            except KeyError:
+                created = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                                          POSTGRES_SYSTEM_USER], capture_output=True, text=True)
+                # 9: the name is taken, by a process that did not take our lock (another copy of the lab).
+                if created.returncode not in (0, 9):
+                    raise RuntimeError(f"useradd {POSTGRES_SYSTEM_USER} failed ({created.returncode}): "
+                                       f"{created.stderr.strip()}")
         return POSTGRES_SYSTEM_USER
 
     @property
