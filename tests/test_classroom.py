@@ -109,6 +109,14 @@ def test_join_refuses_a_new_lab_when_the_server_holds_its_most(app_factory, agen
         assert "LAB_MAX_LABS" in response.get_data(as_text=True) and "lab prune" in response.get_data(as_text=True)
         # Reopening a lab creates none: Ana gets hers back.
         assert join(app, "ana", class_code)[1] == lab
+        # A scenario run in a fresh lab of its own is one more lab too: refused, in the browser and the CLI.
+        instructor_client = app.test_client()
+        started = instructor_client.post(f"/scenarios/{EXERCISE}/runs")
+        assert started.status_code == 409 and "LAB_MAX_LABS" in started.get_data(as_text=True)
+        headless = app.test_cli_runner().invoke(args=["scenario", "run", EXERCISE])
+        assert headless.exit_code != 0 and "LAB_MAX_LABS" in headless.output, headless.output
+        with app.app_context(), db.engine.connect() as conn:
+            assert len(classroom.lab_names(conn)) == existing + 1, "a refused run left a lab behind"
     finally:
         with app.app_context():
             commands.run(db.engine, lab, "lab.drop", {}, timeout=120)
@@ -125,7 +133,7 @@ def test_guesses_of_the_class_code_and_the_instructor_token_are_limited(app_fact
     assert refused.status_code == 429 and int(refused.headers["Retry-After"]) > 0
     # The same address may not try the instructor's token either, not even the right one, until the wait is over.
     board = app.test_client().get("/class", headers={"Authorization": f"Bearer {TOKEN}"})
-    assert board.status_code != 200
+    assert board.status_code == 429 and int(board.headers["Retry-After"]) > 0
 
 # --- isolation -----------------------------------------------------------------------------------
 
@@ -213,7 +221,7 @@ def test_per_lab_limits_refuse_with_a_clear_message(app_factory, agent, lab_name
 def test_the_board_lists_every_lab_with_its_verdict_starts_an_exercise_for_everyone_and_exports(
         class_app, class_code):
     ana, ana_lab = join(class_app, "Ana", class_code)
-    _, bruno_lab = join(class_app, "Bruno", class_code)
+    bruno, bruno_lab = join(class_app, "Bruno", class_code)
     ana.post("/api/v1/publish", json={"account_id": "acc-1", "amount_cents": 700})
     # Attendees are not instructors: the board is refused to them.
     assert ana.get("/class").status_code == 403
@@ -249,6 +257,19 @@ def test_the_board_lists_every_lab_with_its_verdict_starts_an_exercise_for_every
         state = ana.get("/api/v1/state")  # 503 while the agent recreates the lab's schema
         return state.status_code == 200 and state.get_json()["verdict"]["records"] == 0
     wait_until(wiped, timeout=60, message="the instructor's reset never reached Ana's lab")
+
+    # Reset every lab of the class: Bruno's credit goes too.
+    bruno.post("/api/v1/publish", json={"account_id": "acc-1", "amount_cents": 300})
+    wait_until(lambda: bruno.get("/api/v1/state").get_json()["verdict"]["records"] == 1, timeout=30,
+               message="Bruno's credit never reached the log")
+    reset_all = teacher.post("/class/reset")
+    assert reset_all.status_code == 303 and "2 lab(s): reset requested" in teacher.get(reset_all.location).get_data(
+        as_text=True)
+
+    def all_wiped() -> bool:
+        states = [client.get("/api/v1/state") for client in (ana, bruno)]
+        return all(s.status_code == 200 and s.get_json()["verdict"]["records"] == 0 for s in states)
+    wait_until(all_wiped, timeout=90, message="the reset of every lab never reached both labs")
 
 
 # --- housekeeping --------------------------------------------------------------------------------

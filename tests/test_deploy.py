@@ -291,6 +291,9 @@ def test_only_the_web_port_is_published_and_only_on_loopback():
     assert defaults_in(raw["web"]["ports"][0]["published"]) == {"LAB_PORT": str(lab_config.DEFAULTS["LAB_PORT"])}
     assert int(port["published"]) == lab_config.DEFAULTS["LAB_PORT"]
     assert int(compose({"LAB_TOKEN": TOKEN, "LAB_PORT": "8080"})["services"]["web"]["ports"][0]["published"]) == 8080
+    # A class joins over the network only when the instructor says so.
+    assert compose({"LAB_TOKEN": TOKEN, "LAB_PUBLISH_ADDRESS": "0.0.0.0"})["services"]["web"]["ports"][0]["host_ip"] \
+        == "0.0.0.0"
 
 
 def test_lab_services_get_only_the_lab_variables():

@@ -14,6 +14,7 @@ import pytest
 
 from webapp import classroom, commands
 from webapp.db import db
+from webapp.domain.vocabulary import CONSUMER_STATES
 
 pytestmark = pytest.mark.browser
 
@@ -58,6 +59,28 @@ CONTRAST_JS = """
   }
   return found;
 }
+"""
+
+# A copy of the element at ``selector`` beside it, with ``old_class`` swapped for ``new_class`` on
+# it and its descendants (or, with no ``old_class``, its class set to ``new_class``): the contrast
+# of its text, measured as above, then the copy removed (one synchronous call: a panel refresh
+# cannot come in between).
+RESTYLED_CONTRAST_JS = f"""
+([selector, oldClass, newClass]) => {{
+  const contrast = {CONTRAST_JS};
+  const real = document.querySelector(selector);
+  if (!real) throw new Error("no element " + selector);
+  const copy = real.cloneNode(true);
+  if (oldClass) {{
+    for (const e of [copy, ...copy.querySelectorAll("." + oldClass)]) {{
+      if (e.classList.contains(oldClass)) e.classList.replace(oldClass, newClass);
+    }}
+  }} else {{
+    copy.className = newClass;
+  }}
+  real.after(copy);
+  try {{ return contrast(copy); }} finally {{ copy.remove(); }}
+}}
 """
 
 
@@ -196,6 +219,19 @@ def test_every_consumer_state_keeps_its_text_readable_and_notices_use_the_consum
                 if item["ratio"] < item["needed"]:
                     failures.append(f"{state}: {item['text']!r} {item['color']} on {item['background']} "
                                     f"= {item['ratio']:.2f} < {item['needed']}")
+        # The states no consumer is put in here (starting, crashed, failed, gone), the verdict's
+        # headline and rows in each of their styles, and every outcome's cell in the partition
+        # legend: the page's own elements, restyled in place (the stylesheet is what is checked).
+        running_card = f'[data-consumer="{ids["running"]}"]'
+        variants = [(running_card, "state-running", f"state-{state}") for state in CONSUMER_STATES]
+        variants += [("#panel-verdict .headline", None, f"headline {style}") for style in ("neutral", "ok", "bad")]
+        variants += [("#panel-verdict dl.verdict > div", None, style) for style in ("", "bad", "good", "neutral")]
+        variants += [("#panel-partitions .legend", None, "legend")]
+        for selector, old_class, new_class in variants:
+            for item in page.evaluate(RESTYLED_CONTRAST_JS, [selector, old_class, new_class]):
+                if item["ratio"] < item["needed"]:
+                    failures.append(f"{selector} as {new_class!r}: {item['text']!r} {item['color']} on "
+                                    f"{item['background']} = {item['ratio']:.2f} < {item['needed']}")
         screenshot(page, "dashboard-consumer-states-1280", full_page=True)
         assert not failures, "\n".join(failures)
     finally:

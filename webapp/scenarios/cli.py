@@ -16,6 +16,7 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from .. import commands
+from ..classroom import lab_count_limit_reached
 from ..domain.lab import Lab
 from . import built_in, find, journal
 from .loader import ScenarioError, load
@@ -70,6 +71,11 @@ def execute(scenario, *, lab_name: str | None, as_json: bool) -> RunState:
     engine = _engine()
     journal.install()  # the run's operations land in its lab's session log, as a person's would
     broker, how = broker_kind(current_app.config)
+    if not lab_name:  # a fresh lab of its own: one more on this server
+        with engine.connect() as conn:
+            refused = lab_count_limit_reached(conn, current_app.config)
+        if refused:
+            raise click.ClickException(refused)
     lab = Lab(lab_name) if lab_name else Lab(fresh_lab_name(engine, scenario.name))
     run = RunState(scenario=scenario.name, lab=lab.name)
     if not as_json:

@@ -166,6 +166,9 @@ def require_instructor() -> None:
     if is_instructor():
         return
     if _bearer() is not None:
+        wait = token_guesses().retry_after(client_address())
+        if wait:  # guessed too often: refused without a look at the token, as at sign-in
+            abort(too_many_guesses(wait))
         token_guesses().record_failure(client_address())  # a wrong token counts as a guess, as at sign-in
     if _config().get("LAB_TOKEN") and not own_lab():
         abort(redirect(url_for("auth.sign_in", next=request.path)))

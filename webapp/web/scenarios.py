@@ -15,13 +15,14 @@ import logging
 from functools import lru_cache
 from pathlib import Path
 
-from flask import Blueprint, abort, redirect, render_template, request, url_for
+from flask import Blueprint, abort, current_app, redirect, render_template, request, url_for
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from .. import commands, state
+from ..classroom import lab_count_limit_reached
 from ..db import CONTROL_SCHEMA, db, lab_session
 from ..domain.lab import Lab
 from ..scenarios import ScenarioError, built_in, guided, load
@@ -101,7 +102,13 @@ def index():
 @bp.post("/<name>/runs")
 def start(name: str):
     scenario = _scenario(name)
-    lab = classroom.guided_run_lab() or Lab(fresh_lab_name(db.engine, scenario.name))
+    lab = classroom.guided_run_lab()
+    if lab is None:  # a fresh lab of its own: one more on this server
+        with db.engine.connect() as conn:
+            refused = lab_count_limit_reached(conn, current_app.config)
+        if refused:
+            abort(409, refused)
+        lab = Lab(fresh_lab_name(db.engine, scenario.name))
     run = RunState(scenario=scenario.name, lab=lab.name)
     with db.engine.begin() as conn:
         run_id = conn.execute(text(f"INSERT INTO {C}.scenario_runs (scenario, lab, status, progress) "
