@@ -17,6 +17,7 @@ from werkzeug.serving import make_server
 
 from support import ROOT, LabDriver, Services, service_env, stop_process, wait_for_agent
 from webapp import create_app
+from webapp.config import DEFAULTS
 from webapp.embedded import EmbeddedBroker, EmbeddedPostgres
 from webapp.labs import Lab
 from webapp.migrations import upgrade
@@ -77,6 +78,9 @@ def app_factory(services, tmp_path):
             "WTF_CSRF_ENABLED": False,
             # The shared broker keeps every record in memory: loads and synthetic keys stay small here.
             "LAB_MAX_LOAD_EVENTS": 20_000, "LAB_MAX_WARMUP_KEYS": 20_000,
+            # A test client asserts right after it acts: fingerprints per request. The browser
+            # tests' server (serve_app) runs with the default, as a viewer's browser sees it.
+            "LIVE_CACHE_SECONDS": 0,
             **overrides,
         })
         apps.append(app)
@@ -134,7 +138,8 @@ def serve_app(app_factory, lab_name):
     servers = []
 
     def serve(**overrides) -> str:
-        app = app_factory(LAB_NAME=lab_name, WTF_CSRF_ENABLED=True, TESTING=False, **overrides)
+        app = app_factory(**{"LAB_NAME": lab_name, "WTF_CSRF_ENABLED": True, "TESTING": False,
+                             "LIVE_CACHE_SECONDS": DEFAULTS["LIVE_CACHE_SECONDS"], **overrides})
         port = free_port()
         server = make_server("127.0.0.1", port, app, threaded=True)
         thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -96,3 +96,47 @@ def test_sql_view_draws_transactions_and_crash_points(client, lab):
     assert 'hx-get="/panels/sql?strategy=eventid-split"' in html  # a chosen tab stays chosen
     html = client.get("/panels/sql").get_data(as_text=True)
     assert 'class="tab current" aria-pressed="true"' in html and 'data-strategy="none"' in html
+
+
+def test_viewers_polling_at_once_share_one_fingerprint_computation_and_one_panel_load(app_factory, lab_name, lab,
+                                                                                        monkeypatch):
+    """Forty viewers of one lab: /live computes the fingerprints once per LIVE_CACHE_SECONDS, and a
+    changed panel is loaded once for all of them (the others wait for that load), on real PostgreSQL."""
+    import threading
+
+    from webapp import state
+    from webapp.web import dashboard
+
+    lab.credit("acc-1", 100)
+    app = app_factory(LAB_NAME=lab_name, LIVE_CACHE_SECONDS=30)
+    counted = {"fingerprints": 0, "verdict": 0}
+    real_parts, real_verdict = state.fingerprint_parts, state.verdict
+
+    def counting(name, real):
+        def call(*args, **kwargs):
+            counted[name] += 1
+            return real(*args, **kwargs)
+        return call
+    monkeypatch.setattr(state, "fingerprint_parts", counting("fingerprints", real_parts))
+    monkeypatch.setattr(state, "verdict", counting("verdict", real_verdict))
+    dashboard._fingerprints.clear()
+    dashboard._loaded.clear()
+
+    answers, barrier = [], threading.Barrier(20)
+
+    def viewer():
+        client = app.test_client()
+        barrier.wait(10)
+        answers.append((client.get("/live").status_code, client.get("/panels/verdict").status_code))
+    threads = [threading.Thread(target=viewer) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert answers == [(200, 200)] * 20
+    assert counted == {"fingerprints": 1, "verdict": 1}, counted
+    # Past the window a new computation; without one (LIVE_CACHE_SECONDS=0) one per request.
+    uncached = app_factory(LAB_NAME=lab_name, LIVE_CACHE_SECONDS=0).test_client()
+    uncached.get("/live")
+    uncached.get("/live")
+    assert counted["fingerprints"] == 3

@@ -37,11 +37,13 @@ DEFAULTS: dict[str, Any] = {
     "LAB_MAX_LABS": 60,
     "LAB_MAX_CONSUMERS": 4,
     "LAB_MAX_BURST": 200,
+    # How long one computation of a lab's panel fingerprints serves every viewer's /live (seconds; 0: per request).
+    "LIVE_CACHE_SECONDS": 0.5,
 }
 
 INTEGER_KEYS = {"LAB_PORT", "LAB_PARTITIONS", "LAB_HTTPS", "LAB_CLASSROOM", "LAB_CLASS_VIEW_OTHERS", "LAB_MAX_LABS",
                 "LAB_MAX_CONSUMERS", "LAB_MAX_BURST"}
-FLOAT_KEYS = {"LAB_COMMAND_TIMEOUT"}
+FLOAT_KEYS = {"LAB_COMMAND_TIMEOUT", "LIVE_CACHE_SECONDS"}
 RUNNING_FILE = "running.json"
 
 

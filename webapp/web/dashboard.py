@@ -12,6 +12,7 @@ with fetches itself again (static/js/live.js). The chart keeps its canvas and fe
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -25,6 +26,7 @@ from ..readmodel import notifications as notifications_readmodel
 from ..strategies.base import SESSION_SETTINGS
 from ..strategies.notification import strategy_with
 from . import current_lab, lab_db
+from .singleflight import SingleFlight
 
 bp = Blueprint("dashboard", __name__)
 
@@ -242,31 +244,46 @@ def plan_blocks(plan) -> list[dict[str, Any]]:
 
 # --- fingerprints and rendering ------------------------------------------------------------
 
-def fingerprints(lab, session) -> dict[str, str]:
-    """One short hash per panel, from the parts it depends on."""
+def _computed_fingerprints(lab, session) -> dict[str, str]:
     parts = state.fingerprint_parts(session, lab)
     parts["oldest_key_age"] = age_label(parts["oldest_key_age"])
     result = {}
     for item in PANELS.values():
         chosen = [str(parts["schema"])] + [str(parts[key]) for key in item.depends]
         result[item.name] = hashlib.blake2s("|".join(chosen).encode(), digest_size=8).hexdigest()
+    return result
+
+
+# Every viewer of a lab polls /live each second and fetches what changed: the fingerprints are
+# computed once per LIVE_CACHE_SECONDS per lab in this process (0 computes them per request), so
+# forty viewers cost one computation, not forty. A panel is then at most that much older than
+# PostgreSQL, and the next poll's fingerprint brings the rest.
+_fingerprints = SingleFlight()
+
+
+def fingerprints(lab, session) -> dict[str, str]:
+    """One short hash per panel, from the parts it depends on."""
+    window = float(current_app.config.get("LIVE_CACHE_SECONDS") or 0)
+    if window > 0:
+        result = _fingerprints.get(lab.name, lambda at: time.monotonic() - at < window,
+                                   lambda: (time.monotonic(), _computed_fingerprints(lab, session)))
+    else:
+        result = _computed_fingerprints(lab, session)
     g.fingerprints = result
     return result
 
 
 # A panel's data is a function of its fingerprint: while the fingerprint stands, the data last
 # loaded for it is still what PostgreSQL holds. So thirty browsers watching one lab cost one
-# load per change, not thirty. Keyed by lab, panel and the one argument a panel takes.
-_loaded: dict[tuple[str, str, str], tuple[str, Any]] = {}
+# load per change, not thirty; and while one request loads it, the others wait for that load
+# rather than run the same queries beside it. Keyed by lab, panel and the one argument a panel takes.
+_loaded = SingleFlight()
 
 
 def _cached(key: tuple[str, str, str], fingerprint: str, compute: Callable[[], Any]) -> Any:
-    cached = _loaded.get(key)
-    if cached and cached[0] == fingerprint and current_app.config.get("PANEL_CACHE", True):
-        return cached[1]
-    data = compute()
-    _loaded[key] = (fingerprint, data)
-    return data
+    if not current_app.config.get("PANEL_CACHE", True):
+        return compute()
+    return _loaded.get(key, lambda kept: kept == fingerprint, lambda: (fingerprint, compute()))
 
 
 def _load(lab, session, name: str, fingerprint: str, args) -> dict[str, Any]:
