@@ -133,6 +133,9 @@ def test_freeze_and_thaw_from_the_buttons(dashboard_url, browser_page, lab):
     expect(card).to_have_attribute("data-state", "frozen", timeout=15_000)
     expect(page.locator("#notices .notice.ok")).to_contain_text("frozen (SIGSTOP)")
     screenshot(page, "dashboard-frozen-1280")
+    # A 1280 px screen (a projector) holds the page's width: nothing scrolls sideways.
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 1280, f"the dashboard scrolls sideways at 1280 px: {width} px wide"
     card.get_by_role("button", name="Thaw").click()
     expect(card).to_have_attribute("data-state", "running", timeout=15_000)
     expect(card.get_by_role("button", name="Freeze")).to_be_visible()
