@@ -48,6 +48,17 @@ def test_the_sql_view_shows_the_batch_plan_with_the_statements_that_run(client, 
     assert html.count('class="boundary begin batch"') == 1  # one transaction for the whole batch
 
 
+def test_the_sql_view_says_what_the_groups_commit_mode_and_membership_change(client, lab):
+    before = client.get("/live").get_json()["fingerprints"]["sql"]
+    html = client.get("/panels/sql?strategy=none").get_data(as_text=True)
+    assert "<b>sync</b> offset commits" in html and "dynamic membership" in html
+    throughput(lab, commit_mode="async", static_membership=True)
+    assert client.get("/live").get_json()["fingerprints"]["sql"] != before, "the SQL view would not refresh"
+    html = client.get("/panels/sql?strategy=none").get_data(as_text=True)
+    assert "<b>async</b> offset commits" in html and "a crash can lose the commits still in flight" in html
+    assert "<b>static membership</b>" in html and f"group.instance.id = {lab.lab.name}.payments." in html
+
+
 def test_throughput_settings_refuse_bad_input_naming_the_field(lab):
     for body, field in [({"batch_size": 0}, "batch_size"), ({"batch_size": 999999}, "batch_size"),
                         ({"commit_mode": "later"}, "commit_mode"), ({}, "batch_size"),

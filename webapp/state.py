@@ -197,6 +197,13 @@ def groups_list(session: Session) -> list[dict[str, Any]]:
     return [dict(row._mapping) for row in rows]
 
 
+def groups_kafka_settings(session: Session) -> list[dict[str, Any]]:
+    """Each group's throughput settings (ops/throughput.py): batch size, commit mode, static membership."""
+    rows = session.execute(text("SELECT group_id, strategy, batch_size, commit_mode, static_membership "
+                                "FROM consumer_groups ORDER BY created_at"))
+    return [dict(row._mapping) for row in rows]
+
+
 # Consumers blocked on a lock, and who holds it: backends of this lab's consumers (their effects
 # connections are named "lab <lab> <consumer> effects") waiting on a lock, each with the backends
 # that block it and how long it has waited (pg_locks.waitstart).
@@ -366,7 +373,7 @@ SELECT
   concat_ws(':', (SELECT coalesce(max(id), 0) FROM published_events),
             (SELECT max(read_at) FROM log_records)) AS journal,
   (SELECT coalesce(max(id), 0) FROM timeline) AS timeline,
-  (SELECT md5(coalesce(string_agg(concat_ws(':', group_id, strategy, effects_schema), ',' ORDER BY group_id), ''))
+  (SELECT md5(coalesce(string_agg(concat_ws(':', group_id, strategy, effects_schema, batch_size, commit_mode, static_membership), ',' ORDER BY group_id), ''))
      FROM consumer_groups) AS groups,
   (SELECT md5(coalesce(string_agg(concat_ws(':', group_id, partition, committed), ',' ORDER BY group_id, partition), ''))
      FROM group_offsets) AS offsets,

@@ -168,6 +168,7 @@ def sql_panel(lab, session, args) -> dict[str, Any]:
             # Batch mode's plan (dashboard/panels/_batch_plan.html): the statements apply_batch runs.
             "batch_blocks": plan_blocks(strategy.batch_plan),
             "groups": [g["group_id"] for g in groups if g["strategy"] == chosen],
+            "kafka_settings": [g for g in state.groups_kafka_settings(session) if g["strategy"] == chosen],
             "armed": {p: [c for c in consumers if c["armed_point"] == p] for p in strategy.points},
             "here": {p: [c for c in consumers if c["step_at"] == p] for p in strategy.points},
             "session_sql": SESSION_SETTINGS,
