@@ -182,3 +182,31 @@ def _alive(pid: int) -> bool:
             return stat.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_consumer_started_while_postgresql_is_down_waits_for_it(stack, recovery_lab, tmp_path):
+    """Chaos restarts consumers while PostgreSQL restarts: one that starts then waits, it does not die."""
+    lab = recovery_lab
+    consumer_id = lab.start_consumer(name="w1")["consumer_id"]
+    lab.wait_consumer(consumer_id, lambda c: c["state"] == "running", "never ran")
+    lab.post(f"/consumers/{consumer_id}/stop")
+    lab.wait_consumer(consumer_id, lambda c: c["state"] == "stopped", "never stopped")
+    log_path = tmp_path / "w1.log"
+    process = None
+    stack.postgres.stop()
+    try:
+        with open(log_path, "ab") as log:  # the process the agent would start for a restart
+            process = subprocess.Popen([sys.executable, "-m", "webapp.consumer", "--lab", lab.lab.name,
+                                        "--consumer-id", str(consumer_id)], env=stack.env, cwd=ROOT,
+                                       stdout=log, stderr=subprocess.STDOUT)
+        wait_until(lambda: "PostgreSQL does not answer" in log_path.read_text() or process.poll() is not None,
+                   timeout=30, message=lambda: f"the consumer never said it waits: {log_path.read_text()}")
+        assert process.poll() is None, f"the consumer died while PostgreSQL was down: {log_path.read_text()}"
+        stack.postgres.start()
+        lab.wait_consumer(consumer_id, lambda c: c["state"] == "running", "never ran once PostgreSQL was back",
+                          timeout=60)
+    finally:
+        if stack.postgres.process is None or stack.postgres.process.poll() is not None:
+            stack.postgres.start()
+        if process is not None:
+            stop_process(process)

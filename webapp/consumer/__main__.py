@@ -8,10 +8,35 @@ import argparse
 import logging
 import os
 import sys
+import time
+
+import psycopg
 
 from ..db import CONTROL_SCHEMA, connect
 from ..labs import Lab
 from .loop import ConsumerProcess, _signals
+
+log = logging.getLogger("idempotency_lab.consumer")
+
+
+# A consumer (re)started while PostgreSQL restarts (chaos does that) waits for it, as a running
+# one does, rather than die at its first statement; past this, it fails with the reason.
+STARTUP_DATABASE_WAIT = 60.0
+
+
+def connect_when_up(database_url: str, wait: float = STARTUP_DATABASE_WAIT) -> psycopg.Connection:
+    """A connection to PostgreSQL, retried with a backoff for up to ``wait`` seconds."""
+    deadline, delay = time.monotonic() + wait, 0.1
+    while True:
+        try:
+            return connect(database_url)
+        except psycopg.OperationalError as error:
+            if time.monotonic() + delay > deadline:
+                raise
+            if delay == 0.1:
+                log.warning("PostgreSQL does not answer (%s); waiting for it", str(error).splitlines()[0])
+            time.sleep(delay)  # a backoff between connection attempts
+            delay = min(delay * 2, 2.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s consumer[{os.getpid()}] %(message)s")
 
     database_url = os.environ["DATABASE_URL"]
-    with connect(database_url) as conn:
+    with connect_when_up(database_url) as conn:
         row = conn.execute(f"SELECT name, group_id FROM {CONTROL_SCHEMA}.consumers WHERE id = %s",
                            [args.consumer_id]).fetchone()
     if row is None:
