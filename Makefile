@@ -46,6 +46,7 @@ lock-upgrade:
 bench: $(STAMP)
 	$(BIN)/python bench/panels.py
 	$(BIN)/python bench/throughput.py
+	$(BIN)/python bench/commit_modes.py
 	$(BIN)/python bench/viewers.py
 
 # 10,000 events under chaos on every strategy's group and one PostgreSQL restart, then the truth

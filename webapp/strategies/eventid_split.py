@@ -14,9 +14,15 @@ from .eventid_atomic import BATCH_CLAIM, CLAIM, event_key
 
 
 def apply(ctx: Context, event: PaymentEvent) -> str:
+    return claim_then_apply(ctx, event, CLAIM)
+
+
+def claim_then_apply(ctx: Context, event: PaymentEvent, claim: str) -> str:
+    """The key committed in a transaction of its own, then the effect in another (the partitioned
+    layout runs it with its own claim)."""
     ctx.checkpoint("before-effect")
     with ctx.transaction():
-        if ctx.execute(CLAIM, params(event)).rowcount == 0:
+        if ctx.execute(claim, params(event)).rowcount == 0:
             ctx.record_delivery(event, ABSORBED)
             return ABSORBED
     ctx.checkpoint("between-key-and-effect")

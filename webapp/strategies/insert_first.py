@@ -21,10 +21,16 @@ BATCH_CLAIM = ("INSERT INTO processed_events (event_id, processed_at)\n"
 
 
 def apply(ctx: Context, event: PaymentEvent) -> str:
+    return insert_then_apply(ctx, event, CLAIM)
+
+
+def insert_then_apply(ctx: Context, event: PaymentEvent, claim: str) -> str:
+    """A plain INSERT of the key, then the effect, in one transaction (the partitioned layout runs
+    it with its own claim)."""
     ctx.checkpoint("before-effect")
     with ctx.transaction():
         # A duplicate raises psycopg.errors.UniqueViolation here; leaving the block rolls back.
-        ctx.execute(CLAIM, params(event))
+        ctx.execute(claim, params(event))
         ctx.checkpoint("between-key-and-effect")
         apply_effect(ctx, event)
         ctx.record_delivery(event, APPLIED)

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from ..events import PaymentEvent
 from . import eventid_atomic, eventid_split, insert_first
-from .base import ABSORBED, APPLIED, Context, Step, Strategy, apply_effect, ddl, note, params, sql
+from .base import Context, Step, Strategy, ddl, note, sql
 
 CLAIM = ("INSERT INTO processed_events (event_id, occurred_at, processed_at)\n"
          "VALUES (%(event_id)s, %(occurred_at)s, now())\n"
@@ -51,26 +51,11 @@ def apply_atomic(ctx: Context, event: PaymentEvent) -> str:
 
 
 def apply_split(ctx: Context, event: PaymentEvent) -> str:
-    ctx.checkpoint("before-effect")
-    with ctx.transaction():
-        if ctx.execute(CLAIM, params(event)).rowcount == 0:
-            ctx.record_delivery(event, ABSORBED)
-            return ABSORBED
-    ctx.checkpoint("between-key-and-effect")
-    with ctx.transaction():
-        apply_effect(ctx, event)
-        ctx.record_delivery(event, APPLIED)
-    return APPLIED
+    return eventid_split.claim_then_apply(ctx, event, CLAIM)
 
 
 def apply_insert_first(ctx: Context, event: PaymentEvent) -> str:
-    ctx.checkpoint("before-effect")
-    with ctx.transaction():
-        ctx.execute(INSERT_FIRST_CLAIM, params(event))  # a duplicate raises UniqueViolation: rolled back
-        ctx.checkpoint("between-key-and-effect")
-        apply_effect(ctx, event)
-        ctx.record_delivery(event, APPLIED)
-    return APPLIED
+    return insert_first.insert_then_apply(ctx, event, INSERT_FIRST_CLAIM)
 
 
 def _variant(strategy: Strategy, old_claim: str, new_claim: str, apply) -> Strategy:
