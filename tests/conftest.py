@@ -81,6 +81,9 @@ def app_factory(services, tmp_path):
             # A test client asserts right after it acts: fingerprints per request. The browser
             # tests' server (serve_app) runs with the default, as a viewer's browser sees it.
             "LIVE_CACHE_SECONDS": 0,
+            # The session's database gathers a lab per test and per scenario run: no limit on their
+            # number here (0); the limit's own tests set one.
+            "LAB_MAX_LABS": 0,
             **overrides,
         })
         apps.append(app)
