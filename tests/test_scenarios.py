@@ -152,7 +152,7 @@ setup:
     payments: {strategy: none}
 steps:
   - start: {consumer: c1, group: payments}
-  - wait: {consumer: c1, state: running, timeout: 5}
+  - wait: {consumer: c1, state: running, timeout: 90}
   - publish: {account: acc-1, amount: 1}
 expect:
   verdict: {duplicates_applied: 0}
@@ -392,7 +392,8 @@ def test_the_lost_ack_exercise_fails_when_the_stack_has_a_proxy_that_does_not_an
     code, output = run_cli(app, "run", str(path), "--json")
     result = json.loads(output)
     assert code == 1 and result["status"] == "failed", output
-    lost = next(step for step in result["steps"] if step.get("action") == "lost_ack")
+    lost = next((step for step in result["steps"] if step.get("action") == "lost_ack"), None)
+    assert lost is not None, output
     assert lost["status"] == "failed" and "fault proxy" in lost["observed"]
 
 
