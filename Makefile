@@ -48,6 +48,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/commit_modes.py
 	$(BIN)/python bench/viewers.py
+	# The longest: dedup keys and the dashboard at 1,000,000 and 10,000,000 (about an hour here).
+	$(BIN)/python bench/scale.py
 
 # 10,000 events under chaos on every strategy's group and one PostgreSQL restart, then the truth
 # counted from the log and the effect tables (`bench/soak.py --short` runs in `make test`).

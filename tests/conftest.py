@@ -81,6 +81,8 @@ def app_factory(services, tmp_path):
             # A test client asserts right after it acts: fingerprints per request. The browser
             # tests' server (serve_app) runs with the default, as a viewer's browser sees it.
             "LIVE_CACHE_SECONDS": 0,
+            # ... and each panel loaded for the state it asserts on, never served from an older load.
+            "LIVE_STALE_AFTER_SECONDS": 0,
             # The session's database gathers a lab per test and per scenario run: no limit on their
             # number here (0); the limit's own tests set one.
             "LAB_MAX_LABS": 0,
@@ -142,7 +144,8 @@ def serve_app(app_factory, lab_name):
 
     def serve(**overrides) -> str:
         app = app_factory(**{"LAB_NAME": lab_name, "WTF_CSRF_ENABLED": True, "TESTING": False,
-                             "LIVE_CACHE_SECONDS": DEFAULTS["LIVE_CACHE_SECONDS"], **overrides})
+                             "LIVE_CACHE_SECONDS": DEFAULTS["LIVE_CACHE_SECONDS"],
+                             "LIVE_STALE_AFTER_SECONDS": DEFAULTS["LIVE_STALE_AFTER_SECONDS"], **overrides})
         port = free_port()
         server = make_server("127.0.0.1", port, app, threaded=True)
         thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -140,3 +140,44 @@ def test_viewers_polling_at_once_share_one_fingerprint_computation_and_one_panel
     uncached.get("/live")
     uncached.get("/live")
     assert counted["fingerprints"] == 3
+
+
+@pytest.mark.parametrize("panel", ["accounts", "verdict", "lanes"])
+def test_a_slow_panel_is_served_at_once_from_its_last_load_marked_stale_then_refreshed(app_factory, lab_name, lab,
+                                                                                          panel):
+    """At scale (LIVE_STALE_AFTER_SECONDS; here every load counts as slow): after a change the panel
+    answers with its last load, says so and carries that load's fingerprint, so the page asks again;
+    a background thread, with its own app context and session, loads it for the new state."""
+    import re
+
+    from webapp.web import dashboard
+
+    app = app_factory(LAB_NAME=lab_name, LIVE_STALE_AFTER_SECONDS=1e-9)
+    client = app.test_client()
+    dashboard._loaded.clear()
+
+    def fingerprint(html: str) -> str:
+        return re.search(r'data-fingerprint="([^"]*)"', html).group(1)
+
+    def without_note(html: str) -> str:
+        return " ".join(re.sub(r'<p class="stale".*?</p>', "", html, flags=re.S).split())
+
+    first = client.get(f"/panels/{panel}").get_data(as_text=True)
+    assert "data-stale" not in first, "nothing was kept yet: the first load is the request's own"
+    lab.credit("acc-1", 700)
+    wait_until(lambda: client.get("/live").get_json()["fingerprints"][panel] != fingerprint(first), timeout=30,
+               message=f"the {panel} panel's fingerprint never changed after a credit")
+
+    stale = client.get(f"/panels/{panel}")
+    html = stale.get_data(as_text=True)
+    assert stale.status_code == 200 and "data-stale" in html and "Updating: this shows the lab as it was" in html
+    assert fingerprint(html) == fingerprint(first), "a stale panel must carry the fingerprint of what it shows"
+    assert without_note(html) == without_note(first), "a stale panel shows its last load as it was"
+
+    def refreshed():
+        html = client.get(f"/panels/{panel}").get_data(as_text=True)
+        return "data-stale" not in html and html
+    fresh = wait_until(refreshed, timeout=30, interval=0.1, message=f"the {panel} panel was never loaded again")
+    assert fingerprint(fresh) != fingerprint(first)
+    if panel == "accounts":
+        assert "7.00" in fresh and "7.00" not in first

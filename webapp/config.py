@@ -39,11 +39,14 @@ DEFAULTS: dict[str, Any] = {
     "LAB_MAX_BURST": 200,
     # How long one computation of a lab's panel fingerprints serves every viewer's /live (seconds; 0: per request).
     "LIVE_CACHE_SECONDS": 0.5,
+    # A panel whose last load took this long or more is served at once from that load, marked with
+    # its age, while it loads again in the background (seconds; 0: always loaded in the request).
+    "LIVE_STALE_AFTER_SECONDS": 0.1,
 }
 
 INTEGER_KEYS = {"LAB_PORT", "LAB_PARTITIONS", "LAB_HTTPS", "LAB_CLASSROOM", "LAB_CLASS_VIEW_OTHERS", "LAB_MAX_LABS",
                 "LAB_MAX_CONSUMERS", "LAB_MAX_BURST"}
-FLOAT_KEYS = {"LAB_COMMAND_TIMEOUT", "LIVE_CACHE_SECONDS"}
+FLOAT_KEYS = {"LAB_COMMAND_TIMEOUT", "LIVE_CACHE_SECONDS", "LIVE_STALE_AFTER_SECONDS"}
 RUNNING_FILE = "running.json"
 
 

@@ -23,6 +23,7 @@
     if (!panel || typeof uPlot === "undefined") return;
     var box = document.getElementById("chart");
     var empty = panel.querySelector(".chart-empty");
+    var stale = panel.querySelector(".chart-stale");
     var plot = null;
     var labels = "";
     var loading = false;
@@ -64,6 +65,13 @@
         .then(function (data) {
           panel.dataset.fingerprint = data.fingerprint;
           empty.hidden = data.x.length > 0;
+          // A slow series (millions of records) comes from its last load while the next one runs.
+          // Shown from a second on, as the panels' note (dashboard/panels/_frame.html).
+          stale.hidden = data.stale_for == null || data.stale_for < 1;
+          if (!stale.hidden) {
+            stale.textContent = "Updating: this shows the lab as it was " + Math.floor(data.stale_for) +
+              " s ago (one load of this chart takes " + data.took.toFixed(1) + " s at this size).";
+          }
           var names = data.series.map(function (s) { return s.label; }).join("|");
           if (!plot || names !== labels) {
             labels = names;

@@ -195,3 +195,20 @@ def test_a_raw_record_to_a_partition_the_topic_lacks_is_refused_in_place(dashboa
     page.locator("#form-raw [name=partition]").fill("7")
     page.locator("#form-raw").get_by_role("button", name="Produce raw").click()
     expect(page.locator("#raw-partition-error")).to_contain_text("has 3 partition(s)", timeout=10_000)
+
+
+def test_a_panel_served_stale_says_so_and_the_page_fetches_it_again(serve_app, lab, browser_page):
+    """At scale a slow panel answers from its last load (here every load counts as slow): the page
+    shows the note with that load's fingerprint, asks again on the next poll, and ends on the new
+    state with the note gone."""
+    from playwright.sync_api import expect
+    page = browser_page
+    page.goto(serve_app(LIVE_STALE_AFTER_SECONDS=1e-9))
+    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
+    expected = page.locator('#panel-accounts tr[data-account="acc-2"] [data-expected]')
+    publish(page, "acc-2", "31.00")
+    expect(page.locator("#panel-accounts [data-stale]")).to_contain_text("this shows the lab as it was",
+                                                                          timeout=15_000)
+    screenshot(page, "dashboard-stale-panels")  # the whole page: the panel may swap itself meanwhile
+    expect(expected).to_have_text("31.00", timeout=15_000)
+    expect(page.locator("#panel-accounts [data-stale]")).to_have_count(0, timeout=15_000)

@@ -12,8 +12,10 @@ with fetches itself again (static/js/live.js). The chart keeps its canvas and fe
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -21,7 +23,7 @@ from flask import Blueprint, abort, current_app, g, jsonify, render_template, re
 from sqlalchemy.exc import SQLAlchemyError
 
 from .. import ops, state, strategies
-from ..db import db
+from ..db import db, lab_session
 from ..readmodel import notifications as notifications_readmodel
 from ..strategies.base import SESSION_SETTINGS
 from ..strategies.notification import strategy_with
@@ -140,7 +142,7 @@ def dedup_panel(lab, session, args) -> dict[str, Any]:
 @panel("lanes", depends=("groups", "journal", "effects"))
 def lanes_panel(lab, session, args) -> dict[str, Any]:
     # The expected balances are the accounts panel's: reuse its data while its fingerprint stands.
-    accounts = _load(lab, session, "accounts", g.fingerprints["accounts"], {})["accounts"]
+    accounts = _load(lab, session, "accounts", g.fingerprints["accounts"], {}).data["accounts"]
     return {"lanes": state.lanes(session, lab), "accounts": accounts}
 
 
@@ -279,23 +281,69 @@ def fingerprints(lab, session) -> dict[str, str]:
 # load per change, not thirty; and while one request loads it, the others wait for that load
 # rather than run the same queries beside it. Keyed by lab, panel and the one argument a panel takes.
 _loaded = SingleFlight()
+# At scale (a verdict over millions of records takes seconds) a panel whose last load took
+# LIVE_STALE_AFTER_SECONDS or more is answered at once with that load, marked with its age, while
+# one background thread per process and panel loads it again: the page stays live and says what
+# it shows. Two threads: the machine's two cores, and never the request threads' database pool.
+_refresher: ThreadPoolExecutor | None = None
+_refresher_lock = threading.Lock()
 
 
-def _cached(key: tuple[str, str, str], fingerprint: str, compute: Callable[[], Any]) -> Any:
+def refresher() -> ThreadPoolExecutor:
+    global _refresher
+    with _refresher_lock:  # created on first use: after gunicorn forked its worker
+        if _refresher is None:
+            _refresher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="panel-refresh")
+        return _refresher
+
+
+@dataclass(frozen=True)
+class Loaded:
+    data: dict[str, Any]
+    fingerprint: str               # what the data was loaded for: the page's when fresh
+    stale_for: float | None = None  # seconds since it was loaded, when it is not the current one
+    took: float = 0.0              # how long that load took
+
+
+def _cached(key: tuple[str, str, str], fingerprint: str, compute: Callable[[], Any],
+            compute_apart: Callable[[], Any] | None = None) -> Loaded:
     if not current_app.config.get("PANEL_CACHE", True):
-        return compute()
-    return _loaded.get(key, lambda kept: kept == fingerprint, lambda: (fingerprint, compute()))
+        return Loaded(compute(), fingerprint)
+    slow = float(current_app.config.get("LIVE_STALE_AFTER_SECONDS") or 0)
+    if compute_apart is None or slow <= 0:
+        return Loaded(_loaded.get(key, lambda kept: kept == fingerprint, lambda: (fingerprint, compute())), fingerprint)
+    answer = _loaded.get_or_stale(key, fingerprint, compute, slow=slow, executor=refresher(),
+                                  compute_apart=compute_apart)
+    return Loaded(answer.value, answer.tag, answer.stale_for, answer.took)
 
 
-def _load(lab, session, name: str, fingerprint: str, args) -> dict[str, Any]:
+def apart(load: Callable[[Any, Any], Any], lab, prints: dict[str, str]) -> Callable[[], Any]:
+    """``load(lab, session)`` as a background thread runs it: an app context and a database
+    session of its own (the request's are gone by then), the fingerprints the request saw."""
+    app = current_app._get_current_object()
+
+    def run():
+        with app.app_context():
+            g.fingerprints = prints
+            with lab_session(lab.schema) as session:
+                return load(lab, session)
+    return run
+
+
+def _load(lab, session, name: str, fingerprint: str, args) -> Loaded:
     strategy = args.get("strategy", "")
     key = (lab.name, name, strategy if strategy in strategies.STRATEGIES else "")
-    return _cached(key, fingerprint, lambda: PANELS[name].loader(lab, session, args))
+    loader = PANELS[name].loader
+    args = dict(args)
+    return _cached(key, fingerprint, lambda: loader(lab, session, args),
+                   apart(lambda lab_, session_: loader(lab_, session_, args), lab, g.fingerprints))
 
 
 def _context(lab, session, name: str, prints: dict[str, str], args, extra) -> dict[str, Any]:
-    return {"lab": lab, "fingerprint": prints[name], "query": dict(args),
-            **_load(lab, session, name, prints[name], args), **extra}
+    loaded = _load(lab, session, name, prints[name], args)
+    # A stale panel carries the fingerprint of what it shows: the next poll asks for it again.
+    return {"lab": lab, "fingerprint": loaded.fingerprint, "stale_for": loaded.stale_for, "took": loaded.took,
+            "query": dict(args), **loaded.data, **extra}
 
 
 def panel_context(name: str, args=None, **extra) -> dict[str, Any]:
@@ -350,9 +398,10 @@ def panel_view(name: str):
 @bp.get("/panels/chart.json")
 def chart_data():
     with lab_db() as (lab, session):
-        fingerprint = fingerprints(lab, session)["chart"]
-        series = _cached((lab.name, "chart.json", ""), fingerprint, lambda: state.chart_series(session, lab))
-        return jsonify(fingerprint=fingerprint, **series)
+        prints = fingerprints(lab, session)
+        loaded = _cached((lab.name, "chart.json", ""), prints["chart"], lambda: state.chart_series(session, lab),
+                         apart(lambda lab_, session_: state.chart_series(session_, lab_), lab, prints))
+        return jsonify(fingerprint=loaded.fingerprint, stale_for=loaded.stale_for, took=loaded.took, **loaded.data)
 
 
 # --- drill-down ----------------------------------------------------------------------------

@@ -8,12 +8,20 @@ its result instead of starting their own, and those that come after reuse it whi
 
 What "valid" means is the caller's: the same fingerprint (a panel's data, exact), or computed less
 than a moment ago (the fingerprints themselves: ``LIVE_CACHE_SECONDS``).
+
+At scale a computation can take seconds (the verdict over millions of records): then
+``get_or_stale`` answers at once with the last value, says how old it is, and has it recomputed
+in the background, once at a time per key (stale-while-revalidate). A computation faster than the
+caller's budget is never served stale: a workshop-sized lab always sees its data as it is now.
 """
 from __future__ import annotations
 
+import logging
 import threading
+import time
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, NamedTuple
 
 _MISSING = object()
 
@@ -24,6 +32,19 @@ class _Entry:
     # (tag, value): what the value was computed for (a fingerprint, a time) and the value, set in
     # one assignment so that a thread reading without the lock never pairs one's tag with another's value
     kept: tuple[Any, Any] = (_MISSING, None)
+    # When the kept value's computation started (what it shows is PostgreSQL as of then) and how
+    # long it took: what get_or_stale decides on. One tuple, for the same reason as ``kept``.
+    timing: tuple[float, float] = (0.0, 0.0)
+    refreshing: bool = False  # a background recomputation is queued or running
+
+
+class Answer(NamedTuple):
+    """What get_or_stale returns: the value, the tag it was computed for, and its age in seconds
+    when it is not the caller's (stale), else None."""
+    value: Any
+    tag: Any
+    stale_for: float | None
+    took: float
 
 
 class SingleFlight:
@@ -52,6 +73,49 @@ class SingleFlight:
                 return value  # computed while this thread waited
             entry.kept = compute()
             return entry.kept[1]
+
+    def get_or_stale(self, key: Hashable, tag: Any, compute: Callable[[], Any], *, slow: float,
+                     executor: Executor, compute_apart: Callable[[], Any]) -> Answer:
+        """The value computed for ``tag``. If only an older one is kept and its computation took
+        ``slow`` seconds or more, that one at once (marked stale), while ``compute_apart`` (the same
+        computation, with resources of its own: it outlives the caller) runs on ``executor`` for
+        ``tag``. Otherwise ``compute()`` in this thread, single-flight as ``get``."""
+        entry = self._entry(key)
+        kept_tag, value = entry.kept
+        started, took = entry.timing
+        if kept_tag is not _MISSING and kept_tag == tag:
+            return Answer(value, kept_tag, None, took)
+        if kept_tag is not _MISSING and slow > 0 and took >= slow:
+            with self._lock:
+                start, entry.refreshing = not entry.refreshing, True
+            if start:
+                executor.submit(self._refresh, entry, tag, compute_apart)
+            return Answer(value, kept_tag, time.monotonic() - started, took)
+        with entry.lock:
+            kept_tag, value = entry.kept
+            if kept_tag is not _MISSING and kept_tag == tag:
+                return Answer(value, kept_tag, None, entry.timing[1])
+            value, took = self._timed(entry, tag, compute)
+            return Answer(value, tag, None, took)
+
+    def _timed(self, entry: _Entry, tag: Any, compute: Callable[[], Any]) -> tuple[Any, float]:
+        started = time.monotonic()
+        value = compute()
+        took = time.monotonic() - started
+        entry.kept, entry.timing = (tag, value), (started, took)
+        return value, took
+
+    def _refresh(self, entry: _Entry, tag: Any, compute: Callable[[], Any]) -> None:
+        try:
+            with entry.lock:
+                if entry.kept[0] != tag:
+                    self._timed(entry, tag, compute)
+        except Exception:  # noqa: BLE001 (a background thread: nobody else would see it)
+            logging.getLogger(__name__).exception("recomputing %s in the background failed", tag)
+            # The next request computes in its own thread and so meets the error itself.
+            entry.timing = (entry.timing[0], 0.0)
+        finally:
+            entry.refreshing = False
 
     def clear(self) -> None:
         with self._lock:
