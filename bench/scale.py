@@ -129,9 +129,8 @@ def bench_keys(url: str, sizes: list[int], days: int, probes: int) -> None:
         print(f"{layout:22} {how:32} {rows:>10,} keys {ms:10.1f} ms")
 
 
-def bench_panels(url: str, tmp: str, sizes: list[int], requests: int) -> None:
+def bench_panels(url: str, tmp: str, sizes: list[int], requests: int, one_load: bool = True) -> None:
     import panels  # bench/panels.py: the fill and the measurement
-    from webapp.db import db
     from webapp.web.dashboard import PANELS
 
     print(f"\n3. dashboard: p50 / p95 ms after a change (no panel cache), {requests} requests each")
@@ -144,14 +143,25 @@ def bench_panels(url: str, tmp: str, sizes: list[int], requests: int) -> None:
         started = time.perf_counter()
         panels.fill(url, size)
         print(f"\n   {size:,} records (mirrored, delivered, applied), filled in {time.perf_counter() - started:.0f} s")
-        app = panels.make_app(url, tmp, cache=False)
-        with app.app_context():
-            client = app.test_client()
-            for path in paths:  # printed as measured: a long run is readable while it goes
-                p50, p95 = panels.measure(client, path, requests)
-                print(f"   {path:28} {p50:10.1f} / {p95:8.1f}" + ("   over 100 ms" if p95 >= 100 else ""), flush=True)
-            db.engine.dispose()
+        if one_load:
+            measure_one_load(url, tmp, paths, requests)
+        else:
+            print("   one load per request: skipped (--skip-one-load)")
         bench_live(url, tmp, paths, requests)
+
+
+def measure_one_load(url: str, tmp: str, paths: list[str], requests: int) -> None:
+    """Each path with the panel cache off: what one load costs, as right after a change."""
+    import panels
+    from webapp.db import db
+
+    app = panels.make_app(url, tmp, cache=False)
+    with app.app_context():
+        client = app.test_client()
+        for path in paths:  # printed as measured: a long run is readable while it goes
+            p50, p95 = panels.measure(client, path, requests)
+            print(f"   {path:28} {p50:10.1f} / {p95:8.1f}" + ("   over 100 ms" if p95 >= 100 else ""), flush=True)
+        db.engine.dispose()
 
 
 CHANGE_SQL = """
@@ -227,6 +237,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=20, help="requests per endpoint and size")
     parser.add_argument("--skip-keys", action="store_true")
     parser.add_argument("--skip-panels", action="store_true")
+    parser.add_argument("--skip-one-load", action="store_true",
+                        help="panels: only as a viewer gets them (at 10,000,000 one load of the state API is a minute)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="lab-scale-") as tmp:
         postgres = EmbeddedPostgres(Path(tmp) / "postgres")
@@ -235,7 +247,8 @@ def main() -> int:
             if not args.skip_keys:
                 bench_keys(postgres.url, [int(n) for n in args.keys.split(",")], args.days, args.probes)
             if not args.skip_panels:
-                bench_panels(postgres.url, tmp, [int(n) for n in args.records.split(",")], args.requests)
+                bench_panels(postgres.url, tmp, [int(n) for n in args.records.split(",")], args.requests,
+                             one_load=not args.skip_one_load)
         finally:
             postgres.stop()
     return 0
