@@ -117,8 +117,9 @@ def test_the_sampler_measures_rows_sizes_and_insert_latency_while_the_lab_is_act
     assert 'data-rows="3000"' in page and f'data-p50="{p50}"' in page
 
 
-# Exercise 18 as written needs a million synthetic keys (bench/scale.py runs it so); here the same
-# steps at 20,000 keys, the test stack's ceiling, with the waits' figures scaled alike.
+# Exercise 18 as written needs a million synthetic keys (a lab runs it so: `flask --app app scenario
+# run 18`); here the same steps at 20,000 keys, the test stack's ceiling, with the waits' figures
+# scaled alike.
 SCALED_DOWN = {"keys: 1000000": "keys: 20000", "keys: 500000": "keys: 10000", "rows: 1000000": "rows: 20000",
                '"<= 500001"': '"<= 10001"', '">= 999000"': '">= 19900"', '"<= 850000"': '"<= 17000"'}
 

@@ -58,8 +58,9 @@ def test_the_eight_exercises_are_there_and_well_formed():
         assert scenario.expectations, path
 
 
-# Exercises whose size is the lesson (a million keys): bench/scale.py runs them as written; the suite
-# runs them scaled down (tests/test_dedup_scale.py), since the test stack caps synthetic keys.
+# Exercises whose size is the lesson (a million keys): a lab runs them as written (`flask --app app
+# scenario run 18`, README); the suite runs them scaled down (tests/test_dedup_scale.py), since the
+# test stack caps synthetic keys.
 AT_BENCHMARK_SCALE = ("18_dedup_at_a_million_keys",)
 HEADLESS = [p for p in BUILT_IN if p.stem not in AT_BENCHMARK_SCALE]
 
