@@ -156,7 +156,8 @@ def main() -> int:
         load = ops.call("get_load", ctx)["runs"][0]
         ops.call("cancel_load", ctx)
         print(f"load generator: {load['sent']} sent at {float(load['rate'] or 0):.0f} ev/s (state {load['state']})\n")
-        print(f"{'endpoint':<28}{'requests':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'errors':>8}{'stale':>8}{'age p95 s':>11}")
+        print(f"{'endpoint':<28}{'requests':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'errors':>8}{'stale':>8}"
+              f"{'age p95 s':>11}")
         worst = 0.0
         errors = 0
         for endpoint, data in sorted(results.items(), key=lambda item: -len(item[1]["ms"])):

@@ -141,8 +141,9 @@ def dedup_panel(lab, session, args) -> dict[str, Any]:
 
 @panel("lanes", depends=("groups", "journal", "effects"))
 def lanes_panel(lab, session, args) -> dict[str, Any]:
-    # The expected balances are the accounts panel's: reuse its data while its fingerprint stands.
-    accounts = _load(lab, session, "accounts", g.fingerprints["accounts"], {}).data["accounts"]
+    # The expected balances are the accounts panel's: reuse its data while its fingerprint stands,
+    # never an older load (this panel would show it as its own, unmarked).
+    accounts = _load(lab, session, "accounts", g.fingerprints["accounts"], {}, may_be_stale=False).data["accounts"]
     return {"lanes": state.lanes(session, lab), "accounts": accounts}
 
 
@@ -330,13 +331,16 @@ def apart(load: Callable[[Any, Any], Any], lab, prints: dict[str, str]) -> Calla
     return run
 
 
-def _load(lab, session, name: str, fingerprint: str, args) -> Loaded:
+def _load(lab, session, name: str, fingerprint: str, args, may_be_stale: bool = True) -> Loaded:
+    """The panel's data for ``fingerprint``; or, if ``may_be_stale`` and it is slow, its last load."""
     strategy = args.get("strategy", "")
     key = (lab.name, name, strategy if strategy in strategies.STRATEGIES else "")
     loader = PANELS[name].loader
     args = dict(args)
-    return _cached(key, fingerprint, lambda: loader(lab, session, args),
-                   apart(lambda lab_, session_: loader(lab_, session_, args), lab, g.fingerprints))
+    background = None
+    if may_be_stale:
+        background = apart(lambda lab_, session_: loader(lab_, session_, args), lab, g.fingerprints)
+    return _cached(key, fingerprint, lambda: loader(lab, session, args), background)
 
 
 def _context(lab, session, name: str, prints: dict[str, str], args, extra) -> dict[str, Any]:
