@@ -129,6 +129,22 @@ def test_a_lane_gets_its_own_group_accounts_and_consumer(client, lab):
     assert response.status_code == 422 and 'id="lane-lane-error"' in response.get_data(as_text=True)
 
 
+def test_the_answer_to_a_form_is_never_an_older_load_of_its_panel(app_factory, lab_name, lab):
+    """With every load counting as slow (LIVE_STALE_AFTER_SECONDS), a poll may get a panel's last
+    load, marked; the answer to the form just sent, and a panel without the note, never."""
+    client = app_factory(LAB_NAME=lab_name, LIVE_STALE_AFTER_SECONDS=1e-9).test_client()
+    listed = '<option value="fresh"'  # the group forms list the new lane's group by its short name
+    assert listed not in client.get("/panels/group_controls").get_data(as_text=True)
+    assert 'data-lane="fresh"' not in client.get("/panels/lanes").get_data(as_text=True)
+    response = client.post("/controls/lanes", data={"lane": "fresh", "strategy": "eventid-atomic"})
+    assert response.status_code == 200
+    assert listed in response.get_data(as_text=True), "the form's answer lists the group it created"
+    # group_controls has no room for the note: always loaded in the request. Lanes has: marked.
+    assert listed in client.get("/panels/group_controls").get_data(as_text=True)
+    lanes = client.get("/panels/lanes").get_data(as_text=True)
+    assert "data-stale" in lanes and 'data-lane="fresh"' not in lanes
+
+
 def test_ttl_settings_and_cleanup(client, lab):
     response = client.post("/controls/ttl", data={"ttl_seconds": "abc", "ttl_schedule_seconds": ""})
     assert response.status_code == 422 and 'id="ttl-ttl_seconds-error"' in response.get_data(as_text=True)

@@ -42,14 +42,17 @@ class Panel:
     # The fingerprint parts (state.fingerprint_parts) whose change means this panel changed.
     depends: tuple[str, ...]
     template: str
+    # Whether a slow load may be answered from the last one: only a panel in the shared frame, which
+    # says so on the page (dashboard/panels/_frame.html); the others are always loaded in the request.
+    may_be_stale: bool = True
 
 
 PANELS: dict[str, Panel] = {}
 
 
-def panel(name: str, depends: tuple[str, ...], template: str | None = None):
+def panel(name: str, depends: tuple[str, ...], template: str | None = None, may_be_stale: bool = True):
     def register(loader: PanelLoader) -> PanelLoader:
-        PANELS[name] = Panel(name, loader, depends, template or f"dashboard/panels/{name}.html")
+        PANELS[name] = Panel(name, loader, depends, template or f"dashboard/panels/{name}.html", may_be_stale)
         return loader
     return register
 
@@ -178,7 +181,7 @@ def sql_panel(lab, session, args) -> dict[str, Any]:
             "session": ops.call("get_database_settings", ops.Context(db.engine, lab), {})}
 
 
-@panel("status", depends=("agent",))
+@panel("status", depends=("agent",), may_be_stale=False)
 def status_panel(lab, session, args) -> dict[str, Any]:
     """The lab agent and Kafka, as the top bar shows them: controls need a running agent."""
     agent = state.agent_health(session)
@@ -222,7 +225,7 @@ def outbox_panel(lab, session, args) -> dict[str, Any]:
     return outbox(session)
 
 
-@panel("group_controls", depends=("groups",), template="controls/groups.html")
+@panel("group_controls", depends=("groups",), template="controls/groups.html", may_be_stale=False)
 def group_controls(lab, session, args) -> dict[str, Any]:
     """The forms that list the lab's groups: they refresh when a group is created."""
     return {"groups": state.groups_list(session), "strategies": strategies.NAMES}
@@ -338,7 +341,7 @@ def _load(lab, session, name: str, fingerprint: str, args, may_be_stale: bool = 
     loader = PANELS[name].loader
     args = dict(args)
     background = None
-    if may_be_stale:
+    if may_be_stale and PANELS[name].may_be_stale:
         background = apart(lambda lab_, session_: loader(lab_, session_, args), lab, g.fingerprints)
     return _cached(key, fingerprint, lambda: loader(lab, session, args), background)
 
