@@ -52,10 +52,11 @@ def test_the_sql_view_says_what_the_groups_commit_mode_and_membership_change(cli
     before = client.get("/live").get_json()["fingerprints"]["sql"]
     html = client.get("/panels/sql?strategy=none").get_data(as_text=True)
     assert "<b>sync</b> offset commits" in html and "dynamic membership" in html
+    assert "tried again before the next record" in html
     throughput(lab, commit_mode="async", static_membership=True)
     assert client.get("/live").get_json()["fingerprints"]["sql"] != before, "the SQL view would not refresh"
     html = client.get("/panels/sql?strategy=none").get_data(as_text=True)
-    assert "<b>async</b> offset commits" in html and "a crash can lose the commits still in flight" in html
+    assert "<b>async</b> offset commits" in html and "a failed one is not retried" in html
     assert "<b>static membership</b>" in html and f"group.instance.id = {lab.lab.name}.payments." in html
 
 

@@ -82,6 +82,16 @@ def test_consumer_form_and_buttons_drive_a_real_process(client, lab):
     lab.wait_state(consumer["id"], "stopped")
 
 
+def test_blocking_commits_without_a_fault_proxy_says_so_and_changes_nothing(client, lab):
+    if client.get("/api/v1/fault-proxy").get_json()["running"]:
+        pytest.skip("a fault proxy is running against this database")
+    consumer = lab.start_consumer(strategy="none")
+    response = client.post(f"/controls/consumers/{consumer['consumer_id']}/commits-blocked", data={"blocked": "true"})
+    assert response.status_code == 503
+    assert "no fault proxy is running" in response.get_data(as_text=True)
+    assert client.get("/api/v1/fault-proxy").get_json()["commits_blocked_of"] == {}
+
+
 def test_unknown_consumer_is_a_404_notice(client, lab):
     response = client.post("/controls/consumers/999999/kill", data={})
     assert response.status_code == 404

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
@@ -155,6 +155,51 @@ def test_a_delay_holds_produce_responses(in_process):
     assert reports[0][0] is None
     assert elapsed >= 0.4
     assert in_process.faults.responses_delayed > delayed_before
+
+
+def test_a_blocked_clients_offset_commits_never_reach_the_broker_while_its_fetches_flow(in_process):
+    topic = f"commits-{uuid.uuid4().hex[:8]}"
+    create_topic(in_process.address, topic)
+    produce(in_process.address, topic, [b"first", b"second", b"third"], idempotent=True)
+    consumer = Consumer(quiet({"bootstrap.servers": in_process.address, "group.id": f"g-{topic}",
+                               "client.id": "fp-blocked", "enable.auto.commit": False,
+                               "auto.offset.reset": "earliest"}))
+    partition = TopicPartition(topic, 0)
+
+    def next_record():
+        got = []
+
+        def arrived() -> bool:
+            message = consumer.poll(0.5)
+            if message is not None and not message.error():
+                got.append(message)
+            return bool(got)
+        wait_until(arrived, timeout=30, interval=0, message=f"no record came from {topic}")
+        return got[0]
+
+    def committed() -> int:
+        return consumer.committed([partition], timeout=10)[0].offset
+
+    blocked_before = in_process.faults.commits_blocked
+    try:
+        consumer.subscribe([topic])
+        consumer.commit(message=next_record(), asynchronous=False)
+        assert committed() == 1
+        in_process.faults.blocked_commit_clients = frozenset({"fp-blocked"})
+        second = next_record()  # fetched through the proxy while commits are blocked
+        assert second.value() == b"second"
+        with pytest.raises(KafkaException) as failed:
+            consumer.commit(message=second, asynchronous=False)
+        assert failed.value.args[0].code() == KafkaError._TRANSPORT
+        consumer.commit(message=second, asynchronous=True)  # returns at once: nothing says it is lost
+        assert committed() == 1, "a blocked commit reached the broker"
+        assert in_process.faults.commits_blocked > blocked_before
+        in_process.faults.blocked_commit_clients = frozenset()
+        consumer.commit(message=second, asynchronous=False)
+        assert committed() == 2
+    finally:
+        in_process.faults.blocked_commit_clients = frozenset()
+        consumer.close()
 
 
 # --- the proxy as the lab runs it: its own process, armed through PostgreSQL ---------------
@@ -320,6 +365,65 @@ def test_api_and_cli_arm_and_report(proxied_lab):
     assert proxied_lab.fault_timeline()[-2:] == [
         "fault proxy armed: drop the next 2 Produce response(s), delay Produce responses by 50 ms",
         "fault proxy disarmed"]
+
+
+def test_api_blocks_and_unblocks_a_consumers_commits_and_a_block_ends_on_its_own(proxied_lab):
+    client = proxied_lab.client
+    consumer_id = proxied_lab.start_consumer_here("none")
+    proxied_lab.wait_assigned(consumer_id)
+    name = proxied_lab.consumer(consumer_id)["name"]
+    assert client.post("/api/v1/consumers/999999/commits-blocked", json={}).status_code == 404
+    bad = client.post(f"/api/v1/consumers/{consumer_id}/commits-blocked", json={"seconds": 0})
+    assert bad.status_code == 400 and bad.get_json()["field"] == "seconds"
+
+    blocked = proxied_lab.post(f"/consumers/{consumer_id}/commits-blocked", {"seconds": 120})
+    assert blocked["armed_by_this_lab"] and 110 < blocked["commits_blocked_of"][name] <= 120
+    unblocked = proxied_lab.post(f"/consumers/{consumer_id}/commits-blocked", {"blocked": False})
+    assert unblocked["commits_blocked_of"] == {} and not unblocked["armed"]
+
+    result = client.application.test_cli_runner().invoke(
+        args=["lab", "block-commits", str(consumer_id), "--seconds", "1"])
+    assert result.exit_code == 0, result.output
+    assert name in json.loads(result.output)["commits_blocked_of"]
+    wait_until(lambda: ops.call("get_fault_proxy", ops.Context(proxied_lab.engine, proxied_lab.lab))
+               ["commits_blocked_of"] == {}, timeout=10, message="a block of 1 s did not end")
+    assert proxied_lab.fault_timeline()[-3:] == [
+        f"fault proxy blocks {name}'s offset commits for 120 s: they no longer reach the broker (its fetches still do)",
+        f"fault proxy lets {name}'s offset commits through again",
+        f"fault proxy blocks {name}'s offset commits for 1 s: they no longer reach the broker (its fetches still do)"]
+
+
+def test_a_consumer_with_no_connection_through_the_proxy_is_refused_not_pretended_blocked(proxied_lab):
+    consumer_id = proxied_lab.start_consumer_here("none")
+    proxied_lab.wait_assigned(consumer_id)
+    proxied_lab.command("consumer.stop", {"consumer_id": consumer_id})
+    proxied_lab.wait_state(consumer_id, "stopped")
+    faults_before = proxied_lab.fault_timeline()
+    response = proxied_lab.client.post(f"/api/v1/consumers/{consumer_id}/commits-blocked", json={})
+    assert response.status_code == 400, response.get_json()
+    assert response.get_json()["field"] == "consumer_id"
+    assert "has no connection through the fault proxy" in response.get_json()["error"]
+    assert proxied_lab.client.get("/api/v1/fault-proxy").get_json()["commits_blocked_of"] == {}
+    assert proxied_lab.fault_timeline() == faults_before
+
+
+def test_the_consumer_card_blocks_and_lets_through_its_commits(proxied_lab):
+    client = proxied_lab.client
+    consumer_id = proxied_lab.start_consumer_here("none")
+    proxied_lab.wait_assigned(consumer_id)
+    name = proxied_lab.consumer(consumer_id)["name"]
+    card = client.get("/panels/consumers").get_data(as_text=True)
+    assert "⛓ Block commits" in card and "data-commits-blocked" not in card
+
+    response = client.post(f"/controls/consumers/{consumer_id}/commits-blocked", data={"blocked": "true", "seconds": "60"})
+    assert response.status_code == 200, response.get_data(as_text=True)
+    assert f"Consumer {name}: its offset commits no longer reach the broker" in response.get_data(as_text=True)
+    card = client.get("/panels/consumers").get_data(as_text=True)
+    assert "data-commits-blocked" in card and "⛓ Let commits through" in card
+
+    response = client.post(f"/controls/consumers/{consumer_id}/commits-blocked", data={"blocked": "false"})
+    assert f"Consumer {name}: its offset commits reach the broker again." in response.get_data(as_text=True)
+    assert "data-commits-blocked" not in client.get("/panels/consumers").get_data(as_text=True)
 
 
 def test_lost_ack_without_idempotence_writes_the_event_twice_and_none_credits_twice(proxied_lab):

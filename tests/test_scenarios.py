@@ -40,7 +40,8 @@ def scenario_app(app_factory, agent, lab_name):
 
 @pytest.fixture(scope="module")
 def proxied_stack(tmp_path_factory):
-    """For the lost-ack exercise: a stack of its own whose producer goes through a fault proxy."""
+    """For the lost-ack and commit-mode exercises: a stack of its own whose Kafka clients go
+    through a fault proxy."""
     with support.proxied_stack(tmp_path_factory.mktemp("proxied")) as services:
         yield services
 
@@ -67,7 +68,7 @@ HEADLESS = [p for p in BUILT_IN if p.stem not in AT_BENCHMARK_SCALE]
 
 @pytest.mark.parametrize("path", HEADLESS, ids=[p.stem for p in HEADLESS])
 def test_built_in_scenario_runs_headless(request, app_factory, path):
-    if any(step.action == "lost_ack" for step in load(path).steps):
+    if any(step.action in ("lost_ack", "block_commits") for step in load(path).steps):
         services = request.getfixturevalue("proxied_stack")
         app = app_factory(DATABASE_URL=services.database_url, KAFKA_BOOTSTRAP_SERVERS=services.bootstrap_servers)
     else:

@@ -5,12 +5,17 @@
 frame headers: the 4-byte length, then api_key, api_version and correlation_id of each
 request; responses are matched to their request by correlation id, per connection.
 
-Faults apply to Produce responses (api_key 0) only:
+Faults on Produce responses (api_key 0):
 - drop the next N: the Produce request reaches the broker (which writes the records), and
   when its response comes back the proxy closes the client's connection instead of returning
   it. librdkafka sees a lost acknowledgement and retries; the log holds the record twice
   unless ``enable.idempotence`` lets the broker recognise the retry.
 - delay by T ms: hold each Produce response for T ms before returning it.
+One fault on OffsetCommit requests (api_key 8), per Kafka client id, for a while: the proxy
+closes a connection of that client that carries an OffsetCommit, without forwarding the request
+(the path to the group coordinator is broken, as a network fault would break it). The broker
+never sees the commit; fetches, on the client's other connection, flow. Commit mode's lesson:
+a synchronous commit says so and the consumer waits; an asynchronous one has already returned.
 Disarmed, it is a plain pass-through.
 
 Control goes through PostgreSQL so it works across containers: the lab writes a row in
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from . import timeline
 from .db import CONTROL_SCHEMA, psycopg_conninfo
@@ -44,6 +50,7 @@ from .store.schema import enter_psycopg
 log = logging.getLogger("idempotency_lab.faultproxy")
 
 PRODUCE = 0
+OFFSET_COMMIT = 8
 DEFAULT_NAME = "default"
 CHANNEL = "lab_fault_proxy"
 TABLE = f"{CONTROL_SCHEMA}.fault_proxies"
@@ -132,8 +139,13 @@ class Faults:
         self.responses_delayed = 0
         self.connections = 0  # client connections open now
         self.connections_cut = 0
+        # Kafka client ids whose OffsetCommit requests never reach the broker; how many were stopped.
+        self.blocked_commit_clients: frozenset[str] = frozenset()
+        self.commits_blocked = 0
         # Chaos (issue 15): set by the proxy, closes the connections of the given client ids; the count.
         self.cut_clients: Callable[[list[str]], int] | None = None
+        # Set by the proxy: the client ids of the connections it carries now.
+        self.connected_clients: Callable[[], set[str]] = set
 
     def arm(self, drop_produce_responses: int = 0, delay_ms: int = 0) -> None:
         self.drop_produce_responses = drop_produce_responses
@@ -164,6 +176,18 @@ class Faults:
     async def dropped(self, request: RequestHeader, peer: str) -> None:
         """Called for a dropped response, just before the client's connection is closed."""
         log.info("dropped the response to Produce v%s correlation id %s from %s (%s)",
+                 request.api_version, request.correlation_id, request.client_id, peer)
+
+    def blocks_commit(self, request: RequestHeader) -> bool:
+        """True when this OffsetCommit request must not reach the broker (and counts it)."""
+        if request.client_id not in self.blocked_commit_clients:
+            return False
+        self.commits_blocked += 1
+        return True
+
+    async def commit_blocked(self, request: RequestHeader, peer: str) -> None:
+        """Called for a blocked OffsetCommit, just before the client's connection is closed."""
+        log.info("blocked OffsetCommit v%s correlation id %s from %s (%s)",
                  request.api_version, request.correlation_id, request.client_id, peer)
 
 
@@ -198,7 +222,8 @@ class ControlledFaults(Faults):
             "host = EXCLUDED.host, pid = EXCLUDED.pid, started_at = now(), heartbeat_at = now(), "
             "drop_produce_responses = 0, delay_ms = 0, seen_version = fault_proxies.version, connections = 0, "
             "seen_cut_version = fault_proxies.cut_version, connections_cut = 0, "
-            "produce_requests = 0, responses_dropped = 0, responses_delayed = 0",
+            "produce_requests = 0, responses_dropped = 0, responses_delayed = 0, "
+            "blocked_commits = '{}', commits_blocked = 0, blocked_seen = '[]'",
             {"name": self.name, "listen": self.listen, "upstream": self.upstream,
              "host": socket.gethostname(), "pid": os.getpid()})
         await self._control.execute(f"LISTEN {CHANNEL}")
@@ -208,11 +233,14 @@ class ControlledFaults(Faults):
     async def refresh(self) -> None:
         """Read the control row; acknowledge a new setting by its version."""
         row = await (await self._control.execute(
-            f"SELECT lab, drop_produce_responses, delay_ms, version, cut_version, cut_client_ids, seen_cut_version "
+            f"SELECT lab, drop_produce_responses, delay_ms, version, cut_version, cut_client_ids, seen_cut_version, "
+            # a block ends at its time on the database's clock, the same clock that set it
+            "ARRAY(SELECT key FROM jsonb_each_text(blocked_commits) WHERE value::float8 > extract(epoch FROM now())) "
             f"FROM {TABLE} WHERE name = %s", [self.name])).fetchone()
         if row is None:
             return
-        lab, drop, delay, version, cut_version, cut_client_ids, seen_cut_version = row
+        lab, drop, delay, version, cut_version, cut_client_ids, seen_cut_version, blocked = row
+        self.blocked_commit_clients = frozenset(blocked)
         if not self.seen_cut_version:
             self.seen_cut_version = seen_cut_version  # a cut asked for before this proxy started is not ours
         if cut_version != self.seen_cut_version:
@@ -220,9 +248,12 @@ class ControlledFaults(Faults):
         self.lab, self.drop_produce_responses, self.delay_ms = lab, drop, delay
         if version != self.seen_version:
             self.seen_version = version
-            await self._control.execute(f"UPDATE {TABLE} SET seen_version = %s WHERE name = %s",
-                                        [version, self.name])
-            log.info("armed by lab %s: drop the next %s Produce response(s), delay %s ms", lab, drop, delay)
+            # Which blocked clients pass through here: one that goes straight to the broker cannot be blocked.
+            seen = sorted(self.blocked_commit_clients & self.connected_clients())
+            await self._control.execute(f"UPDATE {TABLE} SET seen_version = %s, blocked_seen = %s WHERE name = %s",
+                                        [version, Jsonb(seen), self.name])
+            log.info("armed by lab %s: drop the next %s Produce response(s), delay %s ms; block the offset "
+                     "commits of %s", lab, drop, delay, ", ".join(sorted(blocked)) or "no client")
 
     async def _cut(self, cut_version: int, client_ids: list[str]) -> None:
         """Close every client connection of ``client_ids`` (chaos: a broken network path), once per version."""
@@ -263,8 +294,8 @@ class ControlledFaults(Faults):
     async def _heartbeat(self) -> None:
         await self._control.execute(
             f"UPDATE {TABLE} SET heartbeat_at = now(), connections = %s, produce_requests = %s, "
-            "responses_delayed = %s WHERE name = %s",
-            [self.connections, self.produce_requests, self.responses_delayed, self.name])
+            "responses_delayed = %s, commits_blocked = %s WHERE name = %s",
+            [self.connections, self.produce_requests, self.responses_delayed, self.commits_blocked, self.name])
 
     async def _report_delays(self) -> None:
         """One timeline entry per second for delayed responses, not one per response."""
@@ -312,6 +343,13 @@ class ControlledFaults(Faults):
             f"librdkafka will retry ({left} more to drop)",
             correlation_id=request.correlation_id, api_version=request.api_version,
             client_id=request.client_id, drops_left=left)
+
+    async def commit_blocked(self, request: RequestHeader, peer: str) -> None:
+        await super().commit_blocked(request, peer)
+        await self._record(
+            f"fault proxy closed {request.client_id}'s connection carrying an OffsetCommit (correlation id "
+            f"{request.correlation_id}): the broker never saw the commit, the group's committed offset did not move",
+            correlation_id=request.correlation_id, client_id=request.client_id)
 
     async def _record(self, summary: str, **detail) -> None:
         """Append a 'fault' entry to the timeline of the lab that armed the proxy."""
@@ -383,6 +421,7 @@ class FaultProxy:
         self.clients: dict[asyncio.Task, asyncio.StreamWriter] = {}  # serving task -> client's writer
         self.client_ids: dict[asyncio.Task, str] = {}  # serving task -> the client id its requests carry
         self.faults.cut_clients = self.cut
+        self.faults.connected_clients = lambda: set(self.client_ids.values())
 
     def cut(self, client_ids: list[str]) -> int:
         """Abort the connections whose requests carry one of ``client_ids``; how many."""
@@ -422,7 +461,8 @@ class FaultProxy:
                 return
             # Requests in flight on this connection, oldest first: Kafka answers them in order.
             in_flight: collections.deque[RequestHeader] = collections.deque()
-            requests = asyncio.create_task(self._forward_requests(client_reader, upstream_writer, in_flight, task))
+            requests = asyncio.create_task(self._forward_requests(client_reader, upstream_writer, in_flight, task,
+                                                                   peer))
             responses = asyncio.create_task(
                 self._forward_responses(upstream_reader, client_writer, in_flight, peer))
             try:
@@ -447,12 +487,18 @@ class FaultProxy:
             self.client_ids.pop(task, None)
 
     async def _forward_requests(self, client: asyncio.StreamReader, broker: asyncio.StreamWriter,
-                                in_flight: collections.deque, owner: asyncio.Task | None = None) -> None:
+                                in_flight: collections.deque, owner: asyncio.Task | None = None,
+                                peer: str = "") -> None:
         while (frame := await read_frame(client)) is not None:
             prefix, body = frame
             request = parse_request_header(body)
             if owner is not None and request.client_id:
                 self.client_ids[owner] = request.client_id
+            if request.api_key == OFFSET_COMMIT and self.faults.blocks_commit(request):
+                # The request never leaves: the client's connection is closed under it, as a broken
+                # path would close it. librdkafka fails or retries the commit; the broker saw nothing.
+                await asyncio.shield(self.faults.commit_blocked(request, peer))
+                return  # which ends this connection (_serve_client closes both sides)
             # Remembered before the bytes leave, so the response can never overtake it.
             in_flight.append(request)
             if request.api_key == PRODUCE:

@@ -505,6 +505,12 @@ class FaultProxy(db.Model):
     cut_client_ids: Mapped[list[Any]] = mapped_column(JSONB, default=list, server_default="[]")
     seen_cut_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     connections_cut: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # Commit mode (issue 14): {Kafka client id: until when, epoch seconds}; the proxy closes any
+    # connection of such a client that carries an OffsetCommit, before the broker sees it.
+    blocked_commits: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default="{}")
+    commits_blocked: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # Reported with the setting's version: the blocked clients that had a connection through it.
+    blocked_seen: Mapped[list[Any]] = mapped_column(JSONB, default=list, server_default="[]")
 
 
 class ChaosSession(db.Model):

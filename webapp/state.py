@@ -24,6 +24,7 @@ from .readmodel import scale as scale_readmodel
 from .db import CONTROL_SCHEMA
 from .domain.vocabulary import AGENT_FRESH_SECONDS, DEDUP_TABLES
 from .labs import Lab
+from .store import faultproxies
 from .store.schema import enter
 
 STRIP_LENGTH = 24
@@ -244,6 +245,7 @@ def consumers(session: Session, lab: Lab) -> list[dict[str, Any]]:
         f"FROM {C}.consumers c LEFT JOIN consumer_groups g USING (group_id) WHERE c.lab = :lab ORDER BY c.id"),
         {"lab": lab.name}).mappings().all()
     committed = {(g, p): o for g, p, o in session.execute(text("SELECT group_id, partition, committed FROM group_offsets"))}
+    blocked = commit_blocks(session, lab)
     result = []
     for row in rows:
         item = dict(row)
@@ -252,6 +254,7 @@ def consumers(session: Session, lab: Lab) -> list[dict[str, Any]]:
             max(0, int(applied) - (committed.get((row["group_id"], int(p))) or 0))
             for p, applied in (row["applied_positions"] or {}).items() if int(p) in (row["assigned"] or []))
         item["heartbeat_age"] = float(row["heartbeat_age"]) if row["heartbeat_age"] is not None else None
+        item["commits_blocked_for"] = blocked.get(row["name"])  # seconds left, or None
         result.append(item)
     if any(item["state"] in LIVE_STATES for item in result):
         waits = lock_waits(session, lab, {item["name"]: item["state"] for item in result})
@@ -408,11 +411,18 @@ OLDEST_KEY_AGE_SQL = ("SELECT extract(epoch FROM now() - least("
 AGENT_STALE_SECONDS = 5.0
 
 
+def commit_blocks(session: Session, lab: Lab) -> dict[str, float]:
+    """The lab's consumers whose offset commits the fault proxy keeps from the broker, with the
+    seconds left (webapp/faultproxy.py); across every proxy row, the default one in practice."""
+    return faultproxies.blocked_commits_of(session.connection(), None, lab.client_id(""))
+
+
 def fingerprint_parts(session: Session, lab: Lab) -> dict[str, Any]:
     """Cheap facts that change whenever something a panel shows changes (a few index lookups)."""
     parts = dict(session.execute(text(FINGERPRINT_SQL)).mappings().one())
-    parts["consumers"] = session.execute(text(CONSUMERS_FINGERPRINT_SQL),
-                                         {"lab": lab.name, "live": list(LIVE_STATES)}).scalar_one()
+    parts["consumers"] = (session.execute(text(CONSUMERS_FINGERPRINT_SQL),
+                                          {"lab": lab.name, "live": list(LIVE_STATES)}).scalar_one()
+                          + "|" + ",".join(sorted(commit_blocks(session, lab))))  # a block set or ended
     agent = agent_health(session)
     parts["agent"] = (bool(agent) and agent["age"] is not None and float(agent["age"]) < AGENT_STALE_SECONDS,
                       agent.get("kafka_ok"), agent.get("kafka_error"))

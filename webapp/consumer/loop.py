@@ -60,6 +60,14 @@ HEARTBEAT_EVERY = 0.5
 # partition waits BACKOFF_SECONDS[attempt - 1] (the last value for every later transient retry).
 MAX_ATTEMPTS = 3
 BACKOFF_SECONDS = (1.0, 2.0, 4.0, 5.0)
+# A synchronous commit that failed on its way to the group coordinator (the path is down, the
+# coordinator moved) is tried again before the next record, like the Java client's commitSync: the
+# offsets are still ours to commit. A failure that fences us (a new generation) is not retried.
+RETRIABLE_COMMIT_ERRORS = frozenset({
+    KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._WAIT_COORD, KafkaError._ALL_BROKERS_DOWN,
+    KafkaError.REQUEST_TIMED_OUT, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS})
+COMMIT_RETRY_PAUSE = 0.2
 ERROR_OUTCOMES = (
     ("invalid record (events.InvalidEvent: undecodable, invalid field, unknown account)",
      "dead-lettered at once with its reason; offset committed"),
@@ -241,10 +249,10 @@ class ConsumerProcess:
 
     @contextmanager
     def _reporting_from_callback(self):
-        """Around a rebalance callback's writes to PostgreSQL. No exception may leave a rebalance
-        callback (it would surface from poll() mid-rebalance): a connection lost to a PostgreSQL
-        restart is noted, the loop reconnects next, and the report, kept in memory, goes out with
-        the next heartbeat."""
+        """Around a rebalance callback's writes to PostgreSQL (and a commit retry's). No exception
+        may leave a rebalance callback (it would surface from poll() mid-rebalance), nor a commit
+        retry (its record's effect is committed): a connection lost to a PostgreSQL restart is noted,
+        the loop reconnects next, and the report, kept in memory, goes out with the next heartbeat."""
         try:
             yield
         except psycopg.OperationalError as error:
@@ -514,16 +522,44 @@ class ConsumerProcess:
     def commit_offsets(self, offsets: list[TopicPartition]) -> None:
         """Commit ``offsets`` (the next offset to read, per partition) in the group's commit mode.
 
-        sync waits for the broker's answer; async returns at once (the answer comes to _on_commit
-        during a later poll), so a crash can lose a commit still in flight and more records come
-        back. The report is written on the heartbeat's cadence, not after every commit."""
-        asynchronous = self.group.asynchronous_commits
-        try:
-            self.consumer.commit(offsets=offsets, asynchronous=asynchronous)
-        except KafkaException as error:
-            kafka_error = error.args[0] if error.args else None
-            self._commit_failed(offsets, f"{kafka_error.name()}: {kafka_error.str()}" if kafka_error else str(error))
+        sync waits for the broker's answer, and when the commit did not get there
+        (RETRIABLE_COMMIT_ERRORS) commits again before the next record: at most this one record is
+        done and uncommitted. async returns at once (the answer comes to _on_commit during a later
+        poll, and a failed one is not retried), so the consumer moves on while its commits may never
+        arrive: a crash then brings back every record since the last commit that did. The report is
+        written on the heartbeat's cadence, not after every commit."""
+        attempts = 0
+        while True:
+            asynchronous = self.group.asynchronous_commits
+            try:
+                self.consumer.commit(offsets=offsets, asynchronous=asynchronous)
+                break
+            except KafkaException as error:
+                kafka_error = error.args[0] if error.args else None
+                reason = f"{kafka_error.name()}: {kafka_error.str()}" if kafka_error else str(error)
+                if kafka_error is None or kafka_error.code() not in RETRIABLE_COMMIT_ERRORS or self.stopping:
+                    self._commit_failed(offsets, reason)
+                    break
+                attempts += 1
+                self._commit_retried(offsets, reason, attempts)
         self.heartbeat()
+
+    def _commit_retried(self, offsets: list[TopicPartition], reason: str, attempts: int) -> None:
+        """A synchronous commit that did not reach the coordinator: say so (once), keep reporting
+        (the heartbeat also notices a stop or a lab reset), and pause before trying again."""
+        what = ", ".join(f"offset {tp.offset} on partition {tp.partition}" for tp in offsets)
+        self.report.last_error = (f"commit of {what} failed ({reason}), attempt {attempts}: "
+                                  "it commits again before its next record")
+        # The effect is committed: a lost control connection here must not send the record back to
+        # processing (it would apply it again). It is noted; the loop reconnects after the commit.
+        with self._reporting_from_callback():
+            if attempts == 1:
+                first = offsets[0] if offsets else None
+                self._say("commit-failed", f"{self.name} could not commit {what}: {reason}; a synchronous commit "
+                          "is tried again, and no further record is processed until it lands",
+                          partition=first.partition if first else None, offset=first.offset - 1 if first else None)
+            self.heartbeat(force=True)
+        time.sleep(COMMIT_RETRY_PAUSE)  # librdkafka's own retries took a second or more before this
 
     def _on_commit(self, error: KafkaError | None, offsets: list[TopicPartition]) -> None:
         """librdkafka's answer to a commit; an asynchronous commit's failure is only seen here."""

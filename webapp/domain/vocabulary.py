@@ -72,6 +72,7 @@ class Limits:
     OFFSET = (0, 2**62)
     DROPPED_RESPONSES = (0, 100)
     RESPONSE_DELAY_MS = (0, 60_000)
+    BLOCKED_COMMITS_SECONDS = (1, 600)     # how long a consumer's offset commits may be kept from the broker
     NAME_LENGTH = 24
     SCORE = (0, 1000)
     SESSION_TIMEOUT_MS = (0, 600_000)     # lock_timeout, idle_in_transaction_session_timeout (0: none)

@@ -1,8 +1,9 @@
-"""The lost-ack fault proxy: a real Kafka-aware proxy between the lab's producer and the broker
-that can drop or delay Produce responses (see webapp/faultproxy.py)."""
+"""The fault proxy: a real Kafka-aware proxy between the lab's Kafka clients and the broker that
+can drop or delay Produce responses (lost ack) and keep one consumer's offset commits from the
+broker (commit mode) (see webapp/faultproxy.py)."""
 from __future__ import annotations
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from .. import commands
 from ..domain.vocabulary import FAULT_PROXY_FRESH_SECONDS, Limits
@@ -11,6 +12,7 @@ from ..store import faultproxies as store
 from ..store import schema
 from ..store.labdata import say
 from ..waits import WaitTimeout, wait_until
+from .consumers import ConsumerRef, consumer_row
 from .fields import Whole, within
 from .registry import Args, Context, InvalidRequest, operation
 
@@ -34,8 +36,19 @@ class ArmFaultProxyArgs(Args):
         return self
 
 
+class BlockCommitsArgs(ConsumerRef):
+    blocked: bool = Field(True, description="true: the consumer's offset commits stop reaching the broker; "
+                          "false: they get through again")
+    seconds: Whole = within(Limits.BLOCKED_COMMITS_SECONDS, "how long the block lasts, at most", default=60,
+                            unit=" s")
+
+
 class NoArgs(Args):
     pass
+
+
+NO_PROXY_RUNNING = ("no fault proxy is running: `make run` starts one with the embedded broker; "
+                    "with docker compose, the faultproxy service (see README, \"Lost ack\")")
 
 
 @operation("get_fault_proxy", method="GET", path="/fault-proxy", tags=("faults",),
@@ -43,18 +56,23 @@ class NoArgs(Args):
 def get_fault_proxy(ctx: Context, args: NoArgs) -> dict:
     with ctx.engine.connect() as conn:
         row = store.report(conn, DEFAULT_NAME, FAULT_PROXY_FRESH_SECONDS)
+        blocked = store.blocked_commit_clients(conn, DEFAULT_NAME) if row is not None else {}
+        ours = store.blocked_commits_of(conn, DEFAULT_NAME, ctx.lab.client_id("")) if blocked else {}
     if row is None:
         return {"name": DEFAULT_NAME, "running": False, "armed": False, "armed_by": None,
                 "armed_by_this_lab": False, "drop_produce_responses": 0, "delay_ms": 0, "listen": None,
                 "upstream": None, "connections": 0, "produce_requests": 0, "responses_dropped": 0,
-                "responses_delayed": 0, "heartbeat_age": None}
-    armed = bool(row["running"]) and (row["drop_produce_responses"] > 0 or row["delay_ms"] > 0)
+                "responses_delayed": 0, "commits_blocked_of": {}, "commits_blocked": 0, "heartbeat_age": None}
+    # armed: by any lab; commits_blocked_of: this lab's consumers, by name, with the seconds left.
+    armed = bool(row["running"]) and (row["drop_produce_responses"] > 0 or row["delay_ms"] > 0
+                                      or bool(blocked))
     return {"name": row["name"], "running": bool(row["running"]), "armed": armed,
             "armed_by": row["lab"] if armed else None, "armed_by_this_lab": armed and row["lab"] == ctx.lab.name,
             "drop_produce_responses": row["drop_produce_responses"], "delay_ms": row["delay_ms"],
             "listen": row["listen"], "upstream": row["upstream"], "connections": row["connections"],
             "produce_requests": row["produce_requests"], "responses_dropped": row["responses_dropped"],
             "responses_delayed": row["responses_delayed"],
+            "commits_blocked_of": {name: round(left, 1) for name, left in ours.items()}, "commits_blocked": row["commits_blocked"],
             "heartbeat_age": float(row["heartbeat_age"]) if row["heartbeat_age"] is not None else None}
 
 
@@ -66,15 +84,57 @@ def arm_fault_proxy(ctx: Context, args: ArmFaultProxyArgs) -> dict:
     with ctx.engine.begin() as conn:
         version = store.arm(conn, DEFAULT_NAME, ctx.lab.name, drops, delay, FAULT_PROXY_FRESH_SECONDS)
         if version is None:
-            raise NoFaultProxy("no fault proxy is running: `make run` starts one with the embedded broker; "
-                               "with docker compose, the faultproxy service (see README, \"Lost ack\")")
+            raise NoFaultProxy(NO_PROXY_RUNNING)
         store.notify(conn, CHANNEL, DEFAULT_NAME)
         parts = ([f"drop the next {drops} Produce response(s)"] if drops else []) + (
             [f"delay Produce responses by {delay} ms"] if delay else [])
         schema.enter(conn, ctx.lab.schema)
         say(conn, "fault", "fault proxy " + ("armed: " + ", ".join(parts) if parts else "disarmed"),
             drop_produce_responses=drops, delay_ms=delay)
+    _wait_taken(ctx, version)
+    return get_fault_proxy(ctx, NoArgs())
 
+
+@operation("block_commits", path="/consumers/<int:consumer_id>/commits-blocked", step="block_commits",
+           cli="block-commits", tags=("faults",),
+           summary="Keep one consumer's offset commits from the broker: the fault proxy closes any connection of "
+                   "it that carries an OffsetCommit, before the broker sees it (fetches flow); blocked false lets "
+                   "them through again; returns once the proxy took the setting")
+def block_commits(ctx: Context, args: BlockCommitsArgs) -> dict:
+    name = consumer_row(ctx, args.consumer_id)["name"]  # an unknown id is a 404
+    client = ctx.lab.client_id(name)
+    _set_commit_block(ctx, client, args.seconds if args.blocked else None)
+    if args.blocked:
+        with ctx.engine.connect() as conn:
+            passes_the_proxy = client in store.blocked_seen(conn, DEFAULT_NAME)
+        if not passes_the_proxy:
+            # Nothing would keep its commits from the broker: undo, and say why instead of pretending.
+            _set_commit_block(ctx, client, None)
+            raise InvalidRequest("consumer_id", f"{name} has no connection through the fault proxy: it is not "
+                                 "running, or its connections go straight to the broker (with docker compose only "
+                                 "the producer's pass the proxy), so nothing would keep its commits from the broker")
+    with ctx.engine.begin() as conn:
+        schema.enter(conn, ctx.lab.schema)
+        if args.blocked:
+            say(conn, "fault", f"fault proxy blocks {name}'s offset commits for {args.seconds} s: they no longer "
+                f"reach the broker (its fetches still do)", consumer=name, seconds=args.seconds)
+        else:
+            say(conn, "fault", f"fault proxy lets {name}'s offset commits through again", consumer=name)
+    return get_fault_proxy(ctx, NoArgs())
+
+
+def _set_commit_block(ctx: Context, client: str, seconds: int | None) -> None:
+    """Block ``client``'s offset commits for ``seconds`` (None: unblock); return once the proxy took it."""
+    with ctx.engine.begin() as conn:
+        version = store.block_commits(conn, DEFAULT_NAME, ctx.lab.name, client, seconds, FAULT_PROXY_FRESH_SECONDS)
+        if version is None:
+            raise NoFaultProxy(NO_PROXY_RUNNING)
+        store.notify(conn, CHANNEL, DEFAULT_NAME)
+    _wait_taken(ctx, version)
+
+
+def _wait_taken(ctx: Context, version: int) -> None:
+    """Return once the proxy acknowledged setting ``version``: from then on, the fault is in place."""
     def proxy_took_it() -> bool:
         with ctx.engine.connect() as conn:
             return store.taken(conn, DEFAULT_NAME, version)
@@ -83,4 +143,3 @@ def arm_fault_proxy(ctx: Context, args: ArmFaultProxyArgs) -> dict:
                    message="the fault proxy did not take the new setting")
     except WaitTimeout as error:
         raise NoFaultProxy(f"{error}; is it running?") from None
-    return get_fault_proxy(ctx, NoArgs())

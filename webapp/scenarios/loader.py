@@ -137,6 +137,10 @@ def describe_step(action: str, a: dict[str, Any], refs: dict[str, str]) -> str:
     if action == "lost_ack":
         return (f"arm the fault proxy: drop the next {a.get('drop_produce_responses', 0)} Produce response(s)"
                 + (f", delay {a['delay_ms']} ms" if a.get("delay_ms") else ""))
+    if action == "block_commits":
+        if a.get("blocked", True) is False:
+            return f"let {consumer}'s offset commits through again"
+        return f"block {consumer}'s offset commits at the fault proxy (at most {a.get('seconds', 60)} s)"
     if action == "wait":
         return "wait until " + describe_condition(a) + f" (at most {a['timeout']:g} s)"
     if consumer:

@@ -38,7 +38,7 @@ NOT_SUPPORTED_WHY = {
         "on the embedded Tansu broker a new member loops in JoinGroup/SyncGroup and is never assigned while a "
         "member stalls past max.poll.interval.ms (BROKER.md): this hand-over does not complete on Tansu",
 }
-NO_FAULT_PROXY = ("it needs the lost-ack fault proxy between the lab's producer and the broker, and this stack has "
+NO_FAULT_PROXY = ("it needs the fault proxy between the lab's Kafka clients and the broker, and this stack has "
                   "none (`make run` starts one with the embedded broker; with docker compose, the faultproxy service)")
 
 
@@ -102,6 +102,10 @@ def broker_kind(config: Mapping[str, Any], probe: bool = True) -> tuple[str, str
     return ("tansu" if cluster.startswith("tansu") else "kafka"), f"cluster id {cluster!r}"
 
 
+# The operations that need the fault proxy between the lab's Kafka clients and the broker.
+FAULT_PROXY_OPERATIONS = ("arm_fault_proxy", "block_commits")
+
+
 def has_fault_proxy(ctx: ops.Context) -> bool:
     """Whether this stack was started with a lost-ack fault proxy: the lab's producer is set to go
     through one (``make run``), or one has reported to this database (compose, the tests), even if
@@ -122,7 +126,7 @@ def preflight(scenario: Scenario, broker: str, ctx: ops.Context | None = None) -
                     f"({broker}); set LAB_BROKER_KIND=kafka or tansu")
         if not supported:
             return NOT_SUPPORTED_WHY.get((capability, broker), f"the {broker} broker cannot do: {capability}")
-    if ctx is not None and any(step.operation == "arm_fault_proxy" for step in scenario.steps) \
+    if ctx is not None and any(step.operation in FAULT_PROXY_OPERATIONS for step in scenario.steps) \
             and not has_fault_proxy(ctx):
         return NO_FAULT_PROXY
     return None

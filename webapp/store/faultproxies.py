@@ -34,6 +34,11 @@ def notify(conn: Connection, channel: str, name: str) -> None:
     conn.execute(text("SELECT pg_notify(:channel, :name)"), {"channel": channel, "name": name})
 
 
+def blocked_seen(conn: Connection, name: str) -> list[str]:
+    """The blocked clients that had a connection through the proxy when it took its last setting."""
+    return list(conn.execute(select(proxies.c.blocked_seen).where(proxies.c.name == name)).scalar() or [])
+
+
 def taken(conn: Connection, name: str, version: int) -> bool:
     """The proxy acknowledged setting ``version``."""
     return bool(conn.execute(select(proxies.c.seen_version >= version).where(proxies.c.name == name)).scalar())
@@ -52,3 +57,36 @@ def connections_cut(conn: Connection, name: str, version: int) -> int | None:
     row = conn.execute(select(proxies.c.seen_cut_version, proxies.c.connections_cut)
                        .where(proxies.c.name == name)).first()
     return int(row.connections_cut) if row is not None and row.seen_cut_version >= version else None
+
+
+def block_commits(conn: Connection, name: str, lab: str, client_id: str, seconds: float | None,
+                  fresh_seconds: float) -> int | None:
+    """Block (for ``seconds``) or, with None, unblock the offset commits of ``client_id``; the
+    setting's version, or None when no proxy runs. The end time is on the database's clock, which
+    the proxy reads it by."""
+    blocked = proxies.c.blocked_commits
+    if seconds is None:
+        value = blocked.op("-")(client_id)
+    else:
+        until = func.extract("epoch", func.now()) + seconds
+        value = blocked.op("||")(func.jsonb_build_object(client_id, until))
+    return conn.execute(update(proxies).where(proxies.c.name == name, fresh(fresh_seconds))
+                        .values(lab=lab, blocked_commits=value, version=proxies.c.version + 1, armed_at=func.now())
+                        .returning(proxies.c.version)).scalar()
+
+
+def blocked_commit_clients(conn: Connection, name: str | None = None) -> dict[str, float]:
+    """The client ids whose offset commits are blocked now by proxy ``name`` (by any, with None),
+    with the seconds left for each."""
+    rows = conn.execute(text(
+        "SELECT key, value::float8 - extract(epoch FROM now()) FROM lab_control.fault_proxies, "
+        "jsonb_each_text(blocked_commits) WHERE (CAST(:name AS text) IS NULL OR name = :name) "
+        "AND value::float8 > extract(epoch FROM now())"), {"name": name}).all()
+    return {key: float(left) for key, left in rows}
+
+
+def blocked_commits_of(conn: Connection, name: str | None, client_prefix: str) -> dict[str, float]:
+    """Of the blocked clients, those whose id starts with ``client_prefix`` (one lab's consumers),
+    by the rest of their id (the consumer's name), with the seconds left."""
+    return {client[len(client_prefix):]: left for client, left in sorted(blocked_commit_clients(conn, name).items())
+            if client.startswith(client_prefix)}

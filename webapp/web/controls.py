@@ -128,6 +128,8 @@ def run_consumer_action(action: Callable[[], str]):
         return notice(message, ok=False, status=422)
     except ops.NotFound as error:
         return notice(str(error), ok=False, status=404)
+    except ops.NoFaultProxy as error:
+        return notice(f"{error}.", ok=False, status=503)
     except ops.NoAgent:
         return notice(NO_AGENT, ok=False, status=503)
 
@@ -163,6 +165,23 @@ def arm(consumer_id: int):
         return (f"Consumer {name}: {armed['action']} armed at {armed['point']} "
                 f"({'every time' if armed['always'] else 'once'}).")
     return run_consumer_action(action)
+
+
+@bp.post("/consumers/<int:consumer_id>/commits-blocked")
+def block_commits(consumer_id: int):
+    def action() -> str:
+        result = run_op("block_commits", {**request.form.to_dict(), "consumer_id": consumer_id})
+        name = consumer_name(consumer_id)
+        left = result["commits_blocked_of"].get(name)
+        if left is None:
+            return f"Consumer {name}: its offset commits reach the broker again."
+        return (f"Consumer {name}: its offset commits no longer reach the broker (for {left:.0f} s at most); "
+                "its fetches still do.")
+    return run_consumer_action(action)
+
+
+def consumer_name(consumer_id: int) -> str:
+    return run_op("get_consumer", {"consumer_id": consumer_id})["name"]
 
 
 @bp.post("/consumers/<int:consumer_id>/step-mode")
