@@ -407,6 +407,15 @@ def test_a_consumer_with_no_connection_through_the_proxy_is_refused_not_pretende
     assert proxied_lab.fault_timeline() == faults_before
 
 
+def test_a_lab_reset_ends_its_consumers_commit_blocks(proxied_lab):
+    consumer_id = proxied_lab.start_consumer_here("none")
+    proxied_lab.wait_assigned(consumer_id)
+    assert proxied_lab.post(f"/consumers/{consumer_id}/commits-blocked", {"seconds": 600})["commits_blocked_of"]
+    proxied_lab.command("lab.reset", {"partitions": 3})
+    # A new consumer of the same name must not inherit the block.
+    assert proxied_lab.client.get("/api/v1/fault-proxy").get_json()["commits_blocked_of"] == {}
+
+
 def test_the_consumer_card_blocks_and_lets_through_its_commits(proxied_lab):
     client = proxied_lab.client
     consumer_id = proxied_lab.start_consumer_here("none")

@@ -45,6 +45,7 @@ from psycopg.types.json import Jsonb
 from . import timeline
 from .db import CONTROL_SCHEMA, psycopg_conninfo
 from .domain.lab import InvalidLabName, Lab
+from .domain.vocabulary import FAULT_PROXY_CHANNEL
 from .store.schema import enter_psycopg
 
 log = logging.getLogger("idempotency_lab.faultproxy")
@@ -52,7 +53,7 @@ log = logging.getLogger("idempotency_lab.faultproxy")
 PRODUCE = 0
 OFFSET_COMMIT = 8
 DEFAULT_NAME = "default"
-CHANNEL = "lab_fault_proxy"
+CHANNEL = FAULT_PROXY_CHANNEL
 TABLE = f"{CONTROL_SCHEMA}.fault_proxies"
 # A frame bigger than this is not Kafka (the broker's default socket.request.max.bytes is 100 MiB).
 MAX_FRAME_BYTES = 256 * 1024 * 1024

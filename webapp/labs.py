@@ -10,6 +10,7 @@ from sqlalchemy import Connection, text
 from .db import CONTROL_SCHEMA
 from .domain.lab import Lab
 from .migrations import create_lab_schema, upgrade_connection
+from .store import faultproxies
 from .store.schema import enter
 
 SEED_ACCOUNTS = [
@@ -54,6 +55,7 @@ def drop_database_state(conn: Connection, lab: Lab) -> None:
     conn.execute(text(f'DELETE FROM "{CONTROL_SCHEMA}".consumers WHERE lab = :lab'), {"lab": lab.name})
     conn.execute(text(f"DELETE FROM \"{CONTROL_SCHEMA}\".commands WHERE lab = :lab AND status IN ('done', 'failed')"),
                  {"lab": lab.name})
+    faultproxies.unblock_clients(conn, lab.client_id(""))
 
 
 DEFAULT_GROUP = "payments"

@@ -59,6 +59,7 @@ PUBLISH_MODES = ("normal", "burst", "resend", "source-duplicate", "poison")
 AGENT_FRESH_SECONDS = 5.0
 CONSUMER_FRESH_SECONDS = 5.0
 FAULT_PROXY_FRESH_SECONDS = 5.0
+FAULT_PROXY_CHANNEL = "lab_fault_proxy"  # the proxy LISTENs here for new settings
 
 
 class Limits:

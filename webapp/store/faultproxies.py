@@ -5,6 +5,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select, text, update
 
+from ..domain.vocabulary import FAULT_PROXY_CHANNEL
 from ..models import FaultProxy
 
 proxies = FaultProxy.__table__
@@ -32,6 +33,18 @@ def arm(conn: Connection, name: str, lab: str, drops: int, delay_ms: int, fresh_
 
 def notify(conn: Connection, channel: str, name: str) -> None:
     conn.execute(text("SELECT pg_notify(:channel, :name)"), {"channel": channel, "name": name})
+
+
+def unblock_clients(conn: Connection, client_prefix: str, channel: str = FAULT_PROXY_CHANNEL) -> None:
+    """End every commit block of the clients whose id starts with ``client_prefix`` (a lab being
+    reset: a new consumer of the same name must not inherit its predecessor's block)."""
+    rows = conn.execute(text(
+        "UPDATE lab_control.fault_proxies SET version = version + 1, blocked_commits = coalesce("
+        "(SELECT jsonb_object_agg(key, value) FROM jsonb_each(blocked_commits) WHERE NOT starts_with(key, :prefix)), "
+        "'{}') WHERE EXISTS (SELECT 1 FROM jsonb_object_keys(blocked_commits) k WHERE starts_with(k, :prefix)) "
+        "RETURNING name"), {"prefix": client_prefix}).scalars().all()
+    for name in rows:
+        notify(conn, channel, name)
 
 
 def blocked_seen(conn: Connection, name: str) -> list[str]:
