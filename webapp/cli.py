@@ -73,17 +73,18 @@ def init(partitions):
     web app and the agents). When the broker lost the lab's topics but PostgreSQL kept the lab,
     the journal would describe records the log no longer holds: the lab is reset, and says so.
     """
-    from .agent.setup import ensure_lab, reset_lab
+    from .agent.setup import broker_lost_it, ensure_lab, reset_lab
 
     config, lab = current_app.config, _lab()
     if not config["KAFKA_BOOTSTRAP_SERVERS"]:
         raise click.UsageError("KAFKA_BOOTSTRAP_SERVERS is not set and no lab is running (start one with `make run`)")
     partitions = partitions or config["LAB_PARTITIONS"]
     services = (config["DATABASE_URL"], config["KAFKA_BOOTSTRAP_SERVERS"])
-    result = ensure_lab(*services, lab, partitions)
-    if lab.topic in result["created_topics"] and not result["created_schema"]:
+    if broker_lost_it(*services, lab):
         click.echo(f"the broker holds no {lab.topic} but PostgreSQL kept lab {lab.name}: resetting it", err=True)
         result = {**reset_lab(*services, lab, partitions), "reset": True}
+    else:
+        result = ensure_lab(*services, lab, partitions)
     _show({"lab": lab.name, **result})
 
 

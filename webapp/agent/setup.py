@@ -41,6 +41,17 @@ def ensure_lab(database_url: str, bootstrap_servers: str, lab: Lab, partitions: 
         return ensure(engine, admin, lab, partitions)
 
 
+def broker_lost_it(database_url: str, bootstrap_servers: str, lab: Lab) -> bool:
+    """PostgreSQL keeps the lab's schema but the broker holds no topic of it. Asked before anything
+    is created: a topic whose deletion the broker has not finished (or that another client makes
+    meanwhile) would otherwise look like one that was there all along."""
+    with _clients(database_url, bootstrap_servers) as (engine, admin):
+        with engine.connect() as conn:
+            kept = conn.execute(text("SELECT 1 FROM information_schema.schemata WHERE schema_name = :s"),
+                                {"s": lab.schema}).first() is not None
+        return kept and lab.topic not in admin.list_topics(timeout=kafka.ADMIN_TIMEOUT).topics
+
+
 def reset_lab(database_url: str, bootstrap_servers: str, lab: Lab, partitions: int) -> dict[str, Any]:
     """Wipe the lab (its schemas, control rows and topics) and create it fresh. For when no agent
     runs: the lab's consumer rows are deleted, not stopped."""
