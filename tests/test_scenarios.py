@@ -413,3 +413,9 @@ def test_the_new_and_rewritten_exercises_pass_in_guided_mode(scenario_app, path)
     """Click by click, as a workshop does: each click is a `scenario.step` command the real agent
     carries out; the run is read back from PostgreSQL until it has its verdict."""
     assert_passed(run_guided(scenario_app, path))
+
+
+def test_the_commit_mode_exercise_passes_in_guided_mode(proxied_stack, app_factory):
+    """Exercise 17 blocks the consumers' commits at the fault proxy: guided, on the proxied stack."""
+    app = app_factory(DATABASE_URL=proxied_stack.database_url, KAFKA_BOOTSTRAP_SERVERS=proxied_stack.bootstrap_servers)
+    assert_passed(run_guided(app, next(p for p in BUILT_IN if p.stem.startswith("17_"))))
