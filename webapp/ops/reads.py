@@ -24,7 +24,9 @@ def consumer_json(row: dict) -> dict:
                    "and each strategy lane's accounts and verdict")
 def get_state(ctx: Context, args: NoArgs) -> dict:
     lab = ctx.lab
-    with session_in(ctx.engine, lab.schema) as session:
+    # One snapshot for the whole answer: read committed would let the accounts and the verdict each
+    # see a different moment (a record the log reader mirrors in between), and contradict each other.
+    with session_in(ctx.engine.execution_options(isolation_level="REPEATABLE READ"), lab.schema) as session:
         return {
             "lab": lab.name, "topic": lab.topic,
             "accounts": [{**line.__dict__, "difference": line.difference} for line in state.accounts(session, lab)],
