@@ -404,6 +404,83 @@ class RelayState(db.Model):
     heartbeat_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
 
 
+# --- the running summaries of the verdict (webapp/verdict_summary.py) -----------------------
+
+class VerdictChange(db.Model):
+    """The summaries' queue: the keys of every row of ``log_records``, ``deliveries``, ``payments``
+    and ``ledger`` that a statement inserted, updated or deleted, written by triggers in that
+    statement's transaction; the agent's folder empties it."""
+    __tablename__ = "verdict_changes"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    log: Mapped[bool]  # a change of the log mirror (every copy of the accounts judges against it)
+    key: Mapped[Optional[str]] = mapped_column(Text)
+    event_id: Mapped[Optional[uuid.UUID]] = mapped_column(UUID)
+    partition: Mapped[Optional[int]] = mapped_column(Integer)
+    offset: Mapped[Optional[int]] = mapped_column(BigInteger)
+    outcome: Mapped[Optional[str]] = mapped_column(String(24))  # a delivery's
+    account_id: Mapped[Optional[str]] = mapped_column(String(32))
+    cents: Mapped[Optional[int]] = mapped_column(BigInteger)  # a first credit's (log), a ledger row's
+    sign: Mapped[int] = mapped_column(Integer, default=1, server_default="1")  # +1 a new row, -1 an old one
+    rebuild: Mapped[bool] = mapped_column(default=False, server_default="false")  # a TRUNCATE
+
+
+class VerdictKey(db.Model):
+    """VERDICT_SQL's per-transaction facts, per key (a transaction id, ``record:<p>:<o>`` for an
+    invalid record, ``ledger:<event id>`` for a ledger row the log does not explain), as folded."""
+    __tablename__ = "verdict_keys"
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    records: Mapped[int] = mapped_column(BigInteger)  # valid records
+    several_events: Mapped[bool]
+    delta: Mapped[bool]
+    consumed: Mapped[bool]
+    dead: Mapped[bool]
+    effects: Mapped[int] = mapped_column(BigInteger)
+    effects_delivered: Mapped[int] = mapped_column(BigInteger)
+    applied: Mapped[int] = mapped_column(BigInteger)
+    log_records: Mapped[int] = mapped_column(BigInteger)
+    log_pending: Mapped[int] = mapped_column(BigInteger)
+    log_invalid: Mapped[int] = mapped_column(BigInteger)
+    log_invalid_kept: Mapped[int] = mapped_column(BigInteger)
+
+
+class VerdictTotals(db.Model):
+    """The verdict's counts over every key (one row), and the committed offsets they reflect."""
+    __tablename__ = "verdict_totals"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    transactions: Mapped[int] = mapped_column(BigInteger)
+    duplicates_applied: Mapped[int] = mapped_column(BigInteger)
+    transactions_applied_twice: Mapped[int] = mapped_column(BigInteger)
+    effects_lost: Mapped[int] = mapped_column(BigInteger)
+    source_duplicates_absorbed: Mapped[int] = mapped_column(BigInteger)
+    source_duplicates: Mapped[int] = mapped_column(BigInteger)
+    not_yet_applied: Mapped[int] = mapped_column(BigInteger)
+    sets_reapplied: Mapped[int] = mapped_column(BigInteger)
+    records: Mapped[int] = mapped_column(BigInteger)
+    records_pending: Mapped[int] = mapped_column(BigInteger)
+    invalid_records: Mapped[int] = mapped_column(BigInteger)
+    invalid_not_dead_lettered: Mapped[int] = mapped_column(BigInteger)
+    effects_without_record: Mapped[int] = mapped_column(BigInteger)
+    effects_not_yet_mirrored: Mapped[int] = mapped_column(BigInteger)
+    redeliveries_absorbed: Mapped[int] = mapped_column(BigInteger)
+    dead_letters: Mapped[int] = mapped_column(BigInteger)
+    committed: Mapped[dict[str, Any]] = mapped_column(JSONB)  # {partition: offset}
+    folded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ExpectedCredit(db.Model):
+    """Per account, the sum of the log's first credits (the lab's schema: the journal's)."""
+    __tablename__ = "expected_credits"
+    account_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    cents: Mapped[int] = mapped_column(BigInteger)
+
+
+class LedgerSum(db.Model):
+    """Per account, the sum of this copy's ledger rows (the natural strategy's credits)."""
+    __tablename__ = "ledger_sums"
+    account_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    cents: Mapped[int] = mapped_column(BigInteger)
+
+
 # --- control: shared by all labs on this database ---------------------------------------
 
 class Agent(db.Model):

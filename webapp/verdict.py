@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from . import verdict_summary as summary
+
 SET_TYPES = ("set_status", "set_balance", "set_score")
 
 # The first valid record of each transaction, in log order: the one exactly-once applies. The
@@ -40,11 +42,7 @@ latest_set AS (
     FROM {journal}.log_records WHERE first_of_transaction AND type IN ('set_status', 'set_balance', 'set_score')
     ORDER BY account_id, type, partition DESC, "offset" DESC
 ),
-credited AS (
-    -- one credit per transaction (read from the index of first records, in account order)
-    SELECT account_id, sum(amount_cents) AS cents FROM {journal}.log_records
-    WHERE first_of_transaction AND type = 'credit' GROUP BY account_id
-),
+{credited}
 overwritten AS (
     -- an absolute set of the balance replaces what was credited before it (few accounts have one)
     SELECT b.account_id, sum(f.amount_cents) AS cents
@@ -57,9 +55,17 @@ expected AS (
     FROM credited c LEFT JOIN overwritten o ON o.account_id = c.account_id
 )"""
 
+# One credit per transaction (read from the index of first records, in account order), and the
+# natural strategy's ledger per account: aggregated here; kept running by verdict_summary.
+CREDITED = """
+credited AS (
+    SELECT account_id, sum(amount_cents) AS cents FROM {journal}.log_records
+    WHERE first_of_transaction AND type = 'credit' GROUP BY account_id
+),
+ledger_sum AS (SELECT account_id, sum(amount_cents) AS cents FROM ledger GROUP BY account_id),"""
+
 ACCOUNTS_SQL = f"""
-WITH {EXPECTED},
-ledger_sum AS (SELECT account_id, sum(amount_cents) AS cents FROM ledger GROUP BY account_id)
+WITH {EXPECTED}
 SELECT a.id, a.owner, (a.balance + coalesce(l.cents, 0))::bigint AS actual,
        (coalesce(sb.balance_cents, 0) + coalesce(e.cents, 0))::bigint AS expected,
        a.status, coalesce(ss.status, 'ACTIVE') AS expected_status,
@@ -109,9 +115,11 @@ facts AS (
     -- the effects of credits: payment rows, and ledger rows (natural) through their event's record
     SELECT hashtextextended(transaction_id, 0), NULL, NULL, NULL, NULL, 1, 0 FROM payments
     UNION ALL
+    -- (the transaction of its event's first record in the log)
     SELECT hashtextextended(coalesce(r.transaction_id, 'ledger:' || l.event_id), 0), NULL, NULL, NULL, NULL, 1, 0
     FROM ledger l LEFT JOIN LATERAL (SELECT transaction_id FROM {journal}.log_records x
-                                     WHERE x.event_id = l.event_id LIMIT 1) r ON true
+                                     WHERE x.event_id = l.event_id AND x.invalid_reason IS NULL
+                                     ORDER BY x.partition, x."offset" LIMIT 1) r ON true
 ),
 per_transaction AS MATERIALIZED (
     SELECT tx, count(event) AS records, min(event) <> max(event) AS several_events,
@@ -249,25 +257,36 @@ def _journal(journal_schema: str) -> str:
     return '"' + journal_schema.replace('"', '""') + '"'
 
 
-def _accounts_sql(session: Session, journal_schema: str) -> str:
+def _accounts_sql(session: Session, journal_schema: str, exact: bool = False) -> str:
+    """The accounts' query: with the running sums (verdict_summary) when they can be read, else
+    aggregated from the log and the ledger."""
+    journal = _journal(journal_schema)
     # The score is a set_score's upsert into ``scores`` (a table of its own, one row per account).
     has_scores = session.execute(text("SELECT to_regclass('scores') IS NOT NULL")).scalar()
     score = "(SELECT s.score FROM scores s WHERE s.account_id = a.id)::bigint" if has_scores else "NULL::bigint"
-    return ACCOUNTS_SQL.format(journal=_journal(journal_schema), score=score)
+    credited = CREDITED
+    if not exact and session.execute(text(summary.ACCOUNTS_READY_SQL.format(journal=journal))).scalar():
+        credited = summary.CREDITED_SQL + ","
+    return ACCOUNTS_SQL.format(journal=journal, score=score, credited=credited.format(journal=journal))
 
 
-def accounts(session: Session, journal_schema: str) -> list[AccountLine]:
-    rows = session.execute(text(_accounts_sql(session, journal_schema))).all()
+def accounts(session: Session, journal_schema: str, exact: bool = False) -> list[AccountLine]:
+    rows = session.execute(text(_accounts_sql(session, journal_schema, exact))).all()
     return [AccountLine(*row) for row in rows]
 
 
-def verdict(session: Session, journal_schema: str, explain: bool = True) -> Verdict:
-    # The per-transaction hash table holds one entry per transaction: give it the memory to stay
-    # off disk (100,000 transactions spill out of the default 4 MB).
-    session.execute(text("SET LOCAL work_mem = '64MB'"))
-    row = session.execute(text(VERDICT_SQL.format(journal=_journal(journal_schema)))).mappings().one()
-    values = {key: int(value or 0) for key, value in row.items()}
-    mismatch = session.execute(text(MISMATCHES_SQL.format(accounts=_accounts_sql(session, journal_schema)))).one()
+def verdict(session: Session, journal_schema: str, explain: bool = True, exact: bool = False) -> Verdict:
+    """The verdict of the current schema's copy of the accounts against the log of ``journal_schema``:
+    from the running summaries, or (``exact``, or before they are built) computed whole."""
+    values = None if exact else summary.verdict_values(session, journal_schema)
+    if values is None:
+        # The per-transaction hash table holds one entry per transaction: give it the memory to stay
+        # off disk (100,000 transactions spill out of the default 4 MB).
+        session.execute(text("SET LOCAL work_mem = '64MB'"))
+        row = session.execute(text(VERDICT_SQL.format(journal=_journal(journal_schema)))).mappings().one()
+        values = {key: int(value or 0) for key, value in row.items()}
+    mismatch = session.execute(text(MISMATCHES_SQL.format(
+        accounts=_accounts_sql(session, journal_schema, exact)))).one()
     values["balances_mismatched"], values["statuses_mismatched"] = int(mismatch[0]), int(mismatch[1])
     result = Verdict(**values)
     if explain and (result.status == "anomalies" or result.sets_reapplied):

@@ -35,7 +35,7 @@ from . import chaos, queue
 from .handlers import HANDLERS, CommandRejected
 from .dedup_sampler import DedupSampler
 from .load import RUNS as LOAD_RUNS
-from .periodic import Heartbeat, Housekeeping
+from .periodic import Heartbeat, Housekeeping, SummaryFolder
 from .notify_service import URL_VARIABLE as NOTIFY_URL, notification_service
 from .processes import Pool, Sidecar, truthy
 from ..outbox.keeper import RelayKeeper
@@ -73,6 +73,8 @@ class Agent:
         self.housekeeping = Housekeeping(self.conn)
         # Dedup tables at scale (issue 14): sizes and probe insert latency, on a thread of its own.
         self.dedup_sampler = DedupSampler(database_url, loading=LOAD_RUNS.labs)
+        # The verdict's running summaries (webapp/verdict_summary.py), folded on a thread of their own.
+        self.summary_folder = SummaryFolder(database_url)
         # The log mirror (the lab's ground truth: every record of every lab topic), kept running.
         self.log_mirror = Sidecar("log reader", "webapp.logreader",
                                   {**os.environ, "DATABASE_URL": database_url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers},
@@ -162,6 +164,7 @@ class Agent:
         try:
             self.heartbeat.start()
             self.dedup_sampler.start()
+            self.summary_folder.start()
             self.log_mirror.ensure()
             if self.notify_service is not None:
                 self.notify_service.ensure(now=True)
@@ -221,6 +224,7 @@ class Agent:
         try:
             LOAD_RUNS.stop_all()
             self.dedup_sampler.stop()
+            self.summary_folder.stop()
             self.log_mirror.stop()
             self.relays.stop_all()
             chaos.stop_all()

@@ -21,8 +21,8 @@ from confluent_kafka import KafkaException
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from .. import kafka, timeline, ttl
-from ..db import CONTROL_SCHEMA, sqlalchemy_url
+from .. import kafka, timeline, ttl, verdict_summary
+from ..db import CONTROL_SCHEMA, connect, sqlalchemy_url
 from ..domain.lab import Lab
 from ..domain.vocabulary import DEFAULT_TTL_SECONDS
 from ..store import agents, commands
@@ -98,6 +98,58 @@ class Heartbeat:
         finally:
             self.engine.dispose()
             self.admin = None  # the AdminClient has no close(): dropping it ends its threads
+
+
+class SummaryFolder:
+    """The running summaries' folder (verdict_summary.fold_lab): every lab's queued changes, on a
+    thread and a connection of its own, so a long build (a lab migrated with millions of records)
+    never delays a command. A read is exact without it: it keeps the reads' share of work small."""
+
+    EVERY = 0.5
+    LABS_SQL = ("SELECT nspname FROM pg_namespace n WHERE nspname LIKE 'lab\\_%' AND nspname NOT LIKE '%\\_\\_%' "
+                "AND EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'verdict_totals') "
+                "ORDER BY nspname")
+
+    def __init__(self, database_url: str):
+        self.database_url = database_url
+        self.conn: psycopg.Connection | None = None
+        self.folds = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="summary folder", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def fold_all(self) -> None:
+        if self.conn is None or self.conn.closed:
+            self.conn = connect(self.database_url, autocommit=True, application_name="lab agent summary folder")
+        for (lab_schema,) in self.conn.execute(self.LABS_SQL).fetchall():
+            try:
+                verdict_summary.fold_lab(self.conn, lab_schema)
+            except psycopg.errors.InvalidSchemaName:
+                continue  # the lab was dropped (a reset) while we looked
+            self.folds += 1
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.EVERY):
+            try:
+                self.fold_all()
+            except psycopg.OperationalError as error:  # PostgreSQL restarting: fold again when it is back
+                log.warning("summary folder: %s", str(error).splitlines()[0])
+                self._close()
+            except Exception:  # never let the folder stop: say why, fold again next time
+                log.exception("summary folder")
+                self._close()
+
+    def _close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self._close()
 
 
 class Housekeeping:

@@ -140,6 +140,10 @@ def create_lab_schema(conn: Connection, schema: str) -> bool:
     conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": schema})
     for table in lab_tables():
         table.create(conn, checkfirst=True)
+    from ..verdict_summary import trigger_ddl
+
+    for statement in trigger_ddl(schema):  # the running summaries' change triggers
+        conn.exec_driver_sql(statement)
     return exists is None
 
 

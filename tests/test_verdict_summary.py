@@ -1,0 +1,251 @@
+"""The running summaries agree with VERDICT_SQL after any change, folded or not.
+
+On the real PostgreSQL: a lab schema and a lane schema, changed the way their writers change them
+(records mirrored, deliveries, payments and ledger rows written, committed offsets moved forward
+and back) and the way a person in psql does (rows deleted and updated, a table truncated); after
+every change the summary's verdict and accounts are compared with the exact ones, before and
+after the folder runs.
+"""
+from __future__ import annotations
+
+import random
+import uuid
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
+
+from webapp import verdict, verdict_summary
+from webapp.db import connect, sqlalchemy_url
+from webapp.labs import ensure_schema, seed_accounts
+from webapp.store.schema import enter
+
+ACCOUNTS = ["acc-1", "acc-2", "acc-3"]
+PARTITIONS = 2
+
+
+@pytest.fixture
+def engine(services):
+    engine = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def schemas(engine, lab_name):
+    """A lab schema and one lane schema, each with a group applying to it; dropped afterwards."""
+    lab, lane = f"lab_{lab_name}", f"lab_{lab_name}__lane"
+    with engine.begin() as conn:
+        for schema in (lab, lane):
+            ensure_schema(conn, schema)
+            seed_accounts(conn, schema)
+        enter(conn, lab)
+        for group, effects in (("g-lab", lab), ("g-lane", lane)):
+            conn.execute(text("INSERT INTO consumer_groups (group_id, strategy, effects_schema) "
+                              "VALUES (:g, 'none', :e)"), {"g": group, "e": effects})
+    yield lab, lane
+    with engine.begin() as conn:
+        for schema in (lab, lane):
+            conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+
+
+@pytest.fixture
+def folder(services):
+    conn = connect(services.database_url, autocommit=True)
+    yield conn
+    conn.close()
+
+
+class World:
+    """The writers of one lab, driven at random: the log reader, consumers, the agent, a person."""
+
+    def __init__(self, conn: psycopg.Connection, lab: str, lane: str, rng: random.Random):
+        self.conn, self.lab, self.lane, self.rng = conn, lab, lane, rng
+        self.next_offset = [0] * PARTITIONS
+        self.transactions: list[str] = []
+        self.records: list[dict] = []  # what was mirrored
+
+    def sql(self, schema: str, statement: str, params=()) -> psycopg.Cursor:
+        return self.conn.execute(statement.replace("{s}", f'"{schema}"'), params)
+
+    # the log reader
+    def mirror(self) -> None:
+        partition = self.rng.randrange(PARTITIONS)
+        offset = self.next_offset[partition]
+        self.next_offset[partition] += 1
+        if self.rng.random() < 0.1:
+            self.sql(self.lab, 'INSERT INTO {s}.log_records (partition, "offset", value, invalid_reason) '
+                     "VALUES (%s, %s, 'not json', 'not JSON')", [partition, offset])
+            self.records.append({"partition": partition, "offset": offset, "valid": False})
+            return
+        if self.transactions and self.rng.random() < 0.3:
+            transaction_id = self.rng.choice(self.transactions)  # a resend or a source duplicate
+        else:
+            transaction_id = f"tx-{uuid.UUID(int=self.rng.getrandbits(128)).hex[:12]}"
+            self.transactions.append(transaction_id)
+        event_id = (next((r["event_id"] for r in self.records if r.get("transaction_id") == transaction_id), None)
+                    if self.rng.random() < 0.5 else None) or str(uuid.UUID(int=self.rng.getrandbits(128)))
+        kind = self.rng.choices(["credit", "set_status", "set_balance"], [8, 1, 1])[0]
+        account = self.rng.choice(ACCOUNTS)
+        first = not any(r.get("transaction_id") == transaction_id for r in self.records)
+        self.sql(self.lab, 'INSERT INTO {s}.log_records (partition, "offset", value, event_id, transaction_id, type, '
+                 "account_id, amount_cents, status, balance_cents, first_of_transaction) "
+                 "VALUES (%s, %s, '{}', %s, %s, %s, %s, %s, %s, %s, %s)",
+                 [partition, offset, event_id, transaction_id, kind, account,
+                  self.rng.randrange(1, 500) if kind == "credit" else None,
+                  "BLOCKED" if kind == "set_status" else None,
+                  self.rng.randrange(0, 1000) if kind == "set_balance" else None, first])
+        self.records.append({"partition": partition, "offset": offset, "valid": True, "event_id": event_id,
+                             "transaction_id": transaction_id, "type": kind, "account": account})
+
+    # a consumer: a delivery, with its effect when applied
+    def deliver(self) -> None:
+        schema = self.rng.choice([self.lab, self.lane])
+        if not self.records:
+            return
+        record = self.rng.choice(self.records)
+        if not record["valid"]:
+            outcome = self.rng.choice(["dead-lettered", "dead-lettered", "applied"])
+            self.sql(schema, 'INSERT INTO {s}.deliveries (group_id, consumer, partition, "offset", generation, '
+                     "attempt, strategy, outcome) VALUES ('g', 'c1', %s, %s, 1, 1, 'none', %s)",
+                     [record["partition"], record["offset"], outcome])
+            return
+        outcome = self.rng.choice(["applied", "applied", "absorbed"])
+        self.sql(schema, 'INSERT INTO {s}.deliveries (group_id, consumer, partition, "offset", generation, attempt, '
+                 "event_id, transaction_id, strategy, outcome) VALUES ('g', 'c1', %s, %s, 1, 1, %s, %s, 'none', %s)",
+                 [record["partition"], record["offset"], record["event_id"], record["transaction_id"], outcome])
+        if outcome == "applied" and record["type"] == "credit":
+            if self.rng.random() < 0.3:
+                self.sql(schema, "INSERT INTO {s}.ledger (event_id, account_id, amount_cents) VALUES (%s, %s, 7) "
+                         "ON CONFLICT DO NOTHING", [record["event_id"], record["account"]])
+            else:
+                self.pay(schema, record["event_id"], record["transaction_id"], record["account"])
+
+    def pay(self, schema: str, event_id: str, transaction_id: str, account: str) -> None:
+        self.sql(schema, "INSERT INTO {s}.payments (event_id, transaction_id, account_id, amount_cents) "
+                 "VALUES (%s, %s, %s, 100)", [event_id, transaction_id, account])
+
+    # a delivery whose record the reader has not mirrored yet, and an effect by hand
+    def ahead_of_the_mirror(self) -> None:
+        schema = self.rng.choice([self.lab, self.lane])
+        event_id, transaction_id = str(uuid.UUID(int=self.rng.getrandbits(128))), f"tx-ahead-{len(self.records)}"
+        partition = self.rng.randrange(PARTITIONS)
+        self.sql(schema, 'INSERT INTO {s}.deliveries (group_id, consumer, partition, "offset", generation, attempt, '
+                 "event_id, transaction_id, strategy, outcome) VALUES ('g', 'c1', %s, %s, 1, 1, %s, %s, 'none', "
+                 "'applied')", [partition, self.next_offset[partition] + 5, event_id, transaction_id])
+        if self.rng.random() < 0.5:
+            self.pay(schema, event_id, transaction_id, self.rng.choice(ACCOUNTS))
+        else:
+            self.sql(schema, "INSERT INTO {s}.ledger (event_id, account_id, amount_cents) VALUES (%s, %s, 9)",
+                     [event_id, self.rng.choice(ACCOUNTS)])
+
+    def by_hand(self) -> None:
+        schema = self.rng.choice([self.lab, self.lane])
+        what = self.rng.randrange(7)
+        if what == 0:
+            # a payment no record explains, for an event a consumer may deliver later (or did)
+            events = [r["event_id"] for r in self.records if r["valid"]] or [str(uuid.uuid4())]
+            self.pay(schema, self.rng.choice(events), "tx-by-hand", "acc-1")
+        elif what == 1:
+            self.sql(schema, "DELETE FROM {s}.payments WHERE id = (SELECT min(id) FROM {s}.payments)")
+        elif what == 2:
+            self.sql(schema, "DELETE FROM {s}.deliveries WHERE id = (SELECT max(id) FROM {s}.deliveries)")
+        elif what == 3:
+            self.sql(schema, "UPDATE {s}.payments SET transaction_id = 'tx-moved' "
+                     "WHERE id = (SELECT max(id) FROM {s}.payments)")
+        elif what == 4:
+            self.sql(schema, "DELETE FROM {s}.ledger WHERE event_id = (SELECT event_id FROM {s}.ledger ORDER BY event_id LIMIT 1)")
+        elif what == 5 and self.rng.random() < 0.3:
+            self.sql(schema, "TRUNCATE {s}.payments")
+        elif what == 6:
+            self.sql(self.lab, 'DELETE FROM {s}.log_records WHERE (partition, "offset") = '
+                     '(SELECT partition, "offset" FROM {s}.log_records ORDER BY random() LIMIT 1)')
+
+    # the agent's offset snapshot: forward, and back (a reset)
+    def commit(self) -> None:
+        group = self.rng.choice(["g-lab", "g-lane"])
+        partition = self.rng.randrange(PARTITIONS)
+        committed = self.rng.randrange(-1, self.next_offset[partition] + 2)
+        self.sql(self.lab, "INSERT INTO {s}.group_offsets (group_id, partition, committed) VALUES (%s, %s, %s) "
+                 "ON CONFLICT (group_id, partition) DO UPDATE SET committed = EXCLUDED.committed",
+                 [group, partition, None if committed < 0 else committed])
+
+    def step(self) -> str:
+        action = self.rng.choices([self.mirror, self.deliver, self.commit, self.ahead_of_the_mirror, self.by_hand],
+                                  [5, 5, 2, 1, 1])[0]
+        action()
+        return action.__name__
+
+
+def judged(engine, lab: str, schema: str, exact: bool) -> tuple[dict, list, bool]:
+    with Session(engine) as session:
+        session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
+        enter(session.connection(), schema)
+        summarized = verdict_summary.verdict_values(session, lab) is not None
+        result = verdict.verdict(session, lab, explain=False, exact=exact).as_dict()
+        lines = [line.__dict__ for line in verdict.accounts(session, lab, exact=exact)]
+    result.pop("anomalies")
+    return result, lines, summarized
+
+
+def assert_agree(engine, lab: str, lane: str, when: str) -> bool:
+    summarized_all = True
+    for schema in (lab, lane):
+        exact, exact_lines, _ = judged(engine, lab, schema, exact=True)
+        summary, summary_lines, summarized = judged(engine, lab, schema, exact=False)
+        assert summary == exact, f"{schema} {when}: the summary says {summary}, VERDICT_SQL {exact}"
+        assert summary_lines == exact_lines, f"{schema} {when}: accounts {summary_lines} vs {exact_lines}"
+        summarized_all &= summarized
+    return summarized_all
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_the_summaries_agree_with_the_verdict_after_every_change(engine, schemas, folder, seed):
+    lab, lane = schemas
+    rng = random.Random(seed)
+    world = World(folder, lab, lane, rng)
+    assert verdict_summary.fold_lab(folder, lab) == {lab: "built", lane: "built"}
+    summarized_reads = 0
+    for number in range(60):
+        action = world.step()
+        summarized_reads += assert_agree(engine, lab, lane, f"after step {number} ({action}), unfolded")
+        if rng.random() < 0.4:
+            verdict_summary.fold_lab(folder, lab)
+            assert_agree(engine, lab, lane, f"after step {number} ({action}), folded")
+    verdict_summary.fold_lab(folder, lab)
+    assert assert_agree(engine, lab, lane, "at the end, folded"), "the last reads did not use the summaries"
+    assert summarized_reads > 30, "most reads should have come from the summaries, not the full verdict"
+    queued = folder.execute(f'SELECT count(*) FROM "{lab}".verdict_changes').fetchone()[0]
+    assert queued == 0, "a fold leaves nothing queued"
+
+
+def test_a_new_schema_is_judged_whole_until_it_is_built_and_a_truncate_asks_for_a_rebuild(engine, schemas, folder):
+    lab, lane = schemas
+    world = World(folder, lab, lane, random.Random(7))
+    for _ in range(10):
+        world.mirror()
+    with Session(engine) as session:
+        enter(session.connection(), lab)
+        assert verdict_summary.verdict_values(session, lab) is None, "no totals yet: VERDICT_SQL judges"
+    assert verdict_summary.fold_lab(folder, lab) == {lab: "built", lane: "built"}
+    assert verdict_summary.fold_lab(folder, lab) == {lab: "current", lane: "current"}
+    world.sql(lane, "TRUNCATE {s}.deliveries")
+    with Session(engine) as session:
+        enter(session.connection(), lane)
+        assert verdict_summary.verdict_values(session, lab) is None, "a TRUNCATE: judged whole until rebuilt"
+    assert verdict_summary.fold_lab(folder, lab) == {lab: "current", lane: "built"}
+    assert_agree(engine, lab, lane, "after the rebuild")
+
+
+def test_only_one_folder_folds_a_lab_at_a_time(services, schemas, folder):
+    lab, _ = schemas
+    other = connect(services.database_url, autocommit=True)
+    try:
+        other.execute("SELECT pg_advisory_lock(hashtextextended('verdict summary ' || %s, 0))", [lab])
+        assert verdict_summary.fold_lab(folder, lab) is None, "a second folder must skip the lab"
+        other.execute("SELECT pg_advisory_unlock(hashtextextended('verdict summary ' || %s, 0))", [lab])
+        assert verdict_summary.fold_lab(folder, lab) is not None
+    finally:
+        other.close()

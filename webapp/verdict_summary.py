@@ -1,0 +1,443 @@
+"""Running summaries of the verdict and of the accounts' expected balances (issue 14).
+
+``verdict.VERDICT_SQL`` judges the whole log and every effect on each call: seconds at a million
+records. The summaries keep its answer as it changes, so a panel pays for what changed, not for
+what the lab holds; ``VERDICT_SQL`` stays the exact definition, and the answer on demand
+(``verdict(..., exact=True)``, ``GET /api/v1/state?exact=1``).
+
+How it stays exact:
+
+- **What changed is written where it changes.** Statement triggers on ``log_records``,
+  ``deliveries``, ``payments`` and ``ledger`` copy the keys of the rows an INSERT, UPDATE or DELETE
+  touched into ``verdict_changes``, in the writer's own transaction: a change is in the queue
+  exactly when its row is committed, whoever wrote it (the log reader, a consumer, a person in
+  psql). Each statement appends rows of its own: no counter row is shared, so concurrent consumers
+  never wait on each other for it (the check-then-act race stays the race it is). A TRUNCATE
+  leaves a ``rebuild`` mark.
+- **Facts are recomputed per key, never patched.** The verdict groups facts by transaction
+  (``VERDICT_SQL``'s ``per_transaction``). ``verdict_keys`` holds that row per key; a changed key's
+  row is computed again from the tables (index lookups), and the totals move by the difference
+  of the old and new rows' contributions: the same ``FILTER`` expressions ``VERDICT_SQL`` uses.
+  Keys: a transaction id; ``record:<partition>:<offset>`` for an invalid record; ``ledger:<event
+  id>`` for a ledger row whose event the log does not hold (yet).
+- **Committed offsets move both ways.** The totals keep the committed offsets they reflect;
+  where a group's committed offset moved (a commit, a reset back), the records in between are the
+  changed keys.
+- **A read adds what is not folded yet.** One statement (one snapshot) reads the totals and
+  recomputes the keys still in the queue: the answer is the verdict of that snapshot, not of the
+  last fold. The agent's folder (``fold_lab``, every half second) only keeps the queue short.
+
+A schema without totals (new, or marked for a rebuild) is judged by ``VERDICT_SQL`` until the
+folder has built them. ``tests/test_verdict_summary.py`` checks the summaries against
+``VERDICT_SQL`` after random changes of every kind.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+
+def _q(schema: str) -> str:
+    return '"' + schema.replace('"', '""') + '"'
+
+
+# --- the triggers: every changed row's keys into verdict_changes, in the writer's transaction ---
+
+# What each table's changed rows say: the key of the transaction (or invalid record) they belong
+# to, their event (which other keys it touches: a payment's orphan check, a ledger row's key), the
+# record they are about, a delivery's outcome, and the cents an account's sums move by.
+CHANGE_COLUMNS = "log, key, event_id, partition, \"offset\", outcome, account_id, cents, sign"
+CHANGED_ROWS = {
+    "log_records": ("true, CASE WHEN invalid_reason IS NULL THEN transaction_id "
+                    "ELSE 'record:' || partition || ':' || \"offset\" END, event_id, partition, \"offset\", NULL, "
+                    "account_id, CASE WHEN first_of_transaction AND type = 'credit' AND invalid_reason IS NULL "
+                    "THEN amount_cents END"),
+    "deliveries": ("false, coalesce(transaction_id, 'record:' || partition || ':' || \"offset\"), event_id, "
+                   "partition, \"offset\", outcome, NULL, NULL"),
+    "payments": "false, transaction_id, event_id, NULL, NULL, NULL, NULL, NULL",
+    "ledger": "false, NULL, event_id, NULL, NULL, NULL, account_id, amount_cents",
+}
+
+
+def trigger_ddl(schema: str) -> list[str]:
+    """The change triggers of one lab (or lane) schema; idempotent."""
+    s = _q(schema)
+    statements = []
+    for table, columns in CHANGED_ROWS.items():
+        log = "true" if table == "log_records" else "false"
+        function = f"{s}.verdict_changes_of_{table}"
+        statements.append(f"""
+CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        INSERT INTO {s}.verdict_changes (log, rebuild) VALUES ({log}, true);
+        RETURN NULL;
+    END IF;
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        INSERT INTO {s}.verdict_changes ({CHANGE_COLUMNS}) SELECT {columns}, -1 FROM old_rows;
+    END IF;
+    IF TG_OP IN ('UPDATE', 'INSERT') THEN
+        INSERT INTO {s}.verdict_changes ({CHANGE_COLUMNS}) SELECT {columns}, 1 FROM new_rows;
+    END IF;
+    RETURN NULL;
+END $fn$""")
+        for event, referencing in (("INSERT", "NEW TABLE AS new_rows"),
+                                   ("UPDATE", "OLD TABLE AS old_rows NEW TABLE AS new_rows"),
+                                   ("DELETE", "OLD TABLE AS old_rows")):
+            name = f"verdict_changes_{event.lower()}"
+            statements.append(f"DROP TRIGGER IF EXISTS {name} ON {s}.{table}")
+            statements.append(f"CREATE TRIGGER {name} AFTER {event} ON {s}.{table} REFERENCING {referencing} "
+                              f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()")
+        statements.append(f"DROP TRIGGER IF EXISTS verdict_changes_truncate ON {s}.{table}")
+        statements.append(f"CREATE TRIGGER verdict_changes_truncate AFTER TRUNCATE ON {s}.{table} "
+                          f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()")
+    return statements
+
+
+# --- what changed since the last fold: keys -------------------------------------------------
+
+# The queue as one schema sees it: its own effects' changes and the journal's log changes (every
+# copy of the accounts is judged against the lab's one log).
+CHANGES = """
+changes AS (
+    SELECT key, event_id, partition, "offset", outcome, account_id, cents, sign, rebuild, log
+    FROM verdict_changes WHERE NOT log
+    UNION ALL
+    SELECT key, event_id, partition, "offset", outcome, account_id, cents, sign, rebuild, log
+    FROM {journal}.verdict_changes WHERE log
+)"""
+
+# VERDICT_SQL's committed offsets, and where they moved since the totals were folded.
+COMMITTED = """
+committed AS (
+    SELECT g.partition, max(g.committed) AS committed
+    FROM {journal}.group_offsets g
+    JOIN {journal}.consumer_groups cg ON cg.group_id = g.group_id AND cg.effects_schema = current_schema()
+    GROUP BY g.partition
+),
+committed_now AS (SELECT partition, greatest(coalesce(committed, 0), 0) AS upto FROM committed),
+moved AS (
+    SELECT coalesce(n.partition, f.partition) AS partition,
+           least(coalesce(n.upto, 0), coalesce(f.upto, 0)) AS low,
+           greatest(coalesce(n.upto, 0), coalesce(f.upto, 0)) AS high
+    FROM committed_now n
+    FULL JOIN (SELECT key::int AS partition, value::bigint AS upto
+               FROM verdict_totals, jsonb_each_text(committed)) f ON f.partition = n.partition
+    WHERE coalesce(n.upto, 0) <> coalesce(f.upto, 0)
+)"""
+
+RECORD_KEY = "CASE WHEN {r}.invalid_reason IS NULL THEN {r}.transaction_id ELSE 'record:' || {r}.partition || ':' || {r}.\"offset\" END"
+
+# Every key whose facts a queued change may have moved: its own key; for its event, the
+# ledger row's keys and the payments' (whose orphan check looks for a delivery of the event); the
+# record it names; the records a committed offset moved over.
+DIRTY = """
+changed_events AS (SELECT DISTINCT event_id FROM changes WHERE event_id IS NOT NULL),
+dirty AS (
+    SELECT key FROM changes WHERE key IS NOT NULL
+    UNION SELECT 'ledger:' || event_id FROM changed_events
+    UNION SELECT p.transaction_id FROM payments p JOIN changed_events e ON e.event_id = p.event_id
+    UNION SELECT x.transaction_id FROM {journal}.log_records x JOIN changed_events e ON e.event_id = x.event_id
+          WHERE x.invalid_reason IS NULL
+    UNION SELECT """ + RECORD_KEY.format(r="x") + """ FROM {journal}.log_records x
+          JOIN changes c ON c.partition = x.partition AND c."offset" = x."offset"
+    UNION SELECT """ + RECORD_KEY.format(r="x") + """ FROM {journal}.log_records x
+          JOIN moved m ON m.partition = x.partition AND x."offset" >= m.low AND x."offset" < m.high
+)"""
+
+# --- the facts of keys: VERDICT_SQL's per_transaction, per key ---------------------------------
+
+# The key a ledger row counts under: the transaction of its event's first record in the log.
+LEDGER_KEY = """(SELECT coalesce((SELECT x.transaction_id FROM {journal}.log_records x
+                           WHERE x.event_id = l.event_id AND x.invalid_reason IS NULL
+                           ORDER BY x.partition, x."offset" LIMIT 1), 'ledger:' || l.event_id) AS key)"""
+
+# The records and effects of the dirty keys (index lookups), or of every key (the full build).
+RECORDS_OF_DIRTY = """
+rec AS (
+    SELECT r.transaction_id AS key, r.partition, r."offset", r.event_id, r.type, false AS invalid
+    FROM {journal}.log_records r WHERE r.invalid_reason IS NULL AND r.transaction_id IN (SELECT key FROM dirty)
+    UNION ALL
+    SELECT d.key, r.partition, r."offset", NULL, NULL, true
+    FROM (SELECT key, CASE WHEN key ~ '^record:[0-9]{{1,9}}:[0-9]{{1,18}}$' THEN split_part(key, ':', 2)::int END AS p,
+                      CASE WHEN key ~ '^record:[0-9]{{1,9}}:[0-9]{{1,18}}$' THEN split_part(key, ':', 3)::bigint END AS o
+          FROM dirty) d
+    JOIN {journal}.log_records r ON r.partition = d.p AND r."offset" = d.o AND r.invalid_reason IS NOT NULL
+),
+effects AS (
+    SELECT p.transaction_id AS key, p.event_id FROM payments p WHERE p.transaction_id IN (SELECT key FROM dirty)
+    UNION ALL
+    SELECT k.key, l.event_id FROM ledger l CROSS JOIN LATERAL """ + LEDGER_KEY + """ k
+    WHERE l.event_id IN (SELECT x.event_id FROM {journal}.log_records x
+                         WHERE x.invalid_reason IS NULL AND x.transaction_id IN (SELECT key FROM dirty)
+                         UNION ALL
+                         SELECT CASE WHEN key ~ '^ledger:[0-9a-f]{{8}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{12}}$'
+                                     THEN substr(key, 8)::uuid END FROM dirty)
+      AND k.key IN (SELECT key FROM dirty)
+)"""
+
+RECORDS_OF_ALL = """
+rec AS (
+    SELECT """ + RECORD_KEY.format(r="r") + """ AS key, r.partition, r."offset", r.event_id, r.type,
+           r.invalid_reason IS NOT NULL AS invalid
+    FROM {journal}.log_records r
+),
+effects AS (
+    SELECT p.transaction_id AS key, p.event_id FROM payments p
+    UNION ALL
+    SELECT k.key, l.event_id FROM ledger l CROSS JOIN LATERAL """ + LEDGER_KEY + """ k
+)"""
+
+# Per record: consumed (a group applying here committed past it, or delivered it), dead-lettered,
+# and for a set, how often a consumer says it applied it. Then one row per key.
+FACTS = """
+records AS (
+    SELECT rec.key, rec.event_id, rec.type, rec.invalid,
+           CASE WHEN rec."offset" < c.committed THEN true
+                ELSE EXISTS (SELECT 1 FROM deliveries d WHERE d.partition = rec.partition AND d."offset" = rec."offset")
+           END AS consumed,
+           EXISTS (SELECT 1 FROM deliveries d WHERE d.partition = rec.partition AND d."offset" = rec."offset"
+                   AND d.outcome = 'dead-lettered') AS dead,
+           CASE WHEN NOT rec.invalid AND rec.type <> 'credit'
+                THEN (SELECT count(*) FROM deliveries d WHERE d.partition = rec.partition
+                      AND d."offset" = rec."offset" AND d.outcome = 'applied') ELSE 0 END AS applied
+    FROM rec LEFT JOIN committed c ON c.partition = rec.partition
+),
+facts AS (
+    SELECT key, event_id, NOT invalid AS valid, invalid, type = 'credit' AS delta, consumed, dead, applied,
+           0 AS effect, 0 AS delivered_effect
+    FROM records
+    UNION ALL
+    SELECT key, NULL, false, false, NULL, NULL, NULL, 0, 1,
+           CASE WHEN EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.event_id) THEN 1 ELSE 0 END
+    FROM effects e
+),
+fresh AS (
+    SELECT key,
+           count(*) FILTER (WHERE valid) AS records,
+           coalesce(min(event_id::text) FILTER (WHERE valid) <> max(event_id::text) FILTER (WHERE valid), false)
+               AS several_events,
+           coalesce(bool_or(delta) FILTER (WHERE valid), false) AS delta,
+           coalesce(bool_or(consumed) FILTER (WHERE valid), false) AS consumed,
+           coalesce(bool_or(dead) FILTER (WHERE valid), false) AS dead,
+           sum(effect) AS effects, sum(delivered_effect) AS effects_delivered, sum(applied) AS applied,
+           count(*) FILTER (WHERE valid OR invalid) AS log_records,
+           count(*) FILTER (WHERE (valid OR invalid) AND NOT consumed) AS log_pending,
+           count(*) FILTER (WHERE invalid) AS log_invalid,
+           count(*) FILTER (WHERE invalid AND consumed AND NOT dead) AS log_invalid_kept
+    FROM facts GROUP BY key
+)"""
+
+KEY_COLUMNS = ("key", "records", "several_events", "delta", "consumed", "dead", "effects", "effects_delivered",
+               "applied", "log_records", "log_pending", "log_invalid", "log_invalid_kept")
+
+# What a set of key rows ``k`` adds to the verdict: VERDICT_SQL's judged, log and orphans.
+CONTRIBUTION = {
+    "transactions": "count(*) FILTER (WHERE records > 0)",
+    "duplicates_applied": "coalesce(sum(greatest(effects - 1, 0)) FILTER (WHERE records > 0 AND delta), 0)",
+    "transactions_applied_twice": "count(*) FILTER (WHERE records > 0 AND delta AND effects > 1)",
+    "effects_lost": "count(*) FILTER (WHERE records > 0 AND CASE WHEN delta THEN effects ELSE applied END = 0 "
+                    "AND consumed AND NOT dead)",
+    "source_duplicates_absorbed": "count(*) FILTER (WHERE records > 0 AND several_events "
+                                  "AND CASE WHEN delta THEN effects ELSE applied END = 1)",
+    "source_duplicates": "count(*) FILTER (WHERE records > 0 AND several_events)",
+    "not_yet_applied": "count(*) FILTER (WHERE records > 0 AND CASE WHEN delta THEN effects ELSE applied END = 0 "
+                       "AND NOT consumed)",
+    "sets_reapplied": "count(*) FILTER (WHERE records > 0 AND NOT delta AND applied > 1)",
+    "records": "coalesce(sum(log_records), 0)",
+    "records_pending": "coalesce(sum(log_pending), 0)",
+    "invalid_records": "coalesce(sum(log_invalid), 0)",
+    "invalid_not_dead_lettered": "coalesce(sum(log_invalid_kept), 0)",
+    "effects_without_record": "coalesce(sum(effects - effects_delivered) FILTER (WHERE records = 0), 0)",
+    "effects_not_yet_mirrored": "coalesce(sum(effects_delivered) FILTER (WHERE records = 0), 0)",
+}
+# Counted over the deliveries themselves (VERDICT_SQL's outcomes): moved by each queued delivery.
+OUTCOMES = {"redeliveries_absorbed": "absorbed", "dead_letters": "dead-lettered"}
+TOTALS = tuple(CONTRIBUTION) + tuple(OUTCOMES)
+
+
+def _contribution(relation: str) -> str:
+    return "SELECT " + ", ".join(f"{sql} AS {name}" for name, sql in CONTRIBUTION.items()) + f" FROM {relation} k"
+
+
+def _queued_outcomes() -> str:
+    return "SELECT " + ", ".join(f"coalesce(sum(sign) FILTER (WHERE outcome = '{outcome}'), 0) AS {name}"
+                                 for name, outcome in OUTCOMES.items()) + " FROM changes WHERE NOT log"
+
+
+# One statement, one snapshot: the folded totals, plus what the queue changes (the fresh rows of
+# its keys minus their folded rows). No row when this schema has no totals.
+VERDICT_READ_SQL = ("WITH " + ",".join([CHANGES, COMMITTED, DIRTY, RECORDS_OF_DIRTY, FACTS]) + """,
+folded AS (SELECT k.* FROM verdict_keys k WHERE k.key IN (SELECT key FROM dirty)),
+plus AS (""" + _contribution("fresh") + """),
+minus AS (""" + _contribution("folded") + """),
+queued AS (""" + _queued_outcomes() + """)
+SELECT """ + ", ".join([f"t.{name} + plus.{name} - minus.{name} AS {name}" for name in CONTRIBUTION]
+                       + [f"t.{name} + queued.{name} AS {name}" for name in OUTCOMES]) + """,
+       EXISTS (SELECT 1 FROM changes WHERE rebuild) AS rebuild
+FROM verdict_totals t, plus, minus, queued""")
+
+
+def verdict_values(session: Session, journal_schema: str) -> dict[str, int] | None:
+    """The verdict's counts from the running summaries of the current schema, as of this
+    statement's snapshot; None when there are none to read (then VERDICT_SQL judges)."""
+    row = session.execute(text(VERDICT_READ_SQL.format(journal=_q(journal_schema)))).mappings().first()
+    if row is None or row["rebuild"]:
+        return None
+    return {name: int(row[name]) for name in TOTALS}
+
+
+# --- the accounts' expected balances and the ledger's sums ---------------------------------------
+
+# The sums per account as folded, plus what the queue moves them by: the journal's first credits
+# (expected) and this schema's ledger rows (actual, natural). NULL when they are not built.
+CREDITED_SQL = """
+credited AS (
+    SELECT account_id, sum(cents) AS cents FROM (
+        SELECT account_id, cents FROM {journal}.expected_credits
+        UNION ALL
+        SELECT account_id, sign * cents FROM {journal}.verdict_changes WHERE log AND cents IS NOT NULL
+    ) c GROUP BY account_id
+),
+ledger_sum AS (
+    SELECT account_id, sum(cents) AS cents FROM (
+        SELECT account_id, cents FROM ledger_sums
+        UNION ALL
+        SELECT account_id, sign * cents FROM verdict_changes WHERE NOT log AND cents IS NOT NULL
+    ) l GROUP BY account_id
+)"""
+
+# Whether both sums can be read: the journal and this schema have folded totals and no rebuild mark.
+ACCOUNTS_READY_SQL = """
+SELECT EXISTS (SELECT 1 FROM {journal}.verdict_totals) AND EXISTS (SELECT 1 FROM verdict_totals)
+       AND NOT EXISTS (SELECT 1 FROM {journal}.verdict_changes WHERE log AND rebuild)
+       AND NOT EXISTS (SELECT 1 FROM verdict_changes WHERE NOT log AND rebuild)"""
+
+
+# --- the folder ------------------------------------------------------------------------------
+
+FOLD_LOCK_SQL = "SELECT pg_try_advisory_lock(hashtextextended('verdict summary ' || %s, 0))"
+FOLD_UNLOCK_SQL = "SELECT pg_advisory_unlock(hashtextextended('verdict summary ' || %s, 0))"
+
+LANES_SQL = ("SELECT nspname FROM pg_namespace n WHERE (nspname = %s OR nspname LIKE %s) "
+             "AND EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'verdict_totals') "
+             "ORDER BY nspname = %s DESC, nspname")
+
+
+def fold_lab(conn: psycopg.Connection, lab_schema: str) -> dict[str, str] | None:
+    """Fold the queued changes of a lab and its lanes into their summaries, in one transaction.
+
+    ``conn`` is in autocommit mode. Returns what was done per schema (``built``, ``folded`` or
+    ``current``), or None when another process is folding this lab now.
+    """
+    if not conn.execute(FOLD_LOCK_SQL, [lab_schema]).fetchone()[0]:
+        return None
+    try:
+        # The lock is the session's, taken before the transaction: the snapshot below sees every
+        # fold committed before ours.
+        with conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            return _fold(conn, lab_schema)
+    finally:
+        conn.execute(FOLD_UNLOCK_SQL, [lab_schema])
+
+
+def _fold(conn: psycopg.Connection, lab_schema: str) -> dict[str, str]:
+    journal = _q(lab_schema)
+    schemas = [name for (name,) in conn.execute(LANES_SQL, [lab_schema, lab_schema.replace("_", "\\_") + "\\_\\_%",
+                                                            lab_schema])]
+    if lab_schema not in schemas:
+        return {}
+    log_rebuild = conn.execute(f"SELECT EXISTS (SELECT 1 FROM {journal}.verdict_changes WHERE log AND rebuild)"
+                               ).fetchone()[0]
+    done: dict[str, str] = {}
+    for schema in schemas:
+        conn.execute("SELECT set_config('search_path', %s, true)", [schema])
+        built = conn.execute("SELECT EXISTS (SELECT 1 FROM verdict_totals) AND NOT EXISTS "
+                             "(SELECT 1 FROM verdict_changes WHERE NOT log AND rebuild)").fetchone()[0]
+        if log_rebuild or not built:
+            _build(conn, journal, journal_too=schema == lab_schema)
+            done[schema] = "built"
+        else:
+            done[schema] = _fold_schema(conn, journal)
+        conn.execute("DELETE FROM verdict_changes WHERE NOT log")
+    if done.get(lab_schema) != "built":
+        conn.execute(f"""
+            INSERT INTO {journal}.expected_credits (account_id, cents)
+            SELECT account_id, sum(sign * cents) FROM {journal}.verdict_changes WHERE log AND cents IS NOT NULL
+            GROUP BY account_id
+            ON CONFLICT (account_id) DO UPDATE SET cents = expected_credits.cents + EXCLUDED.cents""")
+    conn.execute(f"DELETE FROM {journal}.verdict_changes WHERE log")
+    return done
+
+
+def _fold_schema(conn: psycopg.Connection, journal: str) -> str:
+    """Recompute the queued keys of the current schema and move its totals by the difference."""
+    changed = conn.execute("WITH " + COMMITTED.format(journal=journal) + " SELECT EXISTS (SELECT 1 FROM moved) "
+                           "OR EXISTS (SELECT 1 FROM verdict_changes WHERE NOT log) "
+                           f"OR EXISTS (SELECT 1 FROM {journal}.verdict_changes WHERE log)").fetchone()[0]
+    if not changed:
+        return "current"
+    conn.execute("DROP TABLE IF EXISTS pg_temp.summary_dirty, pg_temp.summary_fresh")
+    conn.execute("CREATE TEMP TABLE summary_dirty ON COMMIT DROP AS WITH "
+                 + ",".join([CHANGES, COMMITTED, DIRTY]).format(journal=journal) + " SELECT key FROM dirty")
+    conn.execute("ANALYZE summary_dirty")
+    conn.execute("CREATE TEMP TABLE summary_fresh ON COMMIT DROP AS WITH dirty AS (SELECT key FROM summary_dirty), "
+                 + ",".join([COMMITTED, RECORDS_OF_DIRTY, FACTS]).format(journal=journal) + " SELECT * FROM fresh")
+    conn.execute(
+        "WITH " + CHANGES.format(journal=journal) + ", "
+        "plus AS (" + _contribution("summary_fresh") + "), "
+        "minus AS (" + _contribution("verdict_keys") + " WHERE k.key IN (SELECT key FROM summary_dirty)), "
+        "queued AS (" + _queued_outcomes() + ") "
+        "UPDATE verdict_totals t SET "
+        + ", ".join([f"{name} = t.{name} + plus.{name} - minus.{name}" for name in CONTRIBUTION]
+                    + [f"{name} = t.{name} + queued.{name}" for name in OUTCOMES])
+        + ", folded_at = now() FROM plus, minus, queued")
+    conn.execute("DELETE FROM verdict_keys WHERE key IN (SELECT key FROM summary_dirty)")
+    conn.execute(f"INSERT INTO verdict_keys ({', '.join(KEY_COLUMNS)}) SELECT {', '.join(KEY_COLUMNS)} "
+                 "FROM summary_fresh")
+    _store_committed(conn, journal)
+    conn.execute("""
+        INSERT INTO ledger_sums (account_id, cents)
+        SELECT account_id, sum(sign * cents) FROM verdict_changes WHERE NOT log AND cents IS NOT NULL
+        GROUP BY account_id
+        ON CONFLICT (account_id) DO UPDATE SET cents = ledger_sums.cents + EXCLUDED.cents""")
+    return "folded"
+
+
+def _store_committed(conn: psycopg.Connection, journal: str) -> None:
+    conn.execute("WITH " + COMMITTED.format(journal=journal) + " UPDATE verdict_totals SET committed = "
+                 "(SELECT coalesce(jsonb_object_agg(partition, upto) FILTER (WHERE upto > 0), '{}') "
+                 "FROM committed_now)")
+
+
+def _build(conn: psycopg.Connection, journal: str, journal_too: bool) -> None:
+    """Every key of the current schema computed from the tables (a new schema, or after a TRUNCATE)."""
+    conn.execute("DELETE FROM verdict_keys")
+    conn.execute(f"INSERT INTO verdict_keys ({', '.join(KEY_COLUMNS)}) WITH "
+                 + ",".join([COMMITTED, RECORDS_OF_ALL, FACTS]).format(journal=journal)
+                 + f" SELECT {', '.join(KEY_COLUMNS)} FROM fresh")
+    conn.execute("DELETE FROM verdict_totals")
+    conn.execute(f"INSERT INTO verdict_totals (id, {', '.join(TOTALS)}, committed, folded_at) "
+                 f"SELECT 1, c.*, o.*, '{{}}', now() FROM ({_contribution('verdict_keys')}) c, ("
+                 + "SELECT " + ", ".join(f"count(*) FILTER (WHERE outcome = '{outcome}') AS {name}"
+                                         for name, outcome in OUTCOMES.items()) + " FROM deliveries) o")
+    _store_committed(conn, journal)
+    conn.execute("DELETE FROM ledger_sums")
+    conn.execute("INSERT INTO ledger_sums (account_id, cents) "
+                 "SELECT account_id, sum(amount_cents) FROM ledger GROUP BY account_id")
+    if journal_too:
+        conn.execute(f"DELETE FROM {journal}.expected_credits")
+        conn.execute(f"INSERT INTO {journal}.expected_credits (account_id, cents) SELECT account_id, "
+                     f"sum(amount_cents) FROM {journal}.log_records WHERE first_of_transaction AND type = 'credit' "
+                     "GROUP BY account_id")
+
+
+def summary_state(conn: Any) -> dict[str, Any]:
+    """How far behind the current schema's summary is: queued changes and the last fold's time."""
+    row = conn.execute(text("SELECT (SELECT count(*) FROM verdict_changes), (SELECT folded_at FROM verdict_totals)")
+                       ).one()
+    return {"queued": int(row[0]), "folded_at": row[1]}
