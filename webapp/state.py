@@ -308,12 +308,12 @@ def agent_health(session: Session) -> dict[str, Any]:
     return dict(row) if row else {}
 
 
-def accounts(session: Session, lab: Lab) -> list[verdict_module.AccountLine]:
-    return verdict_module.accounts(session, lab.schema)
+def accounts(session: Session, lab: Lab, exact: bool = False) -> list[verdict_module.AccountLine]:
+    return verdict_module.accounts(session, lab.schema, exact=exact)
 
 
-def verdict(session: Session, lab: Lab) -> verdict_module.Verdict:
-    return verdict_module.verdict(session, lab.schema)
+def verdict(session: Session, lab: Lab, exact: bool = False) -> verdict_module.Verdict:
+    return verdict_module.verdict(session, lab.schema, exact=exact)
 
 
 # Records in the log whose event id is at more than one offset, as the log reader saw them. The

@@ -1,13 +1,15 @@
 """What the lab looks like now, as one document: the same read model as the panels."""
 from __future__ import annotations
 
+from pydantic import Field
+
 from .. import state
 from .. import verdict as verdict_module
 from ..store.schema import enter
 from ..store.schema import session_in
 from .faults import NoArgs
 from .lab import get_ttl
-from .registry import Context, operation
+from .registry import Args, Context, operation
 
 CONSUMER_KEYS = ("id", "name", "group_id", "strategy", "state", "pid", "assigned", "positions", "applied_positions",
                  "generation", "applied", "absorbed", "dead_lettered", "commit_failures", "armed_point",
@@ -19,18 +21,25 @@ def consumer_json(row: dict) -> dict:
     return {key: row.get(key) for key in CONSUMER_KEYS}
 
 
+class StateArgs(Args):
+    exact: bool = Field(False, description="judge the accounts and the verdict from the whole log and every "
+                                           "effect (VERDICT_SQL), not from the running summaries: the same "
+                                           "answer, seconds at millions of records")
+
+
 @operation("get_state", method="GET", path="/state", cli="state", tags=("state",),
            summary="Accounts (actual, expected, difference), verdict, groups, consumers, partitions, TTL, "
                    "and each strategy lane's accounts and verdict")
-def get_state(ctx: Context, args: NoArgs) -> dict:
+def get_state(ctx: Context, args: StateArgs) -> dict:
     lab = ctx.lab
     # One snapshot for the whole answer: read committed would let the accounts and the verdict each
     # see a different moment (a record the log reader mirrors in between), and contradict each other.
     with session_in(ctx.engine.execution_options(isolation_level="REPEATABLE READ"), lab.schema) as session:
         return {
             "lab": lab.name, "topic": lab.topic,
-            "accounts": [{**line.__dict__, "difference": line.difference} for line in state.accounts(session, lab)],
-            "verdict": state.verdict(session, lab).as_dict(),
+            "accounts": [{**line.__dict__, "difference": line.difference}
+                         for line in state.accounts(session, lab, exact=args.exact)],
+            "verdict": state.verdict(session, lab, exact=args.exact).as_dict(),
             "producer_duplicates": state.producer_duplicates(session, lab),
             "groups": state.groups_list(session),
             "consumers": [consumer_json(c) for c in state.consumers(session, lab)],
@@ -41,11 +50,11 @@ def get_state(ctx: Context, args: NoArgs) -> dict:
                                              for c in p.cells if c.out_of_order]}
                            for p in state.partitions(session, lab)],
             "ttl": get_ttl(ctx, NoArgs()),
-            "lanes": lane_states(session, lab),
+            "lanes": lane_states(session, lab, exact=args.exact),
         }
 
 
-def lane_states(session, lab) -> list[dict]:
+def lane_states(session, lab, exact: bool = False) -> list[dict]:
     """Each strategy lane's own copy of the accounts, judged against the same log."""
     groups = state.groups_list(session)
     lanes = []
@@ -58,7 +67,7 @@ def lane_states(session, lab) -> list[dict]:
             "groups": [{"group_id": g["group_id"], "strategy": g["strategy"]} for g in groups
                        if g["effects_schema"] == lane_schema],
             "accounts": [{**line.__dict__, "difference": line.difference}
-                         for line in verdict_module.accounts(session, lab.schema)],
-            "verdict": verdict_module.verdict(session, lab.schema).as_dict()})
+                         for line in verdict_module.accounts(session, lab.schema, exact=exact)],
+            "verdict": verdict_module.verdict(session, lab.schema, exact=exact).as_dict()})
     enter(session.connection(), lab.schema)
     return lanes

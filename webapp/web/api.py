@@ -49,7 +49,8 @@ def error_response(error: Exception):
 def operation_view(op: ops.Operation):
     def view(**path_args: Any):
         try:
-            body = json_body() if op.changes_state else {}
+            # A change takes a JSON body; a read, its query string.
+            body = json_body() if op.changes_state else request.args.to_dict()
             # The path names the consumer or group; a body cannot redirect the call elsewhere.
             result = ops.call(op.name, ops_context(), {**body, **path_args})
         except (ops.InvalidRequest, ops.NotFound, ops.NoAgent) as error:

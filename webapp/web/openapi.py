@@ -27,6 +27,9 @@ def _operation(op: ops.Operation, components: dict[str, Any]) -> dict[str, Any]:
     properties = schema.get("properties", {})
     parameters = [{"name": name, "in": "path", "required": True, "schema": properties.pop(name)}
                   for name in op.path_params]
+    if not op.changes_state:  # a read's arguments are its query string
+        parameters += [{"name": name, "in": "query", "required": False, "schema": properties.pop(name)}
+                       for name in list(properties)]
     schema["required"] = [name for name in schema.get("required", []) if name not in op.path_params]
     if not schema["required"]:
         schema.pop("required")
