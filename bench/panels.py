@@ -2,7 +2,7 @@
 
 Starts a private embedded PostgreSQL in a temp dir, fills one lab with a journal of 100,000
 published events, one delivery and one effect for each (plus some redeliveries and doubles),
-their dedup keys and a timeline, then asks every panel endpoint N times through the Flask test
+their dedup keys and a timeline (and builds its running summaries, as the agent would), then asks every panel endpoint N times through the Flask test
 client and prints the median and 95th percentile. The panels read PostgreSQL only, so no
 broker is needed. Target: every panel under 100 ms.
 
@@ -22,8 +22,8 @@ from sqlalchemy.pool import NullPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from webapp import create_app  # noqa: E402
-from webapp.db import db, sqlalchemy_url  # noqa: E402
+from webapp import create_app, verdict_summary  # noqa: E402
+from webapp.db import connect, db, sqlalchemy_url  # noqa: E402
 from webapp.embedded import EmbeddedPostgres  # noqa: E402
 from webapp.labs import Lab, create_database_state, ensure_control_schema  # noqa: E402
 from webapp.web.dashboard import PANELS  # noqa: E402
@@ -77,7 +77,8 @@ SELECT '{group}', partition, max("offset") + 1 FROM published_events GROUP BY pa
 """
 
 
-def fill(database_url: str, rows: int) -> None:
+def fill(database_url: str, rows: int) -> float:
+    """Fill the lab; returns the seconds its summaries took to build (included in the fill)."""
     engine = create_engine(sqlalchemy_url(database_url), poolclass=NullPool)
     try:
         with engine.begin() as conn:
@@ -97,6 +98,17 @@ def fill(database_url: str, rows: int) -> None:
             conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
     finally:
         engine.dispose()
+    return summarize(database_url)
+
+
+def summarize(database_url: str) -> float:
+    """Build the lab's running summaries, as the agent's folder does (there is no agent here):
+    the seconds it took."""
+    started = time.perf_counter()
+    with connect(database_url, autocommit=True) as conn:
+        verdict_summary.fold_lab(conn, LAB.schema)
+        conn.execute("VACUUM ANALYZE")
+    return time.perf_counter() - started
 
 
 def make_app(database_url: str, data_dir: str, cache: bool):

@@ -166,6 +166,11 @@ class LogRecord(db.Model):
         Index("log_records_firsts", "account_id", "type",
               postgresql_include=["partition", "offset", "amount_cents", "status", "balance_cents", "score", "read_at"],
               postgresql_where=text("first_of_transaction")),
+        # The latest set of each account and kind (the expected status, balance and score): the
+        # sets alone, so the accounts panel does not walk every first credit to find them.
+        Index("log_records_first_sets", "account_id", "type", "partition", "offset",
+              postgresql_include=["status", "balance_cents", "score"],
+              postgresql_where=text("first_of_transaction AND type IN ('set_status', 'set_balance', 'set_score')")),
         # The same event at several offsets (a producer retry after a lost ack, a resend), the drill-down.
         Index("log_records_event_id", "event_id"),
         # The newest batch the reader wrote: the panels' change fingerprint and the chart's time span.

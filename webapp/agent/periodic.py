@@ -126,7 +126,7 @@ class SummaryFolder:
         for (lab_schema,) in self.conn.execute(self.LABS_SQL).fetchall():
             try:
                 verdict_summary.fold_lab(self.conn, lab_schema)
-            except psycopg.errors.InvalidSchemaName:
+            except (psycopg.errors.InvalidSchemaName, psycopg.errors.UndefinedTable):
                 continue  # the lab was dropped (a reset) while we looked
             self.folds += 1
 

@@ -8,7 +8,8 @@ In every lab and lane schema:
 - verdict_changes: the queue the change triggers fill (log_records, deliveries, payments, ledger);
 - verdict_keys, verdict_totals: the verdict's facts per key and its counts, as folded;
 - expected_credits, ledger_sums: the accounts' running sums;
-- the change triggers.
+- the change triggers;
+- log_records_first_sets: the first records of sets alone (the accounts' latest set per kind).
 
 The summaries start empty: the agent's folder builds each schema's from its tables (until then,
 the verdict is computed whole, as before).
@@ -42,6 +43,9 @@ TABLES = [
     "folded_at TIMESTAMP WITH TIME ZONE NOT NULL)",
     "CREATE TABLE IF NOT EXISTS {s}.expected_credits (account_id VARCHAR(32) PRIMARY KEY, cents BIGINT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS {s}.ledger_sums (account_id VARCHAR(32) PRIMARY KEY, cents BIGINT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS log_records_first_sets ON {s}.log_records (account_id, type, partition, \"offset\") "
+    "INCLUDE (status, balance_cents, score) "
+    "WHERE first_of_transaction AND type IN ('set_status', 'set_balance', 'set_score')",
 ]
 
 
