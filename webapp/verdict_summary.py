@@ -142,11 +142,15 @@ dirty AS (
     UNION SELECT p.transaction_id FROM payments p JOIN changed_events e ON e.event_id = p.event_id
     UNION SELECT x.transaction_id FROM {journal}.log_records x JOIN changed_events e ON e.event_id = x.event_id
           WHERE x.invalid_reason IS NULL
-    UNION SELECT """ + RECORD_KEY.format(r="x") + """ FROM {journal}.log_records x
-          JOIN changes c ON c.partition = x.partition AND c."offset" = x."offset"
-    UNION SELECT """ + RECORD_KEY.format(r="x") + """ FROM {journal}.log_records x
-          JOIN moved m ON m.partition = x.partition AND x."offset" >= m.low AND x."offset" < m.high
+    UNION SELECT """ + RECORD_KEY.format(r="x") + """ FROM changes c CROSS JOIN LATERAL (
+              SELECT * FROM {journal}.log_records x WHERE x.partition = c.partition AND x."offset" = c."offset"
+              OFFSET 0) x
+    UNION SELECT """ + RECORD_KEY.format(r="x") + """ FROM moved m CROSS JOIN LATERAL (
+              SELECT * FROM {journal}.log_records x
+              WHERE x.partition = m.partition AND x."offset" >= m.low AND x."offset" < m.high OFFSET 0) x
 )"""
+# (LATERAL ... OFFSET 0: a primary-key lookup or range per change, never a scan of the log, whatever
+# the planner guesses of the queue's size.)
 
 # --- the facts of keys: VERDICT_SQL's per_transaction, per key ---------------------------------
 
@@ -162,10 +166,10 @@ rec AS (
     FROM {journal}.log_records r WHERE r.invalid_reason IS NULL AND r.transaction_id IN (SELECT key FROM dirty)
     UNION ALL
     SELECT d.key, r.partition, r."offset", NULL, NULL, true
-    FROM (SELECT key, CASE WHEN key ~ '^record:[0-9]{{1,9}}:[0-9]{{1,18}}$' THEN split_part(key, ':', 2)::int END AS p,
-                      CASE WHEN key ~ '^record:[0-9]{{1,9}}:[0-9]{{1,18}}$' THEN split_part(key, ':', 3)::bigint END AS o
-          FROM dirty) d
-    JOIN {journal}.log_records r ON r.partition = d.p AND r."offset" = d.o AND r.invalid_reason IS NOT NULL
+    FROM (SELECT key, split_part(key, ':', 2)::int AS p, split_part(key, ':', 3)::bigint AS o
+          FROM (SELECT key FROM dirty WHERE key ~ '^record:[0-9]{{1,9}}:[0-9]{{1,18}}$' OFFSET 0) k) d
+    CROSS JOIN LATERAL (SELECT * FROM {journal}.log_records r
+                        WHERE r.partition = d.p AND r."offset" = d.o AND r.invalid_reason IS NOT NULL OFFSET 0) r
 ),
 effects AS (
     SELECT p.transaction_id AS key, p.event_id FROM payments p WHERE p.transaction_id IN (SELECT key FROM dirty)
