@@ -17,7 +17,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from webapp import verdict, verdict_summary
+from webapp import state, verdict, verdict_summary
+from webapp.domain.lab import Lab
 from webapp.db import connect, sqlalchemy_url
 from webapp.labs import ensure_schema, seed_accounts
 from webapp.store.schema import enter
@@ -91,12 +92,12 @@ class World:
         account = self.rng.choice(ACCOUNTS)
         first = not any(r.get("transaction_id") == transaction_id for r in self.records)
         self.sql(self.lab, 'INSERT INTO {s}.log_records (partition, "offset", value, event_id, transaction_id, type, '
-                 "account_id, amount_cents, status, balance_cents, first_of_transaction) "
-                 "VALUES (%s, %s, '{}', %s, %s, %s, %s, %s, %s, %s, %s)",
+                 "account_id, amount_cents, status, balance_cents, first_of_transaction, read_at) "
+                 "VALUES (%s, %s, '{}', %s, %s, %s, %s, %s, %s, %s, %s, now() - %s * interval '1 second')",
                  [partition, offset, event_id, transaction_id, kind, account,
                   self.rng.randrange(1, 500) if kind == "credit" else None,
                   "BLOCKED" if kind == "set_status" else None,
-                  self.rng.randrange(0, 1000) if kind == "set_balance" else None, first])
+                  self.rng.randrange(0, 1000) if kind == "set_balance" else None, first, self.when()])
         self.records.append({"partition": partition, "offset": offset, "valid": True, "event_id": event_id,
                              "transaction_id": transaction_id, "type": kind, "account": account})
 
@@ -118,14 +119,20 @@ class World:
                  [record["partition"], record["offset"], record["event_id"], record["transaction_id"], outcome])
         if outcome == "applied" and record["type"] == "credit":
             if self.rng.random() < 0.3:
-                self.sql(schema, "INSERT INTO {s}.ledger (event_id, account_id, amount_cents) VALUES (%s, %s, 7) "
-                         "ON CONFLICT DO NOTHING", [record["event_id"], record["account"]])
+                self.sql(schema, "INSERT INTO {s}.ledger (event_id, account_id, amount_cents, recorded_at) "
+                         "VALUES (%s, %s, 7, now() - %s * interval '1 second') ON CONFLICT DO NOTHING",
+                         [record["event_id"], record["account"], self.when()])
             else:
                 self.pay(schema, record["event_id"], record["transaction_id"], record["account"])
 
+    def when(self) -> float:
+        """Seconds ago, over the last hour: the chart buckets whole seconds then (and reads its sums)."""
+        return self.rng.uniform(0, 3600)
+
     def pay(self, schema: str, event_id: str, transaction_id: str, account: str) -> None:
-        self.sql(schema, "INSERT INTO {s}.payments (event_id, transaction_id, account_id, amount_cents) "
-                 "VALUES (%s, %s, %s, 100)", [event_id, transaction_id, account])
+        self.sql(schema, "INSERT INTO {s}.payments (event_id, transaction_id, account_id, amount_cents, applied_at) "
+                 "VALUES (%s, %s, %s, 100, now() - %s * interval '1 second')",
+                 [event_id, transaction_id, account, self.when()])
 
     # a delivery whose record the reader has not mirrored yet, and an effect by hand
     def ahead_of_the_mirror(self) -> None:
@@ -198,6 +205,12 @@ def assert_agree(engine, lab: str, lane: str, when: str) -> bool:
         assert summary == exact, f"{schema} {when}: the summary says {summary}, VERDICT_SQL {exact}"
         assert summary_lines == exact_lines, f"{schema} {when}: accounts {summary_lines} vs {exact_lines}"
         summarized_all &= summarized
+    with Session(engine) as session:
+        enter(session.connection(), lab)
+        summary, exact = (state.producer_duplicates(session, Lab.of_schema(lab), exact=flag) for flag in (False, True))
+        assert summary == exact, f"{when}: producer duplicates {summary} vs {exact}"
+        summary, exact = (state.chart_series(session, Lab.of_schema(lab), exact=flag) for flag in (False, True))
+        assert summary == exact, f"{when}: the chart {summary} vs {exact}"
     return summarized_all
 
 

@@ -425,6 +425,8 @@ class VerdictChange(db.Model):
     outcome: Mapped[Optional[str]] = mapped_column(String(24))  # a delivery's
     account_id: Mapped[Optional[str]] = mapped_column(String(32))
     cents: Mapped[Optional[int]] = mapped_column(BigInteger)  # a first credit's (log), a ledger row's
+    chart_cents: Mapped[Optional[int]] = mapped_column(BigInteger)  # a first credit's, a payment's, a ledger row's
+    second: Mapped[Optional[int]] = mapped_column(BigInteger)  # its time, whole epoch seconds (the chart's)
     sign: Mapped[int] = mapped_column(Integer, default=1, server_default="1")  # +1 a new row, -1 an old one
     rebuild: Mapped[bool] = mapped_column(default=False, server_default="false")  # a TRUNCATE
 
@@ -477,6 +479,28 @@ class ExpectedCredit(db.Model):
     __tablename__ = "expected_credits"
     account_id: Mapped[str] = mapped_column(String(32), primary_key=True)
     cents: Mapped[int] = mapped_column(BigInteger)
+
+
+class RepeatedEvent(db.Model):
+    """The events the log holds at more than one offset (the lab's schema: the journal's)."""
+    __tablename__ = "repeated_events"
+    event_id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True)
+
+
+class ChartTruth(db.Model):
+    """Per second (epoch), the cents of the first credits the reader mirrored then (the journal's)."""
+    __tablename__ = "chart_truth"
+    second: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    cents: Mapped[int] = mapped_column(BigInteger)
+    rows: Mapped[int] = mapped_column(BigInteger)
+
+
+class ChartEffect(db.Model):
+    """Per second (epoch), the cents this copy's effects (payments, ledger rows) applied then."""
+    __tablename__ = "chart_effects"
+    second: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    cents: Mapped[int] = mapped_column(BigInteger)
+    rows: Mapped[int] = mapped_column(BigInteger)
 
 
 class LedgerSum(db.Model):

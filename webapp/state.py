@@ -8,6 +8,8 @@ journal (``published_events``) is shown beside the log as "what the lab asked to
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -16,6 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from . import verdict as verdict_module
+from . import verdict_summary
 from .readmodel import why as why_module
 from .readmodel import ordering
 from .readmodel import outbox as outbox_readmodel
@@ -321,11 +324,13 @@ def verdict(session: Session, lab: Lab, exact: bool = False) -> verdict_module.V
 # offsets with some of them unknown to the journal (and one known) was written again by the
 # producer's retry after a lost ack; resends are journaled each time; another producer's
 # records are in no journal at all.
-PRODUCER_DUPLICATES_SQL = """
-WITH repeated AS (
-    -- events at more than one offset: few, found by one pass over the event ids
+# Events at more than one offset: few, found by one pass over the event ids.
+REPEATED_EVENTS_SQL = """
+repeated AS (
     SELECT event_id FROM log_records WHERE event_id IS NOT NULL GROUP BY event_id HAVING count(*) > 1
-)
+)"""
+PRODUCER_DUPLICATES_SQL = """
+WITH {repeated}
 SELECT x.event_id::text, count(*) AS records,
        count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM published_events j WHERE j.partition = r.partition
                                           AND j."offset" = r."offset")) AS unreported,
@@ -335,14 +340,17 @@ GROUP BY x.event_id ORDER BY min(r.partition), min(r."offset")
 """
 
 
-def producer_duplicates(session: Session, lab: Lab, listed: int = 20) -> dict[str, Any]:
+def producer_duplicates(session: Session, lab: Lab, listed: int = 20, exact: bool = False) -> dict[str, Any]:
     """Producer-side duplicates: records in the log with an event id at more than one offset.
 
     ``producer_retry_duplicates`` counts the records written by a producer retry after a lost
     ack (the lab's journal has a report for another copy, none for these); ``extra_records``
     counts every record beyond the first of an event (resends, other producers' repeats).
     """
-    rows = session.execute(text(PRODUCER_DUPLICATES_SQL)).all()
+    # The events at several offsets, from the running summary when it can be read (verdict_summary).
+    summarized = not exact and session.execute(text(verdict_summary.JOURNAL_READY_SQL)).scalar()
+    repeated = verdict_summary.REPEATED_EVENTS_SQL if summarized else REPEATED_EVENTS_SQL
+    rows = session.execute(text(PRODUCER_DUPLICATES_SQL.format(repeated=repeated))).all()
     retried = [row for row in rows if 0 < row.unreported < row.records]
     return {
         "producer_retry_duplicates": sum(row.unreported for row in retried),
@@ -534,7 +542,7 @@ SELECT extract(epoch FROM least((SELECT min(read_at) FROM log_records){lanes_min
 """
 
 
-def chart_series(session: Session, lab: Lab) -> dict[str, Any]:
+def chart_series(session: Session, lab: Lab, exact: bool = False) -> dict[str, Any]:
     """Expected (exactly-once) vs actual credited total over time, one actual line per copy."""
     schemas = effects_schemas(session, lab)
     lanes_min = "".join(f", (SELECT applied_at FROM {_q(s)}.payments ORDER BY id LIMIT 1)" for s in schemas)
@@ -544,11 +552,20 @@ def chart_series(session: Session, lab: Lab) -> dict[str, Any]:
         return {"x": [], "series": []}
     low, high = float(low), float(high)
     width = max(0.05, (high - low) / CHART_BUCKETS)
-    steps = {"expected": dict(session.execute(text(CHART_TRUTH_SQL), {"width": width}).all())}
+    truth_sql, effects_sql = CHART_TRUTH_SQL, CHART_EFFECTS_SQL
+    if width >= 1:
+        # Buckets of whole seconds: the running sums per second (verdict_summary) add up to the
+        # same buckets as the rows themselves, so either may answer.
+        width = float(math.ceil(width))
+        if not exact and verdict_summary.ready(session, lab.schema, schemas):
+            truth_sql, effects_sql = verdict_summary.CHART_TRUTH_SQL, verdict_summary.CHART_EFFECTS_SQL
+    steps = {"expected": dict(session.execute(text(truth_sql.format(journal=_q(lab.schema))), {"width": width}).all())}
     for schema in schemas:
         label = "actual" if schema == lab.schema else f"actual · lane {lab.lane_of(schema)}"
-        steps[label] = dict(session.execute(text(CHART_EFFECTS_SQL.format(s=_q(schema))), {"width": width}).all())
+        steps[label] = dict(session.execute(text(effects_sql.format(s=_q(schema))), {"width": width}).all())
     times = sorted({float(t) for amounts in steps.values() for t in amounts})
+    if not times:  # records, but no credit and no effect yet: nothing to draw
+        return {"x": [], "series": []}
     # One point a bucket before the first, so every line starts from zero.
     x = [times[0] - width] + times
     series = []

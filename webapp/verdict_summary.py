@@ -49,16 +49,19 @@ def _q(schema: str) -> str:
 # What each table's changed rows say: the key of the transaction (or invalid record) they belong
 # to, their event (which other keys it touches: a payment's orphan check, a ledger row's key), the
 # record they are about, a delivery's outcome, and the cents an account's sums move by.
-CHANGE_COLUMNS = "log, key, event_id, partition, \"offset\", outcome, account_id, cents, sign"
+# The chart's cents and second: a first credit's when the reader saw it, an effect's when applied.
+CHANGE_COLUMNS = "log, key, event_id, partition, \"offset\", outcome, account_id, cents, chart_cents, second, sign"
+FIRST_CREDIT = "CASE WHEN first_of_transaction AND type = 'credit' AND invalid_reason IS NULL THEN amount_cents END"
 CHANGED_ROWS = {
     "log_records": ("true, CASE WHEN invalid_reason IS NULL THEN transaction_id "
                     "ELSE 'record:' || partition || ':' || \"offset\" END, event_id, partition, \"offset\", NULL, "
-                    "account_id, CASE WHEN first_of_transaction AND type = 'credit' AND invalid_reason IS NULL "
-                    "THEN amount_cents END"),
+                    f"account_id, {FIRST_CREDIT}, {FIRST_CREDIT}, floor(extract(epoch FROM read_at))"),
     "deliveries": ("false, coalesce(transaction_id, 'record:' || partition || ':' || \"offset\"), event_id, "
-                   "partition, \"offset\", outcome, NULL, NULL"),
-    "payments": "false, transaction_id, event_id, NULL, NULL, NULL, NULL, NULL",
-    "ledger": "false, NULL, event_id, NULL, NULL, NULL, account_id, amount_cents",
+                   "partition, \"offset\", outcome, NULL, NULL, NULL, NULL"),
+    "payments": ("false, transaction_id, event_id, NULL, NULL, NULL, NULL, NULL, amount_cents, "
+                 "floor(extract(epoch FROM applied_at))"),
+    "ledger": ("false, NULL, event_id, NULL, NULL, NULL, account_id, amount_cents, amount_cents, "
+               "floor(extract(epoch FROM recorded_at))"),
 }
 
 
@@ -321,6 +324,51 @@ SELECT EXISTS (SELECT 1 FROM {journal}.verdict_totals) AND EXISTS (SELECT 1 FROM
        AND NOT EXISTS (SELECT 1 FROM verdict_changes WHERE NOT log AND rebuild)"""
 
 
+# --- the chart: credited cents per second, expected (the journal's) and applied (each copy) -------
+
+# Cents per bucket of ``:width`` whole seconds, from the folded seconds and the queued changes; a
+# bucket is there when rows are (as in state.CHART_TRUTH_SQL, which buckets the rows themselves).
+CHART_TRUTH_SQL = """
+SELECT floor(second / :width) * :width AS t, sum(cents) FROM (
+    SELECT second, cents, rows FROM {journal}.chart_truth
+    UNION ALL
+    SELECT second, sign * chart_cents, sign FROM {journal}.verdict_changes WHERE log AND chart_cents IS NOT NULL
+) s GROUP BY 1 HAVING sum(rows) > 0 ORDER BY 1"""
+CHART_EFFECTS_SQL = """
+SELECT floor(second / :width) * :width AS t, sum(cents) FROM (
+    SELECT second, cents, rows FROM {s}.chart_effects
+    UNION ALL
+    SELECT second, sign * chart_cents, sign FROM {s}.verdict_changes WHERE NOT log AND chart_cents IS NOT NULL
+) s GROUP BY 1 HAVING sum(rows) > 0 ORDER BY 1"""
+
+
+def ready(session: Session, journal_schema: str, schemas: list[str]) -> bool:
+    """Whether the journal's summaries and those of every schema in ``schemas`` can be read."""
+    checks = [f"EXISTS (SELECT 1 FROM {_q(journal_schema)}.verdict_changes WHERE log AND rebuild)"]
+    checks += [f"NOT EXISTS (SELECT 1 FROM {_q(schema)}.verdict_totals) OR EXISTS "
+               f"(SELECT 1 FROM {_q(schema)}.verdict_changes WHERE NOT log AND rebuild)"
+               for schema in {journal_schema, *schemas}]
+    return not session.execute(text("SELECT " + " OR ".join(f"({check})" for check in checks))).scalar()
+
+
+# --- events at several offsets (the producer duplicates) ----------------------------------------
+
+# The events the log holds at more than one offset, as folded, corrected by the queued log changes
+# (their events counted again from the log: index lookups). Read in the journal's schema.
+REPEATED_EVENTS_SQL = """
+repeated AS (
+    SELECT r.event_id FROM repeated_events r
+    WHERE r.event_id NOT IN (SELECT event_id FROM verdict_changes WHERE log AND event_id IS NOT NULL)
+    UNION
+    SELECT c.event_id FROM (SELECT DISTINCT event_id FROM verdict_changes WHERE log AND event_id IS NOT NULL) c
+    WHERE (SELECT count(*) FROM log_records x WHERE x.event_id = c.event_id) > 1
+)"""
+
+# Whether the journal's summaries can be read (built, no rebuild mark), in the journal's schema.
+JOURNAL_READY_SQL = ("SELECT EXISTS (SELECT 1 FROM verdict_totals) "
+                     "AND NOT EXISTS (SELECT 1 FROM verdict_changes WHERE log AND rebuild)")
+
+
 # --- the folder ------------------------------------------------------------------------------
 
 FOLD_LOCK_SQL = "SELECT pg_try_advisory_lock(hashtextextended('verdict summary ' || %s, 0))"
@@ -369,6 +417,13 @@ def _fold(conn: psycopg.Connection, lab_schema: str) -> dict[str, str]:
             done[schema] = _fold_schema(conn, journal)
         conn.execute("DELETE FROM verdict_changes WHERE NOT log")
     if done.get(lab_schema) != "built":
+        changed = f"SELECT event_id FROM {journal}.verdict_changes WHERE log AND event_id IS NOT NULL"
+        conn.execute(f"DELETE FROM {journal}.repeated_events WHERE event_id IN ({changed})")
+        conn.execute(f"""
+            INSERT INTO {journal}.repeated_events (event_id)
+            SELECT c.event_id FROM (SELECT DISTINCT event_id FROM ({changed}) e) c
+            WHERE (SELECT count(*) FROM {journal}.log_records x WHERE x.event_id = c.event_id) > 1""")
+        _add_seconds(conn, f"{journal}.chart_truth", f"{journal}.verdict_changes WHERE log")
         conn.execute(f"""
             INSERT INTO {journal}.expected_credits (account_id, cents)
             SELECT account_id, sum(sign * cents) FROM {journal}.verdict_changes WHERE log AND cents IS NOT NULL
@@ -409,7 +464,15 @@ def _fold_schema(conn: psycopg.Connection, journal: str) -> str:
         SELECT account_id, sum(sign * cents) FROM verdict_changes WHERE NOT log AND cents IS NOT NULL
         GROUP BY account_id
         ON CONFLICT (account_id) DO UPDATE SET cents = ledger_sums.cents + EXCLUDED.cents""")
+    _add_seconds(conn, "chart_effects", "verdict_changes WHERE NOT log")
     return "folded"
+
+
+def _add_seconds(conn: psycopg.Connection, table: str, changes: str) -> None:
+    conn.execute(f"INSERT INTO {table} (second, cents, rows) SELECT second, sum(sign * chart_cents), sum(sign) "
+                 f"FROM {changes} AND chart_cents IS NOT NULL GROUP BY second "
+                 f"ON CONFLICT (second) DO UPDATE SET cents = {table}.cents + EXCLUDED.cents, "
+                 f"rows = {table}.rows + EXCLUDED.rows")
 
 
 def _store_committed(conn: psycopg.Connection, journal: str) -> None:
@@ -433,7 +496,18 @@ def _build(conn: psycopg.Connection, journal: str, journal_too: bool) -> None:
     conn.execute("DELETE FROM ledger_sums")
     conn.execute("INSERT INTO ledger_sums (account_id, cents) "
                  "SELECT account_id, sum(amount_cents) FROM ledger GROUP BY account_id")
+    conn.execute("DELETE FROM chart_effects")
+    conn.execute("INSERT INTO chart_effects (second, cents, rows) SELECT second, sum(cents), count(*) FROM ("
+                 "SELECT floor(extract(epoch FROM applied_at)) AS second, amount_cents AS cents FROM payments "
+                 "UNION ALL SELECT floor(extract(epoch FROM recorded_at)), amount_cents FROM ledger) e GROUP BY second")
     if journal_too:
+        conn.execute(f"DELETE FROM {journal}.repeated_events")
+        conn.execute(f"INSERT INTO {journal}.repeated_events (event_id) SELECT event_id FROM {journal}.log_records "
+                     "WHERE event_id IS NOT NULL GROUP BY event_id HAVING count(*) > 1")
+        conn.execute(f"DELETE FROM {journal}.chart_truth")
+        conn.execute(f"INSERT INTO {journal}.chart_truth (second, cents, rows) SELECT "
+                     f"floor(extract(epoch FROM read_at)), sum(amount_cents), count(*) FROM {journal}.log_records "
+                     "WHERE first_of_transaction AND type = 'credit' GROUP BY 1")
         conn.execute(f"DELETE FROM {journal}.expected_credits")
         conn.execute(f"INSERT INTO {journal}.expected_credits (account_id, cents) SELECT account_id, "
                      f"sum(amount_cents) FROM {journal}.log_records WHERE first_of_transaction AND type = 'credit' "

@@ -40,7 +40,7 @@ def get_state(ctx: Context, args: StateArgs) -> dict:
             "accounts": [{**line.__dict__, "difference": line.difference}
                          for line in state.accounts(session, lab, exact=args.exact)],
             "verdict": state.verdict(session, lab, exact=args.exact).as_dict(),
-            "producer_duplicates": state.producer_duplicates(session, lab),
+            "producer_duplicates": state.producer_duplicates(session, lab, exact=args.exact),
             "groups": state.groups_list(session),
             "consumers": [consumer_json(c) for c in state.consumers(session, lab)],
             "partitions": [{"partition": p.partition, "log_end": p.log_end, "committed": p.committed,

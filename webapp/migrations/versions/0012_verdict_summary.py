@@ -7,7 +7,8 @@ Create Date: 2026-12-02
 In every lab and lane schema:
 - verdict_changes: the queue the change triggers fill (log_records, deliveries, payments, ledger);
 - verdict_keys, verdict_totals: the verdict's facts per key and its counts, as folded;
-- expected_credits, ledger_sums: the accounts' running sums;
+- expected_credits, ledger_sums: the accounts' running sums; repeated_events: the events at several
+  offsets (the producer duplicates); chart_truth, chart_effects: the chart's cents per second;
 - the change triggers;
 - log_records_first_sets: the first records of sets alone (the accounts' latest set per kind).
 
@@ -28,6 +29,7 @@ depends_on = None
 TABLES = [
     "CREATE TABLE IF NOT EXISTS {s}.verdict_changes (id BIGSERIAL PRIMARY KEY, log BOOLEAN NOT NULL, key TEXT, "
     "event_id UUID, partition INTEGER, \"offset\" BIGINT, outcome VARCHAR(24), account_id VARCHAR(32), cents BIGINT, "
+    "chart_cents BIGINT, second BIGINT, "
     "sign INTEGER DEFAULT '1' NOT NULL, rebuild BOOLEAN DEFAULT 'false' NOT NULL)",
     "CREATE TABLE IF NOT EXISTS {s}.verdict_keys (key TEXT PRIMARY KEY, records BIGINT NOT NULL, "
     "several_events BOOLEAN NOT NULL, delta BOOLEAN NOT NULL, consumed BOOLEAN NOT NULL, dead BOOLEAN NOT NULL, "
@@ -43,6 +45,10 @@ TABLES = [
     "folded_at TIMESTAMP WITH TIME ZONE NOT NULL)",
     "CREATE TABLE IF NOT EXISTS {s}.expected_credits (account_id VARCHAR(32) PRIMARY KEY, cents BIGINT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS {s}.ledger_sums (account_id VARCHAR(32) PRIMARY KEY, cents BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS {s}.repeated_events (event_id UUID PRIMARY KEY)",
+    "CREATE TABLE IF NOT EXISTS {s}.chart_truth (second BIGINT PRIMARY KEY, cents BIGINT NOT NULL, rows BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS {s}.chart_effects (second BIGINT PRIMARY KEY, cents BIGINT NOT NULL, "
+    "rows BIGINT NOT NULL)",
     "CREATE INDEX IF NOT EXISTS log_records_first_sets ON {s}.log_records (account_id, type, partition, \"offset\") "
     "INCLUDE (status, balance_cents, score) "
     "WHERE first_of_transaction AND type IN ('set_status', 'set_balance', 'set_score')",
