@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/panels.py
 	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/commit_modes.py
+	$(BIN)/python bench/summary.py
 	$(BIN)/python bench/viewers.py
 	# The longest: dedup keys and the dashboard at 1,000,000 and 10,000,000 (about an hour here).
 	$(BIN)/python bench/scale.py
