@@ -186,7 +186,8 @@ def main() -> int:
         postgres = EmbeddedPostgres(Path(tmp) / "postgres")
         try:
             postgres.start()
-            bench_writes(postgres.url, args.events, args.rounds)
+            if args.events:  # --events 0: the reads alone
+                bench_writes(postgres.url, args.events, args.rounds)
             bench_reads(postgres.url, [int(n) for n in args.records.split(",") if n], args.requests)
         finally:
             postgres.stop()

@@ -262,3 +262,20 @@ def test_only_one_folder_folds_a_lab_at_a_time(services, schemas, folder):
         assert verdict_summary.fold_lab(folder, lab) is not None
     finally:
         other.close()
+
+
+def test_the_folder_looks_only_at_labs_with_something_to_fold(schemas, folder):
+    lab, lane = schemas
+    world = World(folder, lab, lane, random.Random(11))
+    assert lab in verdict_summary.labs_to_fold(folder), "a lab not built yet waits for its first build"
+    verdict_summary.fold_lab(folder, lab)
+    assert lab not in verdict_summary.labs_to_fold(folder), "an idle lab costs nothing"
+    world.sql(lane, "INSERT INTO {s}.payments (event_id, transaction_id, account_id, amount_cents) "
+              "VALUES (gen_random_uuid(), 'tx-lane', 'acc-1', 5)")
+    assert lab in verdict_summary.labs_to_fold(folder), "a change in a lane wakes its lab"
+    verdict_summary.fold_lab(folder, lab)
+    world.commit()
+    assert lab in verdict_summary.labs_to_fold(folder), "a committed offset written wakes the lab"
+    verdict_summary.fold_lab(folder, lab)
+    world.sql(lab, "UPDATE {s}.group_offsets SET committed = committed")
+    assert lab not in verdict_summary.labs_to_fold(folder), "an offset written again unchanged does not"

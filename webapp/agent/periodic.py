@@ -106,9 +106,6 @@ class SummaryFolder:
     never delays a command. A read is exact without it: it keeps the reads' share of work small."""
 
     EVERY = 0.5
-    LABS_SQL = ("SELECT nspname FROM pg_namespace n WHERE nspname LIKE 'lab\\_%' AND nspname NOT LIKE '%\\_\\_%' "
-                "AND EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'verdict_totals') "
-                "ORDER BY nspname")
 
     def __init__(self, database_url: str):
         self.database_url = database_url
@@ -123,11 +120,16 @@ class SummaryFolder:
     def fold_all(self) -> None:
         if self.conn is None or self.conn.closed:
             self.conn = connect(self.database_url, autocommit=True, application_name="lab agent summary folder")
-        for (lab_schema,) in self.conn.execute(self.LABS_SQL).fetchall():
+        try:
+            waiting = verdict_summary.labs_to_fold(self.conn)
+        except verdict_summary.FOLD_GAVE_WAY:  # a schema dropped while we looked: look again next time
+            return
+        for lab_schema in waiting:
             try:
                 verdict_summary.fold_lab(self.conn, lab_schema)
-            except (psycopg.errors.InvalidSchemaName, psycopg.errors.UndefinedTable):
-                continue  # the lab was dropped (a reset) while we looked
+            except verdict_summary.FOLD_GAVE_WAY as error:  # a reset, a lock: folded again next time
+                log.info("summary folder: %s gave way: %s", lab_schema, str(error).splitlines()[0])
+                continue
             self.folds += 1
 
     def _loop(self) -> None:
