@@ -145,7 +145,8 @@ def bench_reads(url: str, sizes: list[int], requests: int) -> None:
     for size in sizes:
         with psycopg.connect(psycopg_conninfo(url), autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{panels.LAB.schema}" CASCADE')
-            conn.execute("DELETE FROM lab_control.consumers WHERE lab = %s", [panels.LAB.name])
+            if conn.execute("SELECT to_regclass('lab_control.consumers')").fetchone()[0]:
+                conn.execute("DELETE FROM lab_control.consumers WHERE lab = %s", [panels.LAB.name])
         began = time.perf_counter()
         built = panels.fill(url, size)
         filled = time.perf_counter() - began

@@ -138,3 +138,10 @@ def test_state_judges_each_lane_against_the_same_log(lab):
     assert next(a for a in lane["accounts"] if a["id"] == "acc-4")["actual"] == 300
     # The lab's own copy has no consumer: the same log, judged there, is still pending.
     assert lab.state()["verdict"]["status"] == "pending"
+    # The running summaries and the whole log judge alike, lab and lane (?exact=true: VERDICT_SQL).
+    exact = lab.client.get("/api/v1/state?exact=true").get_json()
+    summarized = lab.client.get("/api/v1/state").get_json()
+    for key in ("accounts", "verdict", "lanes", "producer_duplicates"):
+        assert summarized[key] == exact[key], key
+    wrong = lab.client.get("/api/v1/state?exact=perhaps")
+    assert wrong.status_code == 400 and wrong.get_json()["field"] == "exact"
