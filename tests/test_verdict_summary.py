@@ -15,7 +15,6 @@ import psycopg
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
-from sqlalchemy.pool import NullPool
 
 from webapp import state, verdict, verdict_summary
 from webapp.domain.lab import Lab
@@ -29,7 +28,7 @@ PARTITIONS = 2
 
 @pytest.fixture
 def engine(services):
-    engine = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool)
+    engine = create_engine(sqlalchemy_url(services.database_url), pool_size=2)
     yield engine
     engine.dispose()
 
@@ -221,7 +220,7 @@ def test_the_summaries_agree_with_the_verdict_after_every_change(engine, schemas
     world = World(folder, lab, lane, rng)
     assert verdict_summary.fold_lab(folder, lab) == {lab: "built", lane: "built"}
     summarized_reads = 0
-    for number in range(60):
+    for number in range(80):
         action = world.step()
         summarized_reads += assert_agree(engine, lab, lane, f"after step {number} ({action}), unfolded")
         if rng.random() < 0.4:
