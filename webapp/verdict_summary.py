@@ -23,9 +23,13 @@ How it stays exact:
 - **Committed offsets move both ways.** The totals keep the committed offsets they reflect;
   where a group's committed offset moved (a commit, a reset back), the records in between are the
   changed keys.
+- **Sums move by the queued rows themselves**: the deliveries' outcomes, the accounts' first
+  credits (expected) and ledger rows (actual), the chart's cents per second, and which events the
+  log holds at several offsets (those events counted again).
 - **A read adds what is not folded yet.** One statement (one snapshot) reads the totals and
   recomputes the keys still in the queue: the answer is the verdict of that snapshot, not of the
-  last fold. The agent's folder (``fold_lab``, every half second) only keeps the queue short.
+  last fold. The agent's folder (``fold_lab``, every half second, only for labs with something
+  queued: ``labs_to_fold``) only keeps the queue short.
 
 A schema without totals (new, or marked for a rebuild) is judged by ``VERDICT_SQL`` until the
 folder has built them. ``tests/test_verdict_summary.py`` checks the summaries against
