@@ -9,7 +9,6 @@ journal (``published_events``) is shown beside the log as "what the lab asked to
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -323,12 +322,8 @@ def verdict(session: Session, lab: Lab, exact: bool = False) -> verdict_module.V
 # journal knows each record the lab's producer got a delivery report for: an event at several
 # offsets with some of them unknown to the journal (and one known) was written again by the
 # producer's retry after a lost ack; resends are journaled each time; another producer's
-# records are in no journal at all.
-# Events at more than one offset: few, found by one pass over the event ids.
-REPEATED_EVENTS_SQL = """
-repeated AS (
-    SELECT event_id FROM log_records WHERE event_id IS NOT NULL GROUP BY event_id HAVING count(*) > 1
-)"""
+# records are in no journal at all. ``repeated``: the events at several offsets (REPEATED_EVENTS_SQL,
+# or their running summary, verdict_summary.REPEATED_EVENTS_SQL).
 PRODUCER_DUPLICATES_SQL = """
 WITH {repeated}
 SELECT x.event_id::text, count(*) AS records,
@@ -338,6 +333,13 @@ SELECT x.event_id::text, count(*) AS records,
 FROM repeated x JOIN log_records r ON r.event_id = x.event_id
 GROUP BY x.event_id ORDER BY min(r.partition), min(r."offset")
 """
+
+
+# Events at more than one offset: few, found by one pass over the event ids.
+REPEATED_EVENTS_SQL = """
+repeated AS (
+    SELECT event_id FROM log_records WHERE event_id IS NOT NULL GROUP BY event_id HAVING count(*) > 1
+)"""
 
 
 def producer_duplicates(session: Session, lab: Lab, listed: int = 20, exact: bool = False) -> dict[str, Any]:
