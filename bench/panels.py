@@ -77,6 +77,14 @@ SELECT '{group}', partition, max("offset") + 1 FROM published_events GROUP BY pa
 """
 
 
+def wipe(database_url: str) -> None:
+    """Drop the bench lab (its schema and consumer rows), for a fill at another size."""
+    with connect(database_url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{LAB.schema}" CASCADE')
+        if conn.execute("SELECT to_regclass('lab_control.consumers')").fetchone()[0]:
+            conn.execute("DELETE FROM lab_control.consumers WHERE lab = %s", [LAB.name])
+
+
 def fill(database_url: str, rows: int) -> float:
     """Fill the lab; returns the seconds its summaries took to build (included in the fill)."""
     engine = create_engine(sqlalchemy_url(database_url), poolclass=NullPool)

@@ -136,10 +136,7 @@ def bench_panels(url: str, tmp: str, sizes: list[int], requests: int, one_load: 
     print(f"\n3. dashboard: p50 / p95 ms after a change (no panel cache), {requests} requests each")
     paths = ["/live", "/api/v1/state", "/panels/chart.json"] + [f"/panels/{name}" for name in PANELS]
     for size in sizes:
-        with psycopg.connect(psycopg_conninfo(url), autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{panels.LAB.schema}" CASCADE')
-            if conn.execute("SELECT to_regclass('lab_control.consumers')").fetchone()[0]:
-                conn.execute("DELETE FROM lab_control.consumers WHERE lab = %s", [panels.LAB.name])
+        panels.wipe(url)
         started = time.perf_counter()
         built = panels.fill(url, size)
         print(f"\n   {size:,} records (mirrored, delivered, applied), filled in {time.perf_counter() - started:.0f} s "

@@ -143,10 +143,7 @@ def bench_reads(url: str, sizes: list[int], requests: int) -> None:
           f"right after a change, {requests} reads each (p50 / p95 ms)")
     engine = create_engine(sqlalchemy_url(url), poolclass=NullPool)
     for size in sizes:
-        with psycopg.connect(psycopg_conninfo(url), autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{panels.LAB.schema}" CASCADE')
-            if conn.execute("SELECT to_regclass('lab_control.consumers')").fetchone()[0]:
-                conn.execute("DELETE FROM lab_control.consumers WHERE lab = %s", [panels.LAB.name])
+        panels.wipe(url)
         began = time.perf_counter()
         built = panels.fill(url, size)
         filled = time.perf_counter() - began
