@@ -181,3 +181,17 @@ def test_a_slow_panel_is_served_at_once_from_its_last_load_marked_stale_then_ref
     assert fingerprint(fresh) != fingerprint(first)
     if panel in ("accounts", "lanes"):  # lanes shows the accounts' expected balances: never an older load's
         assert "7.00" in fresh and "7.00" not in first
+
+
+def test_a_large_dedup_table_shows_the_catalogs_estimate_marked_as_one(app, client, lab):
+    with app.app_context(), lab_session(lab.lab.schema) as session:
+        session.execute(text("INSERT INTO processed_events (event_id) "
+                             "SELECT gen_random_uuid() FROM generate_series(1, 120000)"))
+        session.execute(text("ANALYZE processed_events"))
+        session.execute(text("INSERT INTO seen_events (event_id) VALUES (gen_random_uuid())"))
+        session.commit()
+    html = client.get("/panels/dedup").get_data(as_text=True)
+    large = html.split('data-table="processed_events"', 1)[1].split('data-table=', 1)[0]
+    small = html.split('data-table="seen_events"', 1)[1].split('data-table=', 1)[0]
+    assert "<b data-count>~1" in large and "an estimate: the catalog's row count" in large
+    assert "<b data-count>1</b>" in small and "an estimate" not in small

@@ -448,6 +448,16 @@ class VerdictKey(db.Model):
     log_pending: Mapped[int] = mapped_column(BigInteger)
     log_invalid: Mapped[int] = mapped_column(BigInteger)
     log_invalid_kept: Mapped[int] = mapped_column(BigInteger)
+    # When this key first went wrong, for the lanes panel's first divergent event: its second
+    # effect (by time, then id), and the first absorbed delivery of one of its records.
+    second_effect_at: Mapped[datetime | None]
+    first_absorbed_at: Mapped[datetime | None]
+    # The keys the lanes panel looks for, in the order it wants them (verdict_summary.TWICE, LOST).
+    __table_args__ = (Index("verdict_keys_twice", "second_effect_at", "key",
+                            postgresql_where=text("records > 0 AND delta AND effects > 1")),
+                      Index("verdict_keys_lost", "first_absorbed_at", "key",
+                            postgresql_where=text("records > 0 AND delta AND effects = 0 "
+                                                  "AND first_absorbed_at IS NOT NULL")))
 
 
 class VerdictTotals(db.Model):

@@ -24,7 +24,7 @@ from .readmodel import outbox as outbox_readmodel
 from .readmodel import notifications as notifications_readmodel
 from .readmodel import scale as scale_readmodel
 from .db import CONTROL_SCHEMA
-from .domain.vocabulary import AGENT_FRESH_SECONDS, DEDUP_TABLES
+from .domain.vocabulary import AGENT_FRESH_SECONDS, DEDUP_TABLES, EXACT_COUNT_BELOW
 from .labs import Lab
 from .store import faultproxies
 from .store.schema import enter
@@ -265,19 +265,28 @@ def consumers(session: Session, lab: Lab) -> list[dict[str, Any]]:
     return result
 
 
-def dedup_tables(session: Session, ttl_seconds: float | None) -> list[dict[str, Any]]:
+# A dedup table's size, with its partitions' (a partitioned processed_events keeps its rows in them;
+# a plain table has no partition tree): the catalog's row estimate, the bytes of tables and indexes.
+DEDUP_SIZE_SQL = """
+SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint, coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint
+FROM pg_class c WHERE c.oid IN (SELECT relid FROM pg_partition_tree(CAST(:table AS regclass))
+                                UNION SELECT CAST(:table AS regclass))
+"""
+
+
+def dedup_tables(session: Session, ttl_seconds: float | None, exact: bool = False) -> list[dict[str, Any]]:
+    """Each dedup table's keys (counted exactly while small or when ``exact``, else the catalog's
+    estimate, marked), size, oldest key's age and newest keys."""
     tables = []
     for table, key in DEDUP_TABLES.items():
         # Rows and bytes (table and indexes) grow with every event until a TTL cleanup deletes old keys.
-        count, oldest, size = session.execute(text(
-            f"SELECT count(*), extract(epoch FROM now() - min(processed_at)), "
-            # over the partition tree: a partitioned processed_events keeps its rows in its partitions
-            f"coalesce((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('{table}'::regclass)), "
-            f"pg_total_relation_size('{table}'::regclass))::bigint "
-            f"FROM {table}")).one()
+        estimate, size = session.execute(text(DEDUP_SIZE_SQL), {"table": table}).one()
+        estimated = not exact and estimate >= EXACT_COUNT_BELOW
+        count = estimate if estimated else session.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
+        oldest = session.execute(text(f"SELECT extract(epoch FROM now() - min(processed_at)) FROM {table}")).scalar()
         newest = session.execute(text(
             f"SELECT {key}::text AS key, processed_at FROM {table} ORDER BY processed_at DESC LIMIT 5")).all()
-        tables.append({"table": table, "key": key, "count": count, "size_bytes": size,
+        tables.append({"table": table, "key": key, "count": count, "count_estimated": estimated, "size_bytes": size,
                        "oldest_age": float(oldest) if oldest is not None else None,
                        "newest": [{"key": k, "processed_at": at} for k, at in newest], "ttl_seconds": ttl_seconds})
     return tables
@@ -461,61 +470,26 @@ class Lane:
         return ", ".join(sorted({g["strategy"] for g in self.groups})) or "no group"
 
 
-# The earliest effect that made this copy differ from exactly-once: the second effect row of a
-# transaction (applied twice), or a delivery absorbed while its transaction has no effect (lost).
-# Both start from what is rare (transactions with two effect rows, absorbed deliveries) and
-# reach the rest through indexes, so a lab with 100,000 events answers in milliseconds.
-FIRST_DIVERGENCE_SQL = """
-WITH ledger_effects AS MATERIALIZED (
-    SELECT j.transaction_id, l.event_id, l.recorded_at AS at, 0::bigint AS id FROM {s}.ledger l
-    JOIN LATERAL (SELECT transaction_id FROM {journal}.log_records WHERE event_id = l.event_id LIMIT 1) j ON true
-),
-doubled AS (
-    SELECT transaction_id FROM (SELECT transaction_id FROM {s}.payments
-                                UNION ALL SELECT transaction_id FROM ledger_effects) x
-    GROUP BY transaction_id HAVING count(*) > 1
-),
-twice AS (
-    SELECT e.at, e.event_id::text AS event_id, doubled.transaction_id, 'applied twice' AS what
-    FROM doubled JOIN LATERAL (
-        SELECT at, event_id, id FROM (
-            SELECT applied_at AS at, event_id, id FROM {s}.payments p WHERE p.transaction_id = doubled.transaction_id
-            UNION ALL
-            SELECT at, event_id, id FROM ledger_effects le WHERE le.transaction_id = doubled.transaction_id) u
-        ORDER BY at, id OFFSET 1 LIMIT 1) e ON true
-    ORDER BY e.at LIMIT 1
-),
-lost AS (
-    SELECT d.delivered_at AS at, d.event_id::text AS event_id, d.transaction_id, 'effect lost' AS what
-    FROM {s}.deliveries d
-    WHERE d.outcome = 'absorbed' AND d.transaction_id IS NOT NULL
-      AND EXISTS (SELECT 1 FROM {journal}.log_records j WHERE j.transaction_id = d.transaction_id
-                  AND j.type = 'credit' AND j.invalid_reason IS NULL)
-      AND NOT EXISTS (SELECT 1 FROM {s}.payments p WHERE p.transaction_id = d.transaction_id)
-      AND NOT EXISTS (SELECT 1 FROM {journal}.log_records j JOIN {s}.ledger l ON l.event_id = j.event_id
-                      WHERE j.transaction_id = d.transaction_id)
-    ORDER BY d.delivered_at LIMIT 1
-),
-first AS (SELECT * FROM twice UNION ALL SELECT * FROM lost ORDER BY at LIMIT 1)
-SELECT f.at, f.event_id, f.transaction_id, f.what, d.partition, d."offset", d.consumer
-FROM first f
-LEFT JOIN LATERAL (SELECT partition, "offset", consumer FROM {s}.deliveries
-                   WHERE event_id = f.event_id::uuid ORDER BY id DESC LIMIT 1) d ON true
-"""
-
-
-def lanes(session: Session, lab: Lab) -> list[Lane]:
-    """Every copy of the accounts (the lab's own and each lane's), balances side by side."""
+def lanes(session: Session, lab: Lab, exact: bool = False) -> list[Lane]:
+    """Every copy of the accounts (the lab's own and each lane's), balances side by side, each with
+    its first divergent event (verdict_summary.first_divergence: from the running summaries when
+    they are built, else, or when ``exact``, judged whole)."""
     groups = groups_list(session)
+    schemas = effects_schemas(session, lab)
+    summarized = not exact and verdict_summary.ready(session, lab.schema, schemas)
     result = []
-    for schema in effects_schemas(session, lab):
-        balances = dict(session.execute(text(
-            f"SELECT a.id, (a.balance + coalesce((SELECT sum(amount_cents) FROM {_q(schema)}.ledger l "
-            f"WHERE l.account_id = a.id), 0))::bigint FROM {_q(schema)}.accounts a ORDER BY a.id")).all())
-        first = session.execute(text(FIRST_DIVERGENCE_SQL.format(s=_q(schema), journal=_q(lab.schema)))).mappings().first()
-        name = "lab" if schema == lab.schema else lab.lane_of(schema)
-        result.append(Lane(schema, name, [g for g in groups if g["effects_schema"] == schema], balances,
-                           dict(first) if first else None))
+    connection = session.connection()
+    try:
+        for schema in schemas:
+            balances = dict(session.execute(text(
+                f"SELECT a.id, (a.balance + coalesce((SELECT sum(amount_cents) FROM {_q(schema)}.ledger l "
+                f"WHERE l.account_id = a.id), 0))::bigint FROM {_q(schema)}.accounts a ORDER BY a.id")).all())
+            enter(connection, schema)  # the copy's own effects and summary
+            first = verdict_summary.first_divergence(session, lab.schema, exact=not summarized)
+            name = "lab" if schema == lab.schema else lab.lane_of(schema)
+            result.append(Lane(schema, name, [g for g in groups if g["effects_schema"] == schema], balances, first))
+    finally:
+        enter(connection, lab.schema)
     return result
 
 

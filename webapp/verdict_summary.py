@@ -19,7 +19,9 @@ How it stays exact:
   row is computed again from the tables (index lookups), and the totals move by the difference
   of the old and new rows' contributions: the same ``FILTER`` expressions ``VERDICT_SQL`` uses.
   Keys: a transaction id; ``record:<partition>:<offset>`` for an invalid record; ``ledger:<event
-  id>`` for a ledger row whose event the log does not hold (yet).
+  id>`` for a ledger row whose event the log does not hold (yet). A key's row also says since when
+  it is wrong (its second effect, its first absorbed delivery): the lanes panel's first divergent
+  event is the first row of a partial index (``first_divergence``).
 - **Committed offsets move both ways.** The totals keep the committed offsets they reflect;
   where a group's committed offset moved (a commit, a reset back), the records in between are the
   changed keys.
@@ -194,9 +196,10 @@ rec AS (
                         WHERE r.partition = d.p AND r."offset" = d.o AND r.invalid_reason IS NOT NULL OFFSET 0) r
 ),
 effects AS (
-    SELECT p.transaction_id AS key, p.event_id FROM payments p WHERE p.transaction_id IN (SELECT key FROM dirty)
+    SELECT p.transaction_id AS key, p.event_id, p.applied_at AS at, p.id
+    FROM payments p WHERE p.transaction_id IN (SELECT key FROM dirty)
     UNION ALL
-    SELECT k.key, l.event_id FROM ledger l CROSS JOIN LATERAL """ + LEDGER_KEY + """ k
+    SELECT k.key, l.event_id, l.recorded_at, 0 FROM ledger l CROSS JOIN LATERAL """ + LEDGER_KEY + """ k
     WHERE l.event_id IN (SELECT x.event_id FROM {journal}.log_records x
                          WHERE x.invalid_reason IS NULL AND x.transaction_id IN (SELECT key FROM dirty)
                          UNION ALL
@@ -212,33 +215,36 @@ rec AS (
     FROM {journal}.log_records r
 ),
 effects AS (
-    SELECT p.transaction_id AS key, p.event_id FROM payments p
+    SELECT p.transaction_id AS key, p.event_id, p.applied_at AS at, p.id FROM payments p
     UNION ALL
-    SELECT k.key, l.event_id FROM ledger l CROSS JOIN LATERAL """ + LEDGER_KEY + """ k
+    SELECT k.key, l.event_id, l.recorded_at, 0 FROM ledger l CROSS JOIN LATERAL """ + LEDGER_KEY + """ k
 )"""
 
 # Per record: consumed (a group applying here committed past it, or delivered it), dead-lettered,
-# and for a set, how often a consumer says it applied it. Then one row per key.
+# for a set how often a consumer says it applied it, and when a delivery of it was first absorbed:
+# one look at the record's deliveries. Then one row per key.
 FACTS = """
 records AS (
     SELECT rec.key, rec.event_id, rec.type, rec.invalid,
-           CASE WHEN rec."offset" < c.committed THEN true
-                ELSE EXISTS (SELECT 1 FROM deliveries d WHERE d.partition = rec.partition AND d."offset" = rec."offset")
-           END AS consumed,
-           EXISTS (SELECT 1 FROM deliveries d WHERE d.partition = rec.partition AND d."offset" = rec."offset"
-                   AND d.outcome = 'dead-lettered') AS dead,
-           CASE WHEN NOT rec.invalid AND rec.type <> 'credit'
-                THEN (SELECT count(*) FROM deliveries d WHERE d.partition = rec.partition
-                      AND d."offset" = rec."offset" AND d.outcome = 'applied') ELSE 0 END AS applied
+           coalesce(rec."offset" < c.committed, false) OR d.delivered AS consumed,
+           d.dead,
+           CASE WHEN NOT rec.invalid AND rec.type <> 'credit' THEN d.applied ELSE 0 END AS applied,
+           CASE WHEN NOT rec.invalid THEN d.absorbed_at END AS absorbed_at
     FROM rec LEFT JOIN committed c ON c.partition = rec.partition
+    CROSS JOIN LATERAL (
+        SELECT count(*) > 0 AS delivered, coalesce(bool_or(outcome = 'dead-lettered'), false) AS dead,
+               count(*) FILTER (WHERE outcome = 'applied') AS applied,
+               min(delivered_at) FILTER (WHERE outcome = 'absorbed') AS absorbed_at
+        FROM deliveries d WHERE d.partition = rec.partition AND d."offset" = rec."offset") d
 ),
 facts AS (
     SELECT key, event_id, NOT invalid AS valid, invalid, type = 'credit' AS delta, consumed, dead, applied,
-           0 AS effect, 0 AS delivered_effect
+           0 AS effect, 0 AS delivered_effect, absorbed_at, NULL::timestamp AS at, NULL::bigint AS id
     FROM records
     UNION ALL
     SELECT key, NULL, false, false, NULL, NULL, NULL, 0, 1,
-           CASE WHEN EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.event_id) THEN 1 ELSE 0 END
+           CASE WHEN EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.event_id) THEN 1 ELSE 0 END,
+           NULL, at, id
     FROM effects e
 ),
 fresh AS (
@@ -253,12 +259,15 @@ fresh AS (
            count(*) FILTER (WHERE valid OR invalid) AS log_records,
            count(*) FILTER (WHERE (valid OR invalid) AND NOT consumed) AS log_pending,
            count(*) FILTER (WHERE invalid) AS log_invalid,
-           count(*) FILTER (WHERE invalid AND consumed AND NOT dead) AS log_invalid_kept
+           count(*) FILTER (WHERE invalid AND consumed AND NOT dead) AS log_invalid_kept,
+           (array_agg(at ORDER BY at, id) FILTER (WHERE effect = 1))[2] AS second_effect_at,
+           min(absorbed_at) FILTER (WHERE valid) AS first_absorbed_at
     FROM facts GROUP BY key
 )"""
 
 KEY_COLUMNS = ("key", "records", "several_events", "delta", "consumed", "dead", "effects", "effects_delivered",
-               "applied", "log_records", "log_pending", "log_invalid", "log_invalid_kept")
+               "applied", "log_records", "log_pending", "log_invalid", "log_invalid_kept", "second_effect_at",
+               "first_absorbed_at")
 
 # What a set of key rows ``k`` adds to the verdict: VERDICT_SQL's judged, log and orphans.
 CONTRIBUTION = {
@@ -314,6 +323,75 @@ def verdict_values(session: Session, journal_schema: str) -> dict[str, int] | No
     if row is None or row["rebuild"]:
         return None
     return {name: int(row[name]) for name in TOTALS}
+
+
+# --- the first divergent event of a copy of the accounts (the lanes panel) ---------------------
+
+# A key gone wrong as the verdict counts it, and since when: a credit applied twice (from its
+# second effect), a credit consumed without an effect while a delivery of one of its records was
+# absorbed (from the first such delivery). verdict_keys has a partial index on each.
+TWICE = "records > 0 AND delta AND effects > 1"
+LOST = "records > 0 AND delta AND effects = 0 AND first_absorbed_at IS NOT NULL"
+WRONG_OF_FRESH = f"""
+wrong AS (
+    SELECT key, second_effect_at AS at, 'applied twice' AS what FROM fresh WHERE {TWICE}
+    UNION ALL
+    SELECT key, first_absorbed_at, 'effect lost' FROM fresh WHERE {LOST}"""
+
+# Judged whole: every key's facts, then the earliest key gone wrong (the exact answer, seconds at
+# a million records).
+FIRST_DIVERGENCE_SQL = ("WITH " + ",".join([COMMITTED, RECORDS_OF_ALL, FACTS]) + "," + WRONG_OF_FRESH + """
+)
+SELECT key, at, what FROM wrong ORDER BY at, key LIMIT 1""")
+
+# From the summary, in one snapshot: the queued keys recomputed, and the first folded key of each
+# index that the queue has not changed.
+FIRST_DIVERGENCE_READ_SQL = ("WITH " + ",".join([CHANGES, COMMITTED, DIRTY, RECORDS_OF_DIRTY, FACTS]) + ","
+                             + WRONG_OF_FRESH + f"""
+    UNION ALL
+    (SELECT key, second_effect_at, 'applied twice' FROM verdict_keys k WHERE {TWICE}
+     AND NOT EXISTS (SELECT 1 FROM dirty WHERE dirty.key = k.key) ORDER BY second_effect_at, key LIMIT 1)
+    UNION ALL
+    (SELECT key, first_absorbed_at, 'effect lost' FROM verdict_keys k WHERE {LOST}
+     AND NOT EXISTS (SELECT 1 FROM dirty WHERE dirty.key = k.key) ORDER BY first_absorbed_at, key LIMIT 1)
+)
+SELECT key, at, what FROM wrong ORDER BY at, key LIMIT 1""")
+
+# The event that shows it (the second effect's, or the first absorbed delivery's), and where that
+# event was delivered last: index lookups for one key.
+FIRST_DIVERGENCE_EVENT_SQL = """
+SELECT e.event_id::text AS event_id, d.partition, d."offset", d.consumer
+FROM (SELECT CASE WHEN :what = 'applied twice' THEN (
+          SELECT event_id FROM (
+              SELECT applied_at AS at, id, event_id FROM payments WHERE transaction_id = :key
+              UNION ALL
+              SELECT l.recorded_at, 0, l.event_id FROM ledger l CROSS JOIN LATERAL """ + LEDGER_KEY + """ k
+              WHERE k.key = :key AND l.event_id IN (SELECT x.event_id FROM {journal}.log_records x
+                                                    WHERE x.transaction_id = :key AND x.invalid_reason IS NULL)
+          ) u ORDER BY at, id OFFSET 1 LIMIT 1)
+      ELSE (SELECT d.event_id FROM {journal}.log_records r
+            JOIN deliveries d ON d.partition = r.partition AND d."offset" = r."offset"
+            WHERE r.transaction_id = :key AND r.invalid_reason IS NULL AND d.outcome = 'absorbed'
+            ORDER BY d.delivered_at, d.id LIMIT 1)
+      END AS event_id) e
+LEFT JOIN LATERAL (SELECT partition, "offset", consumer FROM deliveries WHERE event_id = e.event_id
+                   ORDER BY id DESC LIMIT 1) d ON true"""
+
+
+def first_divergence(session: Session, journal_schema: str, exact: bool = False) -> dict[str, Any] | None:
+    """The current schema's earliest effect that differs from exactly-once, or None: when, which
+    transaction and event, what ('applied twice' or 'effect lost'), and the event's last delivery.
+
+    From the summary unless ``exact`` (the caller checks that it is ready: ``ready``)."""
+    journal = _q(journal_schema)
+    row = session.execute(text((FIRST_DIVERGENCE_SQL if exact else FIRST_DIVERGENCE_READ_SQL).format(
+        journal=journal))).first()
+    if row is None:
+        return None
+    key, at, what = row
+    shown = session.execute(text(FIRST_DIVERGENCE_EVENT_SQL.format(journal=journal)),
+                            {"key": key, "what": what}).mappings().one()
+    return {"at": at, "transaction_id": key, "what": what, **shown}
 
 
 # --- the accounts' expected balances and the ledger's sums ---------------------------------------

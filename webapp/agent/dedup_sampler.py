@@ -28,7 +28,7 @@ import psycopg
 from .. import dedup_layout
 from ..db import CONTROL_SCHEMA, connect
 from ..domain.lab import Lab
-from ..domain.vocabulary import DEDUP_TABLES
+from ..domain.vocabulary import DEDUP_TABLES, EXACT_COUNT_BELOW
 from ..store import schema
 from ..strategies import eventid_atomic, partitioned
 
@@ -37,7 +37,6 @@ log = logging.getLogger("idempotency_lab.agent.dedup")
 SAMPLE_EVERY = 5.0          # seconds between samples of one lab
 PROBES = 10                 # probe inserts per table per sample
 WINDOW = 300                # probes the percentiles are over
-EXACT_COUNT_BELOW = 100_000  # rows: count exactly below this estimate, else the catalog's estimate
 PARTITIONS_EVERY = 600.0    # seconds between rounds that create day partitions ahead
 ROUND_EVERY = 1.0           # seconds between rounds
 MAX_LABS_PER_ROUND = 3      # a bound on one round's work, however many labs are active

@@ -99,6 +99,11 @@ class Limits:
 DEDUP_TABLES = {"processed_events": "event_id", "processed_transactions": "transaction_id", "seen_events": "event_id",
                 "processed_payloads": "payload_hash"}
 
+# A dedup table's rows are counted exactly while the catalog estimates fewer than this; above, the
+# panels show the estimate (pg_class.reltuples, as of the last ANALYZE), marked as one: a count(*)
+# over ten million keys takes a second, every refresh.
+EXACT_COUNT_BELOW = 100_000
+
 DEFAULT_GROUP = "payments"
 DEFAULT_STRATEGY = "none"
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600

@@ -92,7 +92,7 @@ def observe(engine: Engine, lab: Lab) -> Snapshot:
                                              "expected_status": line.expected_status, "difference": line.difference}
                                    for line in verdict_module.accounts(conn, lab.schema)}
             snap.dedup[lane] = {item["table"]: {"rows": item["count"], "oldest_age": item["oldest_age"]}
-                                for item in state.dedup_tables(conn, None)}
+                                for item in state.dedup_tables(conn, None, exact=True)}
             enter(conn, lab.schema)
             snap.log_ends[lane] = state.log_ends(conn, schema)
         conn.rollback()

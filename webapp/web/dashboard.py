@@ -24,6 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from .. import ops, state, strategies
 from ..db import db, lab_session
+from ..domain.vocabulary import EXACT_COUNT_BELOW
 from ..readmodel import notifications as notifications_readmodel
 from ..strategies.base import SESSION_SETTINGS
 from ..strategies.notification import strategy_with
@@ -139,7 +140,8 @@ def timeline_panel(lab, session, args) -> dict[str, Any]:
 @panel("dedup", depends=("effects", "settings", "oldest_key_age"))
 def dedup_panel(lab, session, args) -> dict[str, Any]:
     ttl = ops.call("get_ttl", ops.Context(db.engine, lab), {})
-    return {"tables": state.dedup_tables(session, ttl["ttl_seconds"]), "ttl": ttl}
+    return {"tables": state.dedup_tables(session, ttl["ttl_seconds"]), "ttl": ttl,
+            "exact_count_below": EXACT_COUNT_BELOW}
 
 
 @panel("lanes", depends=("groups", "journal", "effects"))
