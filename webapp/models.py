@@ -566,6 +566,8 @@ class Consumer(db.Model):
     exit_code: Mapped[Optional[int]]
     started_at: Mapped[datetime] = _now()
     heartbeat_at: Mapped[Optional[datetime]]
+    # When it last read what it applies (its acknowledgement of a change: settings_changes.settle).
+    settings_seen_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
 
 
 class Command(db.Model):

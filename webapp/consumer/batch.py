@@ -94,7 +94,7 @@ class BatchLoop:
     def apply(self, records: list[Message]) -> None:
         p = self.process
         # Faults armed and settings changed before the batch was consumed apply to it.
-        p.desired, p.group = p._read_settings()
+        p.refresh_settings()
         items, valid = [], []
         for message in records:
             try:

@@ -6,9 +6,12 @@ then commit, close in ``finally``. The offset is committed only after the databa
 transaction has committed. First SIGTERM: finish the message, commit, leave the group.
 Second SIGTERM: exit at once.
 
-Before each message one query reads the control row and the group's settings (settings.py); the
-report is written on the heartbeat's cadence. A group with a batch size above 1 runs batch mode
-instead (batch.py): consume(n), one transaction, one offset commit per batch.
+What it applies (its control row, its group's settings: settings.py) is read when it starts, on
+its heartbeat, and before a message whenever a change was notified since (settings_changes.py:
+every change NOTIFYs, and the consumer looks at what its control connection already received,
+no round trip); the report is written on the heartbeat's cadence. A group with a batch size
+above 1 runs batch mode instead (batch.py): consume(n), one transaction, one offset commit per
+batch.
 
 Crash points are real: ``crash`` is SIGKILL to ourselves (no commit, no group leave);
 ``freeze`` is SIGSTOP to ourselves (a process pause like a long GC; the agent sends SIGCONT).
@@ -41,6 +44,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from .. import events, strategies, timeline
+from ..settings_changes import CHANNEL as SETTINGS_CHANNEL
 from ..store import schema
 from ..db import connect
 from ..kafka import consumer_config, producer_config
@@ -116,6 +120,8 @@ class ConsumerProcess:
         self.retrying: dict[tuple[str, int], Retry] = {}
 
         self.control_conn = connect(database_url, autocommit=True, application_name=f"lab {lab.name} {name} control")
+        self.settings_notified = False
+        self._listen(self.control_conn)  # before the first read: a change after it is notified
         self.control = ControlRow(self.control_conn, consumer_id)
         self.desired = self.control.read()
         self.step_seen = self.desired.step_advance
@@ -153,9 +159,32 @@ class ConsumerProcess:
         """The control row and the group's settings, in one query (consumer/settings.py)."""
         return group_settings.read(self.control_conn, self.lab.schema, self.group_id, self.consumer_id)
 
+    def _listen(self, conn: psycopg.Connection) -> None:
+        """Be told on ``conn`` of every change of what this consumer applies (settings_changes.py)."""
+        conn.add_notify_handler(self._on_notify)
+        conn.execute(f"LISTEN {SETTINGS_CHANNEL}")
+
+    def _on_notify(self, notify: psycopg.Notify) -> None:
+        if notify.channel == SETTINGS_CHANNEL and notify.payload == self.lab.name:
+            self.settings_notified = True
+
+    def refresh_settings(self) -> None:
+        """Read the settings again when a change was notified since the last look.
+
+        The look costs no round trip: it takes what PostgreSQL already sent to the control
+        connection. A change committed before this look was sent at its commit; an operation
+        that made it waits for this read's acknowledgement (settings_changes.settle)."""
+        pgconn = self.control_conn.pgconn
+        pgconn.consume_input()  # never blocks; raises OperationalError on a lost connection
+        while (notify := pgconn.notifies()) is not None:
+            pgconn.notify_handler(notify)  # psycopg's dispatch to _on_notify, as during a query
+        if self.settings_notified:
+            self.settings_notified = False
+            self.desired, self.group = self._read_settings()
+
     def _current_strategy(self) -> strategies.Strategy:
-        # The group's settings were read with the control row for this message (process): a strategy
-        # switch (or new database settings) applies from the next message on.
+        # The group's settings as they stood when this message was polled (refresh_settings): a
+        # strategy switch (or new database settings) applies from the next message on.
         self.strategy_name = self.group.strategy
         self.notifier.use(self.group.notify, self.group.notify_idempotency_key)
         self._apply_session_settings(self.group.lock_timeout_ms, self.group.idle_in_transaction_session_timeout_ms)
@@ -312,6 +341,7 @@ class ConsumerProcess:
                     self._control_lost(broken)
                 try:
                     self.heartbeat()
+                    self.refresh_settings()  # also while idle: an operation waits for it
                     self._resume_due()
                 except psycopg.OperationalError as error:
                     self._control_lost(error)
@@ -364,16 +394,21 @@ class ConsumerProcess:
         log.warning("control connection lost (%s); waiting for PostgreSQL", str(error).splitlines()[0])
         delay = 0.1
         while not self.stopping:
+            conn = None
             try:
                 conn = connect(self.database_url, autocommit=True,
                                application_name=f"lab {self.lab.name} {self.name} control")
+                self._listen(conn)
             except psycopg.OperationalError:
+                if conn is not None:
+                    conn.close()
                 time.sleep(delay)  # a backoff between connection attempts
                 delay = min(delay * 2, 2.0)
                 continue
             broken, self.control_conn = self.control_conn, conn
             self.control.conn = conn
             broken.close()
+            self.settings_notified = True  # what changed while it was away was told to nobody
             log.info("control connection back")
             return
 
@@ -387,9 +422,9 @@ class ConsumerProcess:
 
     def process(self, message: Message) -> None:
         self.current = message
-        # Faults and step mode armed before this message was polled apply to it; the group's settings
-        # (strategy, modes) are read with them, in one query.
-        self.desired, self.group = self._read_settings()
+        # Faults and step mode armed before this message was polled apply to it, and so do the group's
+        # settings (strategy, modes) changed before it.
+        self.refresh_settings()
         event: events.PaymentEvent | None = None
         try:
             self._ensure_effects_conn()

@@ -1,9 +1,11 @@
-"""What a consumer reads before each message (or batch), in one round trip: its control row (armed
-fault, step mode) and its group's settings (strategy, database settings, batch and commit mode, notification).
+"""What a consumer applies, in one round trip: its control row (armed fault, step mode) and its
+group's settings (strategy, database settings, batch and commit mode, notification).
 
-Read per message so that a fault armed, a strategy switched or a mode changed before a message
-was polled applies to it; one statement, prepared by psycopg after its first runs, instead of one
-query for the control row and another for the group.
+Read when the consumer starts, on its heartbeat, and before a record whenever a change was
+notified (webapp/settings_changes.py): a fault armed, a strategy switched or a mode changed before
+a record was polled applies to it, without a read per record. The read is also the consumer's
+acknowledgement: it stamps ``settings_seen_at`` with the statement's time, which the operation
+that made the change waits for.
 """
 from __future__ import annotations
 
@@ -14,10 +16,15 @@ import psycopg
 from ..db import CONTROL_SCHEMA
 from .control import Desired
 
+# The acknowledgement never waits: a control row locked by someone else's open transaction (a
+# person in psql) is read as committed and stamped on the next read.
 READ = (
+    "WITH seen AS (\n"
+    f"    UPDATE {CONTROL_SCHEMA}.consumers SET settings_seen_at = statement_timestamp()\n"
+    f"    WHERE id = (SELECT id FROM {CONTROL_SCHEMA}.consumers WHERE id = %(consumer_id)s FOR UPDATE SKIP LOCKED))\n"
     "SELECT c.id, c.armed_point, c.armed_action, c.armed_always, c.step_mode, c.step_advance,\n"
     "       g.strategy, g.effects_schema, g.batch_size, g.batch_max_wait_ms, g.commit_mode, g.static_membership,\n"
-"       g.notify, g.notify_idempotency_key,\n"
+    "       g.notify, g.notify_idempotency_key,\n"
     "       (SELECT value FROM \"{schema}\".settings WHERE key = 'lock_timeout_ms'),\n"
     "       (SELECT value FROM \"{schema}\".settings WHERE key = 'idle_in_transaction_session_timeout_ms')\n"
     "FROM \"{schema}\".consumer_groups g\n"

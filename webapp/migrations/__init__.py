@@ -125,6 +125,10 @@ def _create_control_schema(conn: Connection) -> None:
     conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{CONTROL_SCHEMA}"'))
     for table in control_tables():
         table.create(conn, checkfirst=True)
+    from ..settings_changes import control_trigger_ddl
+
+    for statement in control_trigger_ddl():  # every change of what a consumer applies is notified
+        conn.exec_driver_sql(statement)
 
 
 def create_lab_schema(conn: Connection, schema: str) -> bool:
@@ -140,9 +144,12 @@ def create_lab_schema(conn: Connection, schema: str) -> bool:
     conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": schema})
     for table in lab_tables():
         table.create(conn, checkfirst=True)
+    from ..settings_changes import lab_trigger_ddl
     from ..verdict_summary import trigger_ddl
 
     for statement in trigger_ddl(schema):  # the running summaries' change triggers
+        conn.exec_driver_sql(statement)
+    for statement in lab_trigger_ddl(schema):  # changes of the groups' settings are notified
         conn.exec_driver_sql(statement)
     return exists is None
 

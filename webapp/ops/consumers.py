@@ -80,7 +80,7 @@ for _verb in CONSUMER_VERBS:
     _declare_verb(_verb, VERB_SUMMARIES[_verb])
 
 
-@operation("arm", path="/consumers/<int:consumer_id>/arm", step="arm", tags=("consumers", "faults"),
+@operation("arm", settles=True, path="/consumers/<int:consumer_id>/arm", step="arm", tags=("consumers", "faults"),
            summary="Arm a crash point on a consumer, once or every time (no point: disarm)")
 def arm(ctx: Context, args: ArmArgs) -> dict:
     row = consumer_row(ctx, args.consumer_id)
@@ -94,7 +94,7 @@ def arm(ctx: Context, args: ArmArgs) -> dict:
     return {"consumer_id": args.consumer_id, "name": row["name"], "armed": armed}
 
 
-@operation("set_step_mode", path="/consumers/<int:consumer_id>/step-mode", step="step_mode", cli="step-mode",
+@operation("set_step_mode", settles=True, path="/consumers/<int:consumer_id>/step-mode", step="step_mode", cli="step-mode",
            tags=("consumers",), summary="Step mode: the consumer stops at every point of each message")
 def set_step_mode(ctx: Context, args: StepModeArgs) -> dict:
     row = consumer_row(ctx, args.consumer_id)

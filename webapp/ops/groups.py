@@ -120,7 +120,7 @@ def _update_group(ctx: Context, group: str, summary: str, **values: Any) -> str:
     return group_id
 
 
-@operation("set_strategy", path="/groups/<group>/strategy", step="strategy", cli="strategy", tags=("groups",),
+@operation("set_strategy", settles=True, path="/groups/<group>/strategy", step="strategy", cli="strategy", tags=("groups",),
            summary="Switch a group's deduplication strategy (from its next message)")
 def set_strategy(ctx: Context, args: StrategyArgs) -> dict:
     group_id = _update_group(ctx, args.group, f"{{group_id}} now uses {args.strategy} (from the next message)",
@@ -128,7 +128,7 @@ def set_strategy(ctx: Context, args: StrategyArgs) -> dict:
     return {"group_id": group_id, "strategy": args.strategy}
 
 
-@operation("set_group_settings", path="/groups/<group>/settings", step="group_settings", cli="group-settings",
+@operation("set_group_settings", settles=True, path="/groups/<group>/settings", step="group_settings", cli="group-settings",
            tags=("groups",), summary="A group's policy on a unique violation: already processed, or retry")
 def set_group_settings(ctx: Context, args: GroupSettingsArgs) -> dict:
     group_id = _update_group(ctx, args.group, f"{{group_id}}: on unique violation, {args.on_unique_violation}",

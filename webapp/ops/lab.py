@@ -94,7 +94,7 @@ def get_database_settings(ctx: Context, args: NoArgs) -> dict:
     return {key: int(values.get(key) or 0) for key in DATABASE_SETTINGS}
 
 
-@operation("set_database_settings", path="/database-settings", step="database_settings", cli="database-settings",
+@operation("set_database_settings", settles=True, path="/database-settings", step="database_settings", cli="database-settings",
            tags=("lab",), summary="Set the consumers' lock_timeout and idle_in_transaction_session_timeout "
                                   "(from their next message)")
 def set_database_settings(ctx: Context, args: DatabaseSettingsArgs) -> dict:

@@ -22,7 +22,7 @@ class NotificationArgs(GroupRef):
                                   "service honours: a repeated key gets the first response, no new notification")
 
 
-@operation("set_notification", path="/groups/<group>/notification", step="notification", cli="notification",
+@operation("set_notification", settles=True, path="/groups/<group>/notification", step="notification", cli="notification",
            tags=("groups", "notifications"),
            summary="Make a group's consumers notify the customer of each applied credit (before or after the "
                    "database commit), with or without an Idempotency-Key")

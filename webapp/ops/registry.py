@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from sqlalchemy import Engine
 
 from ..domain.lab import Lab
+from ..settings_changes import settle
 
 
 class InvalidRequest(Exception):
@@ -71,6 +72,7 @@ class Operation:
     step: str | None = None        # the scenario step's name, when a scenario may do it
     cli: str | None = None         # the `flask lab` command's name
     tags: tuple[str, ...] = ()
+    settles: bool = False          # changes what consumers apply: returns once the running ones saw it
 
     @property
     def changes_state(self) -> bool:
@@ -90,7 +92,7 @@ _after_hooks: list[Callable[[Context, Operation, dict, Any, dict], None]] = []
 
 def operation(name: str, *, method: str = "POST", path: str, summary: str, status: int = 200,
               recorded: bool | None = None, step: str | None = None, cli: str | None = None,
-              tags: tuple[str, ...] = ()):
+              tags: tuple[str, ...] = (), settles: bool = False):
     """Declare ``function(ctx, args: Model) -> dict`` as operation ``name``."""
     def declare(function: Callable[[Context, Any], dict]) -> Callable[[Context, Any], dict]:
         model = inspect.signature(function, eval_str=True).parameters["args"].annotation
@@ -99,7 +101,7 @@ def operation(name: str, *, method: str = "POST", path: str, summary: str, statu
         OPERATIONS[name] = Operation(
             name=name, model=model, function=function, summary=summary, method=method, path=path,
             status=status, recorded=(method == "POST") if recorded is None else recorded, step=step,
-            cli=cli if cli is not None else name.replace("_", "-"), tags=tags)
+            cli=cli if cli is not None else name.replace("_", "-"), tags=tags, settles=settles)
         return function
     return declare
 
@@ -200,9 +202,19 @@ def call(name: str, ctx: Context, raw: Mapping[str, Any] | None = None) -> dict:
 
 def run(op: Operation, ctx: Context, args: Args) -> dict:
     if not op.recorded:
-        return op.function(ctx, args)
+        return _settled(op, ctx, op.function(ctx, args))
     tokens = [hook(ctx, op) for hook in _before_hooks]
-    result = op.function(ctx, args)
+    result = _settled(op, ctx, op.function(ctx, args))
     for hook, token in zip(_after_hooks, tokens):
         hook(ctx, op, args.model_dump(mode="json", exclude_none=True), token, result)
+    return result
+
+
+def _settled(op: Operation, ctx: Context, result: dict) -> dict:
+    """An operation that changes what consumers apply returns once every running consumer of the
+    lab has read it (settings_changes.settle); those that had not in time are named in the result."""
+    if op.settles:
+        unseen = settle(ctx.engine, ctx.lab)
+        if unseen:
+            result = {**result, "not_yet_seen_by": unseen}
     return result

@@ -52,7 +52,7 @@ def _describe(changed: dict) -> str:
     return ", ".join(words)
 
 
-@operation("set_throughput", path="/groups/<group>/throughput", step="throughput", cli="throughput",
+@operation("set_throughput", settles=True, path="/groups/<group>/throughput", step="throughput", cli="throughput",
            tags=("groups",), summary="A group's batch mode, commit mode and static membership")
 def set_throughput(ctx: Context, args: ThroughputArgs) -> dict:
     changed = {name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None}

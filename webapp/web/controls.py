@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from flask import Blueprint, abort, render_template, request
+from flask import Blueprint, abort, g, render_template, request
 from jinja2 import TemplateNotFound
 
 from .. import events, ops, state, strategies
@@ -53,7 +53,18 @@ def control_choices() -> dict[str, Any]:
 
 def run_op(name: str, body: dict[str, Any]) -> dict:
     """Run operation ``name`` on the current lab with ``body``."""
-    return ops.call(name, ops_context(), body)
+    result = ops.call(name, ops_context(), body)
+    g.not_yet_seen_by = result.get("not_yet_seen_by")
+    return result
+
+
+def said_with_unseen(message: str) -> str:
+    """The notice, and who has not read the change yet (an operation that settles consumers)."""
+    unseen = g.get("not_yet_seen_by")
+    if unseen:
+        message += (f" Not yet read by {', '.join(unseen)} (busy with a record): "
+                    "it applies from their next record.")
+    return message
 
 
 def run_form(form: str, render: Renderer, action: Callable[[dict[str, Any]], str],
@@ -62,7 +73,7 @@ def run_form(form: str, render: Renderer, action: Callable[[dict[str, Any]], str
     field the form does not show (``fields``, by default FORM_FIELDS[form]) goes to its top."""
     values = request.form.to_dict()
     try:
-        notice = action(values)
+        notice = said_with_unseen(action(values))
     except ops.InvalidRequest as error:
         field = error.field if error.field in (fields or FORM_FIELDS[form]) else "form"
         # The agent's reasons start with the field's name; next to the field it goes without saying.
@@ -121,7 +132,7 @@ def notice(message: str, ok: bool = True, status: int = 200):
 def run_consumer_action(action: Callable[[], str]):
     """A consumer button: answer with a notice for the page's notice area."""
     try:
-        return notice(action())
+        return notice(said_with_unseen(action()))
     except ops.InvalidRequest as error:
         # "must be one of ..." needs its subject; other reasons name it already.
         message = f"{error.field} {error.message}" if error.message.startswith("must") else error.message
