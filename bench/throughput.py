@@ -1,6 +1,6 @@
 """Consumer throughput: the bare limits, then the lab's consumers end to end, in one run (``make bench``).
 
-    .venv/bin/python bench/throughput.py [--events 5000] [--batch-size 500] [--strategies ...] [--profile]
+    .venv/bin/python bench/throughput.py [--events 5000] [--batch-size 500] [--strategies ...] [--rounds 3] [--profile]
 
 One embedded PostgreSQL and one embedded Tansu broker, started fresh; every figure below is taken
 on them, each case on a fresh lab (its own schema and topic, one partition), with N credits
@@ -15,7 +15,8 @@ lab's consumer:
 Lab consumers: ``python -m webapp.consumer`` processes, as the lab agent starts them, for each
 strategy in per-message mode (sync commits; eventid-atomic also async) and in batch mode. Each lab
 figure is printed with its ratio to the bare loop of the same shape (per-message sync, per-message
-async, batch), measured just before it. ``--consumer-root`` runs the lab's consumers from another
+async, batch): ``--rounds`` pairs (default 3), each pair run back to back, which of the two first
+alternating from round to round; the medians, and the median of the pairs' ratios. ``--consumer-root`` runs the lab's consumers from another
 checkout (``git archive HEAD | tar -x -C DIR``: the same figures before a change).
 
 ``--profile`` instead drains N credits with one per-message eventid-atomic consumer under cProfile
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
+from statistics import median
 from itertools import count
 from pathlib import Path
 
@@ -152,11 +154,13 @@ def postgres_alone(stack: Stack, batch_size: int | None) -> float:
 def bare_loop(stack: Stack, asynchronous: bool = False, batch_size: int | None = None) -> float:
     """poll -> transaction -> commit per message (or consume(n) -> batch transaction -> commit)."""
     lab = stack.fresh_lab()
-    acknowledged = {"offset": -1}
+    acknowledged = {"offset": -1, "error": None}
 
     def on_commit(error, offsets) -> None:
         if error is None:
             acknowledged["offset"] = max([acknowledged["offset"], *(tp.offset for tp in offsets)])
+        else:
+            acknowledged["error"] = f"{error.name()}: {error.str()}"
     consumer = Consumer({**consumer_config(stack.bootstrap, f"{lab.name}.bare", client_id="bare"),
                          "on_commit": on_commit})
     consumer.subscribe([lab.topic])
@@ -184,8 +188,13 @@ def bare_loop(stack: Stack, asynchronous: bool = False, batch_size: int | None =
                     consumer.commit(offsets=[TopicPartition(last.topic(), last.partition(), last.offset() + 1)],
                                     asynchronous=False)
                 done += len(messages)
-            while asynchronous and acknowledged["offset"] < stack.events:
-                consumer.poll(0.01)  # the last asynchronous commits' answers
+            if asynchronous:
+                def answered():  # the last asynchronous commits' answers (served by poll)
+                    consumer.poll(0.01)
+                    return acknowledged["offset"] >= stack.events
+                wait_until(answered, timeout=60, interval=0,
+                           message=lambda: "the bare loop's last asynchronous commit was not acknowledged "
+                                           f"(last commit error: {acknowledged['error']})")
             return rate(done, time.perf_counter() - started)
     finally:
         consumer.close()
@@ -215,25 +224,30 @@ def lab_consumer(stack: Stack, strategy: str, batch_size: int, commit_mode: str 
         log = open(stack.workdir / f"{lab.name}.log", "ab")
         process = subprocess.Popen(command, env=env, cwd=CONSUMER_ROOT, stdout=log, stderr=subprocess.STDOUT)
         admin = admin_client(stack.bootstrap)
+        # One connection for the whole watch, opened before the clock starts: a new connection per
+        # look (a backend forked 20 times a second) took CPU from the consumer being measured.
+        watcher = connect(stack.url, schema=lab.schema, autocommit=True)
         try:
             def drained():
                 if process.poll() is not None:
                     raise RuntimeError(f"the consumer exited: {(stack.workdir / f'{lab.name}.log').read_text()[-2000:]}")
-                with connect(stack.url, schema=lab.schema, autocommit=True) as conn:
-                    # delivered_at is the transaction's now(), in the server's clock and time zone:
-                    # the first delivery's age is taken there.
-                    done, first_age = conn.execute(
-                        "SELECT count(*), extract(epoch FROM localtimestamp - min(delivered_at))::float "
-                        "FROM deliveries").fetchone()
+                # delivered_at is the transaction's now(), in the server's clock and time zone:
+                # the first delivery's age is taken there. Index lookups only (the first delivery,
+                # the last offset delivered): a look costs the same at the end as at the start.
+                last, first_age = watcher.execute(
+                    'SELECT (SELECT "offset" FROM deliveries ORDER BY partition DESC, "offset" DESC LIMIT 1), '
+                    "extract(epoch FROM localtimestamp - (SELECT delivered_at FROM deliveries ORDER BY id LIMIT 1))"
+                    "::float").fetchone()
                 asked = time.monotonic()
-                if done < stack.events:
+                if last is None or last < stack.events - 1:
                     return None
                 committed = committed_offsets(admin, group_id, lab.topic)
                 return first_age + time.monotonic() - asked if committed.get(0) == stack.events else None
-            seconds = wait_until(drained, timeout=600, interval=0.02,
+            seconds = wait_until(drained, timeout=600, interval=0.05,
                                  message=f"{strategy} never drained {stack.events} records")
             return rate(stack.events, seconds)
         finally:
+            watcher.close()
             stop_process(process, timeout=30)
             log.close()
     finally:
@@ -252,6 +266,8 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=500, help="batch mode's size (default 500)")
     parser.add_argument("--strategies", nargs="+", default=list(strategies.NAMES), choices=strategies.NAMES)
     parser.add_argument("--modes", nargs="+", default=["per-message", "batch"], choices=["per-message", "batch"])
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of (bare loop, lab consumer) per case, alternating which runs first (default 3)")
     parser.add_argument("--consumer-root", type=Path, default=ROOT,
                         help="run the lab's consumers from this checkout (a before/after comparison)")
     parser.add_argument("--profile", action="store_true", help="profile one per-message eventid-atomic consumer")
@@ -271,9 +287,11 @@ def main() -> int:
         print(f"{'PostgreSQL alone, one transaction per event':62} {postgres_alone(stack, None):>9,.0f} ev/s")
         print(f"{f'PostgreSQL alone, {args.batch_size} per transaction':62} "
               f"{postgres_alone(stack, args.batch_size):>9,.0f} ev/s")
-        # Each lab figure next to a bare loop of the same shape measured just before it: the machine's
-        # load drifts, and a ratio of two neighbours drifts less.
-        print(f"\n{'case':44} {'bare loop':>10} {'lab':>9} {'ratio':>6}")
+        # Each lab figure next to a bare loop of the same shape, in rounds that alternate which of the
+        # two runs first: this machine's speed drifts (disk flushes, checkpoints, its neighbours) by
+        # more than the gap being measured, and a median of neighbouring pairs drifts less.
+        print(f"\n{args.rounds} rounds a case; medians (ev/s), and the median of each round's ratio\n")
+        print(f"{'case':44} {'bare loop':>10} {'lab':>9} {'ratio':>6}  {'each round':>s}")
         cases = []
         for name in args.strategies:
             if "per-message" in args.modes:
@@ -284,9 +302,16 @@ def main() -> int:
                 cases.append((f"{name}, batch of {args.batch_size}", {"batch_size": args.batch_size},
                               (name, args.batch_size, "sync")))
         for title, bare_shape, (name, batch_size, commit_mode) in cases:
-            bare = bare_loop(stack, **bare_shape)
-            lab = lab_consumer(stack, name, batch_size, commit_mode=commit_mode)
-            print(f"{title:44} {bare:>10,.0f} {lab:>9,.0f} {lab / bare:>5.2f}x", flush=True)
+            bares, labs = [], []
+            for round_ in range(args.rounds):
+                runs = [lambda: bares.append(bare_loop(stack, **bare_shape)),
+                        lambda: labs.append(lab_consumer(stack, name, batch_size, commit_mode=commit_mode))]
+                for run in runs if round_ % 2 == 0 else reversed(runs):
+                    run()
+            ratios = [lab / bare for bare, lab in zip(bares, labs)]
+            each = " ".join(f"{r:.2f}" for r in ratios)
+            print(f"{title:44} {median(bares):>10,.0f} {median(labs):>9,.0f} {median(ratios):>5.2f}x  {each}",
+                  flush=True)
     return 0
 
 
