@@ -20,9 +20,16 @@ measures, printing a table for each:
    panel answers from its last load, marked stale, while it loads again in the background) and how
    long after the change the panel showed it (median and worst): the price of the size, paid in
    freshness instead of in a blocked page. ``GET /api/v1/state`` stays exact (computed per request).
+5. The same paths while a load runs (``--load-rate`` records a second, 2,000 by default: about
+   four times one per-message consumer, the rate of a batch consumer): a writer thread adds
+   records as the log reader and a consumer would (each mirrored, delivered, applied, its key
+   claimed, the committed offsets moved), in one transaction every 0.1 s, and a folder thread
+   folds the summaries every 0.5 s as the agent's does. After ten seconds of it, every path with
+   the panel cache off (one load each): p50 and p95, the rate the writer kept, and how many changes were still queued at
+   the end (the folder keeping up, or not).
 
     .venv/bin/python bench/scale.py [--keys 0,1000000,10000000] [--records 1000000,10000000]
-        [--days 10] [--probes 2000] [--requests 20] [--skip-keys] [--skip-panels]
+        [--days 10] [--probes 2000] [--requests 20] [--load-rate 2000] [--skip-keys] [--skip-panels]
 """
 from __future__ import annotations
 
@@ -44,6 +51,7 @@ from webapp import dedup_layout  # noqa: E402
 from webapp.db import psycopg_conninfo  # noqa: E402
 from webapp.embedded import EmbeddedPostgres  # noqa: E402
 from webapp.strategies import eventid_atomic, partitioned  # noqa: E402
+from webapp.waits import wait_until  # noqa: E402
 
 BENCH_SCHEMA = "scale_keys"
 
@@ -129,7 +137,8 @@ def bench_keys(url: str, sizes: list[int], days: int, probes: int) -> None:
         print(f"{layout:22} {how:32} {rows:>10,} keys {ms:10.1f} ms")
 
 
-def bench_panels(url: str, tmp: str, sizes: list[int], requests: int, one_load: bool = True) -> None:
+def bench_panels(url: str, tmp: str, sizes: list[int], requests: int, one_load: bool = True,
+                 load_rate: int = 2000) -> None:
     import panels  # bench/panels.py: the fill and the measurement
     from webapp.web.dashboard import PANELS
 
@@ -146,6 +155,108 @@ def bench_panels(url: str, tmp: str, sizes: list[int], requests: int, one_load: 
         else:
             print("   one load per request: skipped (--skip-one-load)")
         bench_live(url, tmp, paths, requests)
+        bench_under_load(url, tmp, paths, requests, size, load_rate)
+
+
+# One tick of the load: records ``start`` to ``end`` - 1 (numbered as the fill numbers its own, so
+# partition and offset follow on), each mirrored, delivered, applied and its key claimed, and the
+# group's committed offsets moved past them, in one transaction (the log reader's and a batch
+# consumer's writes, and the agent's offset snapshot). (%% is psycopg's literal %.)
+LOAD_SQL = """
+WITH new AS (
+    SELECT i %% 3 AS partition, i / 3 AS "offset", gen_random_uuid() AS event_id, 'load-' || i AS transaction_id,
+           'acc-' || (i %% 5 + 1) AS account_id, 100 + i %% 900 AS cents
+    FROM generate_series(%(start)s::bigint, %(end)s::bigint - 1) AS i
+),
+mirrored AS (
+    INSERT INTO log_records (partition, "offset", "timestamp", key, value, event_id, transaction_id, type, account_id,
+                             amount_cents, occurred_at, first_of_transaction, read_at)
+    SELECT partition, "offset", now(), account_id, '{}', event_id, transaction_id, 'credit', account_id, cents,
+           now()::text, true, clock_timestamp() FROM new
+),
+delivered AS (
+    INSERT INTO deliveries (group_id, consumer, partition, "offset", generation, attempt, event_id, transaction_id,
+                            strategy, outcome)
+    SELECT %(group)s, 'c' || (partition + 1), partition, "offset", 1, 1, event_id, transaction_id, 'eventid-atomic',
+           'applied' FROM new
+),
+paid AS (
+    INSERT INTO payments (event_id, transaction_id, account_id, amount_cents)
+    SELECT event_id, transaction_id, account_id, cents FROM new
+),
+claimed AS (INSERT INTO processed_events (event_id, processed_at) SELECT event_id, now() FROM new)
+UPDATE group_offsets g SET committed = n.upto
+FROM (SELECT partition, max("offset") + 1 AS upto FROM new GROUP BY partition) n
+WHERE g.group_id = %(group)s AND g.partition = n.partition
+"""
+
+
+WARM_UP_SECONDS = 10
+
+
+def bench_under_load(url: str, tmp: str, paths: list[str], requests: int, filled: int, rate: int) -> None:
+    """Every path, one load each (no panel cache), while a writer adds ``rate`` records a second
+    and a folder folds the summaries every 0.5 s."""
+    import threading
+
+    import panels
+    from webapp import verdict_summary
+    from webapp.db import db
+
+    stop = threading.Event()
+    written = [0]
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            with psycopg.connect(psycopg_conninfo(url), autocommit=True) as conn:
+                conn.execute(f'SET search_path TO "{panels.LAB.schema}"')
+                per_tick, started = max(1, rate // 10), time.monotonic()
+                while not stop.is_set():
+                    start = filled + written[0]
+                    conn.execute(LOAD_SQL, {"start": start, "end": start + per_tick, "group": panels.GROUP})
+                    written[0] += per_tick
+                    # Paced to the rate over the whole run: a slow tick is made up by the next ones.
+                    stop.wait(max(0.0, started + written[0] / rate - time.monotonic()))
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+
+    def folder() -> None:
+        try:
+            with psycopg.connect(psycopg_conninfo(url), autocommit=True) as conn:
+                while not stop.wait(0.5):
+                    verdict_summary.fold_lab(conn, panels.LAB.schema)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=writer, daemon=True), threading.Thread(target=folder, daemon=True)]
+    app = panels.make_app(url, tmp, cache=False)
+    print(f"   while a load adds {rate:,} records a second (mirrored, delivered, applied; folded every 0.5 s), "
+          "one load each:")
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    try:
+        # Ten seconds of load before the first request: the folder at its steady pace, not at rest.
+        wait_until(lambda: written[0] >= rate * WARM_UP_SECONDS or errors, timeout=WARM_UP_SECONDS * 10,
+                   message="the load never got going")
+        with app.app_context():
+            client = app.test_client()
+            for path in paths:
+                if errors:
+                    raise SystemExit(f"the load stopped: {errors[0]!r}")
+                p50, p95 = panels.measure(client, path, requests)
+                print(f"   {path:28} {p50:10.1f} / {p95:8.1f}" + ("   over 100 ms" if p95 >= 100 else ""), flush=True)
+            db.engine.dispose()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    elapsed = time.monotonic() - started
+    with psycopg.connect(psycopg_conninfo(url), autocommit=True) as conn:
+        queued = conn.execute(f'SELECT count(*) FROM "{panels.LAB.schema}".verdict_changes').fetchone()[0]
+    print(f"   the load: {written[0]:,} records in {elapsed:.0f} s ({written[0] / elapsed:,.0f} a second); "
+          f"{queued:,} changes still queued at the end")
 
 
 def measure_one_load(url: str, tmp: str, paths: list[str], requests: int) -> None:
@@ -233,6 +344,8 @@ def main() -> int:
     parser.add_argument("--days", type=int, default=10, help="days of event time the keys span")
     parser.add_argument("--probes", type=int, default=2000, help="timed inserts per size")
     parser.add_argument("--requests", type=int, default=20, help="requests per endpoint and size")
+    parser.add_argument("--load-rate", type=int, default=2000,
+                        help="records a second the load adds while the panels are timed under load (default 2,000)")
     parser.add_argument("--skip-keys", action="store_true")
     parser.add_argument("--skip-panels", action="store_true")
     parser.add_argument("--skip-one-load", action="store_true",
@@ -246,7 +359,7 @@ def main() -> int:
                 bench_keys(postgres.url, [int(n) for n in args.keys.split(",")], args.days, args.probes)
             if not args.skip_panels:
                 bench_panels(postgres.url, tmp, [int(n) for n in args.records.split(",")], args.requests,
-                             one_load=not args.skip_one_load)
+                             one_load=not args.skip_one_load, load_rate=args.load_rate)
         finally:
             postgres.stop()
     return 0
