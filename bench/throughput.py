@@ -1,10 +1,11 @@
 """Consumer throughput: the bare limits, then the lab's consumers end to end, in one run (``make bench``).
 
-    .venv/bin/python bench/throughput.py [--events 5000] [--batch-size 500] [--strategies ...] [--rounds 3] [--profile]
+    .venv/bin/python bench/throughput.py [--events 5000] [--batch-events 25000] [--batch-size 500]
+        [--strategies ...] [--modes per-message batch] [--rounds 3] [--profile]
 
 One embedded PostgreSQL and one embedded Tansu broker, started fresh; every figure below is taken
 on them, each case on a fresh lab (its own schema and topic, one partition), with N credits
-already in the topic, clocked from the first record consumed to the last one applied and
+already in the topic (``--events`` per per-message case, ``--batch-events`` per batch case), clocked from the first record consumed to the last one applied and
 committed (the group's first join, about 3 s on Tansu, is outside every clock).
 
 Bare limits: the ``eventid-atomic`` statements (claim, credit, payment row, ledger row) outside the
@@ -64,7 +65,7 @@ class Stack:
 
     def __init__(self, workdir: Path, events_per_case: int):
         self.workdir = workdir
-        self.events = events_per_case
+        self.events = events_per_case  # the credits of the case being measured (batch cases set more)
         self.postgres = EmbeddedPostgres(workdir / "postgres")
         self.broker = EmbeddedBroker(workdir / "tansu.log")
 
@@ -243,7 +244,9 @@ def lab_consumer(stack: Stack, strategy: str, batch_size: int, commit_mode: str 
                     return None
                 committed = committed_offsets(admin, group_id, lab.topic)
                 return first_age + time.monotonic() - asked if committed.get(0) == stack.events else None
-            seconds = wait_until(drained, timeout=600, interval=0.05,
+            # Every 10 ms: a batch case drains 5,000 credits in about 0.4 s, and the end is seen at
+            # most one interval late.
+            seconds = wait_until(drained, timeout=600, interval=0.01,
                                  message=f"{strategy} never drained {stack.events} records")
             return rate(stack.events, seconds)
         finally:
@@ -264,6 +267,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=5000, help="credits per case (default 5,000)")
     parser.add_argument("--batch-size", type=int, default=500, help="batch mode's size (default 500)")
+    parser.add_argument("--batch-events", type=int, default=25000,
+                        help="credits per batch-mode case (default 25,000: 5,000 drain in 0.4 s, too short to time)")
     parser.add_argument("--strategies", nargs="+", default=list(strategies.NAMES), choices=strategies.NAMES)
     parser.add_argument("--modes", nargs="+", default=["per-message", "batch"], choices=["per-message", "batch"])
     parser.add_argument("--rounds", type=int, default=3,
@@ -282,8 +287,9 @@ def main() -> int:
             print(f"per-message eventid-atomic under cProfile: {figure:,.0f} ev/s")
             print_profile(out)
             return 0
-        print(f"{args.events:,} credits per case, one partition; ev/s from the first record consumed to the last "
-              f"applied and committed; lab consumers from {args.consumer_root}\n")
+        print(f"{args.events:,} credits per per-message case, {args.batch_events:,} per batch case, one partition; "
+              "ev/s from the first record consumed to the last applied and committed; lab consumers from "
+              f"{args.consumer_root}\n")
         print(f"{'PostgreSQL alone, one transaction per event':62} {postgres_alone(stack, None):>9,.0f} ev/s")
         print(f"{f'PostgreSQL alone, {args.batch_size} per transaction':62} "
               f"{postgres_alone(stack, args.batch_size):>9,.0f} ev/s")
@@ -292,16 +298,18 @@ def main() -> int:
         # more than the gap being measured, and a median of neighbouring pairs drifts less.
         print(f"\n{args.rounds} rounds a case; medians (ev/s), and the median of each round's ratio\n")
         print(f"{'case':44} {'bare loop':>10} {'lab':>9} {'ratio':>6}  {'each round':>s}")
-        cases = []
+        cases = []  # (title, bare loop's shape, lab consumer's shape, credits)
         for name in args.strategies:
             if "per-message" in args.modes:
-                cases.append((f"{name}, per-message, sync", {}, (name, 1, "sync")))
+                cases.append((f"{name}, per-message, sync", {}, (name, 1, "sync"), args.events))
                 if name == "eventid-atomic":
-                    cases.append((f"{name}, per-message, async", {"asynchronous": True}, (name, 1, "async")))
+                    cases.append((f"{name}, per-message, async", {"asynchronous": True}, (name, 1, "async"),
+                                  args.events))
             if "batch" in args.modes:
                 cases.append((f"{name}, batch of {args.batch_size}", {"batch_size": args.batch_size},
-                              (name, args.batch_size, "sync")))
-        for title, bare_shape, (name, batch_size, commit_mode) in cases:
+                              (name, args.batch_size, "sync"), args.batch_events))
+        for title, bare_shape, (name, batch_size, commit_mode), credits in cases:
+            stack.events = credits
             bares, labs = [], []
             for round_ in range(args.rounds):
                 runs = [lambda: bares.append(bare_loop(stack, **bare_shape)),
