@@ -5,8 +5,9 @@
 
 One embedded PostgreSQL and one embedded Tansu broker, started fresh; every figure below is taken
 on them, each case on a fresh lab (its own schema and topic, one partition), with N credits
-already in the topic (``--events`` per per-message case, ``--batch-events`` per batch case), clocked from the first record consumed to the last one applied and
-committed (the group's first join, about 3 s on Tansu, is outside every clock).
+already in the topic (``--events`` per per-message case, ``--batch-events`` per batch case),
+clocked from the first record consumed to the last one applied and committed (the group's first
+join, about 3 s on Tansu, is outside every clock).
 
 Bare limits: the ``eventid-atomic`` statements (claim, credit, payment row, ledger row) outside the
 lab's consumer:
