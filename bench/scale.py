@@ -23,10 +23,11 @@ measures, printing a table for each:
 5. The same paths while a load runs (``--load-rate`` records a second, 2,000 by default: about
    four times one per-message consumer, the rate of a batch consumer): a writer thread adds
    records as the log reader and a consumer would (each mirrored, delivered, applied, its key
-   claimed, the committed offsets moved), in one transaction every 0.1 s, and a folder thread
-   folds the summaries every 0.5 s as the agent's does. After ten seconds of it, every path with
-   the panel cache off (one load each): p50 and p95, the rate the writer kept, and how many changes were still queued at
-   the end (the folder keeping up, or not).
+   claimed, the committed offsets moved), in one transaction every 0.1 s, and the agent's own
+   summary folder (``agent.periodic.SummaryFolder``) folds as it does in the lab. After ten
+   seconds of it, every path with the panel cache off (one load each): p50 and p95, the rate the
+   writer kept, how many changes were still queued at the end (the folder keeping up, or not) and
+   how many folds it took.
 
     .venv/bin/python bench/scale.py [--keys 0,1000000,10000000] [--records 1000000,10000000]
         [--days 10] [--probes 2000] [--requests 20] [--load-rate 2000] [--skip-keys] [--skip-panels]
@@ -196,11 +197,11 @@ WARM_UP_SECONDS = 10
 
 def bench_under_load(url: str, tmp: str, paths: list[str], requests: int, filled: int, rate: int) -> None:
     """Every path, one load each (no panel cache), while a writer adds ``rate`` records a second
-    and a folder folds the summaries every 0.5 s."""
+    and the agent's summary folder (its own class, its own thread and pace) folds the summaries."""
     import threading
 
     import panels
-    from webapp import verdict_summary
+    from webapp.agent.periodic import SummaryFolder
     from webapp.db import db
 
     stop = threading.Event()
@@ -221,21 +222,14 @@ def bench_under_load(url: str, tmp: str, paths: list[str], requests: int, filled
         except BaseException as error:  # reported by the main thread
             errors.append(error)
 
-    def folder() -> None:
-        try:
-            with psycopg.connect(psycopg_conninfo(url), autocommit=True) as conn:
-                while not stop.wait(0.5):
-                    verdict_summary.fold_lab(conn, panels.LAB.schema)
-        except BaseException as error:
-            errors.append(error)
-
-    threads = [threading.Thread(target=writer, daemon=True), threading.Thread(target=folder, daemon=True)]
+    writing = threading.Thread(target=writer, daemon=True)
+    folder = SummaryFolder(url)
     app = panels.make_app(url, tmp, cache=False)
-    print(f"   while a load adds {rate:,} records a second (mirrored, delivered, applied; folded every 0.5 s), "
-          "one load each:")
+    print(f"   while a load adds {rate:,} records a second (mirrored, delivered, applied; folded by the agent's "
+          f"folder: every {folder.BUSY_EVERY} s while there is something to fold), one load each:")
     started = time.monotonic()
-    for thread in threads:
-        thread.start()
+    writing.start()
+    folder.start()
     try:
         # Ten seconds of load before the first request: the folder at its steady pace, not at rest.
         wait_until(lambda: written[0] >= rate * WARM_UP_SECONDS or errors, timeout=WARM_UP_SECONDS * 10,
@@ -250,13 +244,13 @@ def bench_under_load(url: str, tmp: str, paths: list[str], requests: int, filled
             db.engine.dispose()
     finally:
         stop.set()
-        for thread in threads:
-            thread.join(timeout=60)
+        writing.join(timeout=60)
+        folder.stop()
     elapsed = time.monotonic() - started
     with psycopg.connect(psycopg_conninfo(url), autocommit=True) as conn:
         queued = conn.execute(f'SELECT count(*) FROM "{panels.LAB.schema}".verdict_changes').fetchone()[0]
     print(f"   the load: {written[0]:,} records in {elapsed:.0f} s ({written[0] / elapsed:,.0f} a second); "
-          f"{queued:,} changes still queued at the end")
+          f"{queued:,} changes still queued at the end; {folder.folds:,} folds")
 
 
 def measure_one_load(url: str, tmp: str, paths: list[str], requests: int) -> None:

@@ -17,6 +17,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
 from webapp import state, verdict, verdict_summary
+from webapp.agent.periodic import SummaryFolder
 from webapp.domain.lab import Lab
 from webapp.db import connect, sqlalchemy_url
 from webapp.labs import ensure_schema, seed_accounts
@@ -306,3 +307,37 @@ def test_the_folder_looks_only_at_labs_with_something_to_fold(schemas, only_this
     verdict_summary.fold_lab(folder, lab)
     world.sql(lab, "UPDATE {s}.group_offsets SET committed = committed")
     assert lab not in verdict_summary.labs_to_fold(folder), "an offset written again unchanged does not"
+
+
+def vacuums_of_queue(conn: psycopg.Connection, schema: str) -> int:
+    return conn.execute("SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = %s::regclass",
+                        [f'"{schema}".verdict_changes']).fetchone()[0]
+
+
+def test_the_agents_folder_folds_each_lab_and_vacuums_the_queues_it_emptied(services, schemas, only_this_folder):
+    """The agent's SummaryFolder on the test's connection (which holds the lab's fold lock, so the
+    session's own agent stays out): it folds the lab and its lane, says it folded, and vacuums
+    the queues it emptied (every read scans a queue's dead rows until then)."""
+    folder = only_this_folder
+    lab, lane = schemas
+    world = World(folder, lab, lane, random.Random(5))
+    summary_folder = SummaryFolder(services.database_url)
+    summary_folder.conn = folder
+    summary_folder.VACUUM_EVERY = 3600.0
+    assert summary_folder.fold_all() >= 1, "the lab's first build is a fold"
+    for _ in range(5):
+        world.mirror()
+    world.sql(lane, "INSERT INTO {s}.payments (event_id, transaction_id, account_id, amount_cents) "
+              "VALUES (gen_random_uuid(), 'tx-lane', 'acc-1', 5)")
+    before = {schema: vacuums_of_queue(folder, schema) for schema in (lab, lane)}
+    assert summary_folder.fold_all() >= 1, "a lab with changes queued is folded (and the next look comes sooner)"
+    assert lab not in verdict_summary.labs_to_fold(folder)
+    assert {schema: vacuums_of_queue(folder, schema) for schema in (lab, lane)} == before, \
+        "vacuumed at most once per VACUUM_EVERY"
+    summary_folder.VACUUM_EVERY = 0.0
+    summary_folder.fold_all()
+    wait_until(lambda: all(vacuums_of_queue(folder, schema) > before[schema] for schema in (lab, lane)), timeout=10,
+               message=lambda: f"the emptied queues were not vacuumed: {before} then "
+                               f"{ {schema: vacuums_of_queue(folder, schema) for schema in (lab, lane)} }")
+    queued = folder.execute(f'SELECT count(*) FROM "{lab}".verdict_changes').fetchone()[0]
+    assert queued == 0

@@ -105,37 +105,69 @@ class SummaryFolder:
     thread and a connection of its own, so a long build (a lab migrated with millions of records)
     never delays a command. A read is exact without it: it keeps the reads' share of work small."""
 
-    EVERY = 0.5
+    # A read recomputes every key still queued, so under a load the queue's length is what each
+    # panel pays: while folds find changes, the next one comes sooner. At rest, one look (a single
+    # statement over every lab) every half second.
+    BUSY_EVERY = 0.1
+    IDLE_EVERY = 0.5
+    # The folded queues' dead rows, vacuumed at most once a second per lab (verdict_summary.vacuum_queues).
+    VACUUM_EVERY = 1.0
 
     def __init__(self, database_url: str):
         self.database_url = database_url
         self.conn: psycopg.Connection | None = None
         self.folds = 0
+        self._to_vacuum: dict[str, set[str]] = {}  # per lab, the schemas folded since its last vacuum
+        self._vacuumed_at: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="summary folder", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def fold_all(self) -> None:
+    def fold_all(self) -> int:
+        """Fold every lab with something queued; the number of labs folded."""
         if self.conn is None or self.conn.closed:
             self.conn = connect(self.database_url, autocommit=True, application_name="lab agent summary folder")
         try:
             waiting = verdict_summary.labs_to_fold(self.conn)
         except verdict_summary.FOLD_GAVE_WAY:  # a schema dropped while we looked: look again next time
-            return
+            return 0
+        folded = 0
         for lab_schema in waiting:
             try:
-                verdict_summary.fold_lab(self.conn, lab_schema)
+                done = verdict_summary.fold_lab(self.conn, lab_schema)
             except verdict_summary.FOLD_GAVE_WAY as error:  # a reset, a lock: folded again next time
                 log.info("summary folder: %s gave way: %s", lab_schema, str(error).splitlines()[0])
                 continue
-            self.folds += 1
+            if done is None:  # another process is folding it
+                continue
+            folded += 1
+            self._to_vacuum.setdefault(lab_schema, set()).update(
+                schema for schema, what in done.items() if what != "current")
+        self.folds += folded
+        self._vacuum_due()
+        return folded
+
+    def _vacuum_due(self) -> None:
+        now = time.monotonic()
+        for lab_schema, schemas in list(self._to_vacuum.items()):
+            if now - self._vacuumed_at.get(lab_schema, 0.0) < self.VACUUM_EVERY:
+                continue
+            try:
+                verdict_summary.vacuum_queues(self.conn, sorted(schemas))
+            except verdict_summary.FOLD_GAVE_WAY:  # the lab was dropped meanwhile: nothing to vacuum
+                pass
+            del self._to_vacuum[lab_schema]
+            self._vacuumed_at[lab_schema] = now
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.EVERY):
+        wait = self.IDLE_EVERY
+        while not self._stop.wait(wait):
+            wait = self.IDLE_EVERY
             try:
-                self.fold_all()
+                if self.fold_all():
+                    wait = self.BUSY_EVERY
             except psycopg.OperationalError as error:  # PostgreSQL restarting: fold again when it is back
                 log.warning("summary folder: %s", str(error).splitlines()[0])
                 self._close()
