@@ -5,7 +5,9 @@ carries out a long command (a group reset waits up to 20 s for the group to empt
 - the heartbeat: the agent's row every half second, the leases of the commands it runs, and the
   reaper's round (queue.py);
 - a look at the broker every second (its own thread: an unanswered metadata request may block for
-  its timeout, and must not delay the heartbeat).
+  its timeout, and must not delay the heartbeat);
+- the running summaries' folder (its own thread and connection: a first build at millions of
+  records takes minutes), every 0.1 s while labs have changes queued, every 0.5 s at rest.
 
 On the main loop, between commands, about once a second: each lab's committed offsets into
 ``group_offsets`` (when they may have moved) and the scheduled TTL cleanups.
