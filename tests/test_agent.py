@@ -466,3 +466,24 @@ def test_the_web_never_imports_a_kafka_client(tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert not report["loaded"], f"the web imports confluent_kafka through: {report['chains']}"
+
+
+def test_an_exit_is_reported_again_until_the_agent_has_recorded_it(tmp_path):
+    """A kill carried out while PostgreSQL restarts cannot record its end at once: the pool keeps
+    reporting the exited process until the agent forgets it (after writing the consumer's row), so
+    the lab never shows a dead consumer running and holding its partitions."""
+    from webapp.agent.processes import Child, Pool
+
+    pool = Pool("postgresql://unused", "unused:9092", tmp_path)
+    process = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL)
+    try:
+        pool.children[7] = Child(process, "lab/c7")
+        assert pool.reap() == [], "a running process has not ended"
+        process.kill()
+        process.wait(timeout=10)
+        assert pool.reap() == [(7, -signal.SIGKILL)]
+        assert pool.reap() == [(7, -signal.SIGKILL)], "not recorded yet: reported again"
+        pool.forget(7)
+        assert pool.reap() == []
+    finally:
+        stop_process(process)

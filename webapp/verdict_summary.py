@@ -352,7 +352,7 @@ SELECT key, at, what FROM wrong ORDER BY at, key LIMIT 1""")
 # From the summary, in one snapshot: the queued keys recomputed, and the first folded key of each
 # index that the queue has not changed. (NOT IN: the queued keys hashed once, each index read in
 # order until its first key not queued; a NOT EXISTS becomes an anti-join that reads the whole
-# index, 50,000 keys applied twice at 10,000,000 records. The keys are never NULL, as NOT IN needs.)
+# index, 50,000 keys applied twice at 10,000,000 records. NULLs left out: a NULL makes NOT IN unknown.)
 FIRST_DIVERGENCE_READ_SQL = ("WITH " + ",".join([CHANGES, COMMITTED, DIRTY, RECORDS_OF_DIRTY, FACTS]) + ","
                              + WRONG_OF_FRESH + f"""
     UNION ALL

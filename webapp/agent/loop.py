@@ -112,15 +112,19 @@ class Agent:
         for consumer_id, code in self.pool.reap():
             with self.engine.begin() as conn:
                 row = consumer_rows.get(conn, consumer_id)
-                if row is None:
-                    continue
-                if code == -signal.SIGKILL:
-                    state = "crashed" if row.state == "crashed" else "killed"
-                elif code in (0, -signal.SIGTERM):
-                    state = "stopped"
-                else:
-                    state = "failed"
-                consumer_rows.set_state(conn, consumer_id, state, code)
+                if row is not None:
+                    if code == -signal.SIGKILL:
+                        state = "crashed" if row.state == "crashed" else "killed"
+                    elif code in (0, -signal.SIGTERM):
+                        state = "stopped"
+                    else:
+                        state = "failed"
+                    consumer_rows.set_state(conn, consumer_id, state, code)
+            # Only once written: a kill carried out while PostgreSQL restarts is recorded on a later
+            # tick, instead of a dead process shown running (and holding its partitions) for good.
+            self.pool.forget(consumer_id)
+            if row is None:
+                continue
             lab = Lab(row.lab)
             if state == "killed":
                 self.say(lab, "killed", f"{row.name} killed (SIGKILL): no commit, no graceful leave; "

@@ -121,13 +121,14 @@ class Pool:
         self.children.pop(consumer_id, None)
 
     def reap(self) -> list[tuple[int, int]]:
-        """(consumer id, exit code) of every child that exited since the last call."""
+        """(consumer id, exit code) of every child that exited and is not forgotten yet: the caller
+        forgets each once its end is recorded, so an end it could not record (PostgreSQL down) is
+        returned again by the next call."""
         ended = []
         for consumer_id, child in list(self.children.items()):
             code = child.process.poll()
             if code is None:
                 continue
-            del self.children[consumer_id]
             if child.reader is not None:
                 child.reader.join(timeout=2)  # the last lines it wrote before dying
             ended.append((consumer_id, code))
