@@ -66,7 +66,10 @@ def test_the_outbox_panel_shows_a_row_sent_then_the_relay_publishing_it_again(se
     expect(page.locator("#panel-timeline")).to_contain_text("outbox relay killed at relay-after-publish-before-mark")
     expect(page.locator("#panel-timeline")).to_contain_text("again (publish #2")
     ROOT_ARTIFACTS.mkdir(exist_ok=True)
-    panel.screenshot(path=str(ROOT_ARTIFACTS / "outbox-republished.png"))
+    # The page, clipped to the panel: the panel's live refresh may replace its element mid-shot
+    # (an element screenshot then fails with "not attached to the DOM").
+    panel.scroll_into_view_if_needed()
+    page.screenshot(path=str(ROOT_ARTIFACTS / "outbox-republished.png"), clip=panel.bounding_box())
 
     page.locator("#panel-outbox summary", has_text="The SQL").click()
     expect(panel.locator('[data-point="relay-after-publish-before-mark"]')).to_be_visible()
