@@ -121,9 +121,11 @@ def lab(app, client, agent, lab_name) -> LabDriver:
         commands.run(db.engine, lab_name, "lab.ensure", {"partitions": 3}, timeout=60)
     driver = LabDriver(client, Lab(lab_name))
     yield driver
+    # SIGKILL, not a graceful stop: the test is over, and a consumer it left waiting (commits
+    # blocked, a lock, a step) would take the whole stop timeout to give up (15 s each).
     for consumer in driver.state()["consumers"]:
         if consumer["state"] in ("starting", "running", "frozen", "stepping"):
-            client.post(f"/api/v1/consumers/{consumer['id']}/stop", json={})
+            client.post(f"/api/v1/consumers/{consumer['id']}/kill", json={})
 
 
 # --- browser tests (tests/browser/): the app over real HTTP, and a headless Chromium page --------

@@ -21,6 +21,7 @@ from webapp.agent.periodic import SummaryFolder
 from webapp.domain.lab import Lab
 from webapp.db import connect, sqlalchemy_url
 from webapp.labs import ensure_schema, seed_accounts
+from webapp.readmodel import why
 from webapp.store.schema import enter
 from webapp.waits import wait_until
 
@@ -222,6 +223,8 @@ def assert_agree(engine, lab: str, lane: str, when: str) -> bool:
         assert summary == exact, f"{schema} {when}: the summary says {summary}, VERDICT_SQL {exact}"
         assert summary_lines == exact_lines, f"{schema} {when}: accounts {summary_lines} vs {exact_lines}"
         summarized_all &= summarized
+        if summarized:
+            assert_the_applied_twice_listed_agree(engine, lab, schema, exact["transactions_applied_twice"], when)
     with Session(engine) as session:
         enter(session.connection(), lab)
         summary, exact = (state.producer_duplicates(session, Lab.of_schema(lab), exact=flag) for flag in (False, True))
@@ -234,6 +237,21 @@ def assert_agree(engine, lab: str, lane: str, when: str) -> bool:
         assert len(summary) == 2, "the lab and its lane"
         DIVERGENCES_SEEN.update(first["what"] for _, _, first in summary if first)
     return summarized_all
+
+
+def assert_the_applied_twice_listed_agree(engine, lab: str, schema: str, applied_twice: int, when: str) -> None:
+    """The "why" list's transactions applied twice, found from the summary: as many as the exact
+    verdict counts (up to the limit), each with the effects a scan of every effect counts."""
+    journal = f'"{lab}"'
+    with Session(engine) as session:
+        session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
+        enter(session.connection(), schema)
+        listed = session.execute(text(verdict_summary.APPLIED_TWICE_SQL.format(journal=journal)),
+                                 {"limit": why.LIMIT}).all()
+        scanned = dict(session.execute(text(why.DOUBLED_SQL.format(journal=journal)), {"limit": 10**6}).all())
+    assert len(listed) == min(applied_twice, why.LIMIT), f"{schema} {when}: listed {listed}, {applied_twice} counted"
+    assert all(scanned.get(transaction) == effects for transaction, effects in listed), \
+        f"{schema} {when}: listed {listed}, scanned {scanned}"
 
 
 DIVERGENCES_SEEN: set[str] = set()

@@ -279,6 +279,7 @@ def verdict(session: Session, journal_schema: str, explain: bool = True, exact: 
     """The verdict of the current schema's copy of the accounts against the log of ``journal_schema``:
     from the running summaries, or (``exact``, or before they are built) computed whole."""
     values = None if exact else summary.verdict_values(session, journal_schema)
+    summarized = values is not None
     if values is None:
         # The per-transaction hash table holds one entry per transaction: give it the memory to stay
         # off disk (100,000 transactions spill out of the default 4 MB).
@@ -291,5 +292,6 @@ def verdict(session: Session, journal_schema: str, explain: bool = True, exact: 
     result = Verdict(**values)
     if explain and (result.status == "anomalies" or result.sets_reapplied):
         from .readmodel.why import explain as explain_anomalies
-        result = Verdict(**values, anomalies=tuple(explain_anomalies(session, journal_schema, result)))
+        anomalies = explain_anomalies(session, journal_schema, result, summarized=summarized)
+        result = Verdict(**values, anomalies=tuple(anomalies))
     return result

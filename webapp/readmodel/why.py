@@ -12,11 +12,14 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from ..verdict_summary import APPLIED_TWICE_SQL
 from .outbox import republish_origin
 
 LIMIT = 10
 
-# Transactions whose delta was applied more than once in this copy (payment rows and ledger rows).
+# Transactions whose delta was applied more than once in this copy (payment rows and ledger rows):
+# a scan of every effect, for a lab without running summaries (verdict_summary.APPLIED_TWICE_SQL
+# finds them by index lookups).
 DOUBLED_SQL = """
 SELECT transaction_id, count(*) AS effects FROM (
     SELECT transaction_id FROM payments
@@ -298,12 +301,14 @@ def why_reapplied(ctx: _Context, transaction_id: str, applied: int) -> dict[str,
                     "same value again — re-applied, harmless")}
 
 
-def explain(session: Session, journal_schema: str, verdict) -> list[dict[str, Any]]:
-    """The anomalies of ``verdict`` (first few of each kind), each with its one-sentence ``why``."""
+def explain(session: Session, journal_schema: str, verdict, summarized: bool = False) -> list[dict[str, Any]]:
+    """The anomalies of ``verdict`` (first few of each kind), each with its one-sentence ``why``;
+    ``summarized``: the verdict was read from the running summaries, which can name them too."""
     journal = '"' + journal_schema.replace('"', '""') + '"'
     fmt = {"journal": journal}
+    doubled_sql = APPLIED_TWICE_SQL if summarized else DOUBLED_SQL
     doubled = [] if not verdict.duplicates_applied else \
-        session.execute(text(DOUBLED_SQL.format(**fmt)), {"limit": LIMIT}).all()
+        session.execute(text(doubled_sql.format(**fmt)), {"limit": LIMIT}).all()
     lost = [] if not verdict.effects_lost else \
         session.execute(text(LOST_SQL.format(**fmt)), {"limit": LIMIT}).scalars().all()
     reapplied = [] if not verdict.sets_reapplied else \
