@@ -572,18 +572,21 @@ def fold_lab(conn: psycopg.Connection, lab_schema: str) -> dict[str, str] | None
         conn.execute(FOLD_UNLOCK_SQL, [lab_schema])
 
 
-def vacuum_queues(conn: psycopg.Connection, schemas: list[str]) -> None:
+def vacuum_queues(conn: psycopg.Connection, schemas: list[str], clean_index: bool = True) -> None:
     """Vacuum the queues of ``schemas`` (``conn`` in autocommit mode). Every read scans its whole
     queue, dead rows included, and each fold leaves the rows it emptied dead: under a load of
-    2,000 records a second, some 6,000 a second, and autovacuum looks once a minute."""
+    2,000 records a second, some 6,000 a second, and autovacuum looks once a minute.
+
+    ``clean_index`` False: the dead rows' space only (``INDEX_CLEANUP OFF``), which is what reads
+    pay for; their entries in the queue's primary key, and the line pointers that wait for them,
+    stay until a vacuum that cleans it. That index is as large as the queue ever was (its file
+    never shrinks): after a burst of 30,000,000 changes, 650 MB, and cleaning it took 200 ms
+    against 0.6 ms without. Left uncleaned, the line pointers grow the queue's table (22 MB in
+    ten minutes of load), so the caller cleans it too, less often."""
     if schemas:
         # SKIP_LOCKED: a queue locked by a reset (or by hand) is vacuumed another time.
-        # INDEX_CLEANUP OFF: the dead rows' space is what reads pay for, and pruning frees it; their
-        # entries in the queue's primary key are left to autovacuum. That index is as large as the
-        # queue ever was (a file never shrinks): after a burst of 30,000,000 changes, 650 MB, and a
-        # vacuum that cleaned it took 200 ms, once a second, from the folder's time (0.6 ms without).
-        conn.execute("VACUUM (SKIP_LOCKED, INDEX_CLEANUP OFF) "
-                     + ", ".join(f"{_q(schema)}.verdict_changes" for schema in schemas))
+        options = "SKIP_LOCKED" if clean_index else "SKIP_LOCKED, INDEX_CLEANUP OFF"
+        conn.execute(f"VACUUM ({options}) " + ", ".join(f"{_q(schema)}.verdict_changes" for schema in schemas))
 
 
 def _fold(conn: psycopg.Connection, lab_schema: str) -> dict[str, str]:

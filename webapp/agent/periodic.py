@@ -112,8 +112,11 @@ class SummaryFolder:
     # statement over every lab) every half second.
     BUSY_EVERY = 0.1
     IDLE_EVERY = 0.5
-    # The folded queues' dead rows, vacuumed at most once a second per lab (verdict_summary.vacuum_queues).
+    # The folded queues' dead rows, vacuumed at most once a second per lab (verdict_summary.vacuum_queues);
+    # their index entries at most every ten seconds (a vacuum that cleans the queue's index reads all
+    # of it, and the index is as large as the queue ever was).
     VACUUM_EVERY = 1.0
+    CLEAN_INDEX_EVERY = 10.0
 
     def __init__(self, database_url: str):
         self.database_url = database_url
@@ -121,6 +124,7 @@ class SummaryFolder:
         self.folds = 0
         self._to_vacuum: dict[str, set[str]] = {}  # per lab, the schemas folded since its last vacuum
         self._vacuumed_at: dict[str, float] = {}
+        self._index_cleaned_at: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="summary folder", daemon=True)
 
@@ -156,12 +160,15 @@ class SummaryFolder:
         for lab_schema, schemas in list(self._to_vacuum.items()):
             if now - self._vacuumed_at.get(lab_schema, 0.0) < self.VACUUM_EVERY:
                 continue
+            clean_index = now - self._index_cleaned_at.get(lab_schema, 0.0) >= self.CLEAN_INDEX_EVERY
             try:
-                verdict_summary.vacuum_queues(self.conn, sorted(schemas))
+                verdict_summary.vacuum_queues(self.conn, sorted(schemas), clean_index=clean_index)
             except verdict_summary.FOLD_GAVE_WAY:  # the lab was dropped meanwhile: nothing to vacuum
                 pass
             del self._to_vacuum[lab_schema]
             self._vacuumed_at[lab_schema] = now
+            if clean_index:
+                self._index_cleaned_at[lab_schema] = now
 
     def _loop(self) -> None:
         wait = self.IDLE_EVERY
