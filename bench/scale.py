@@ -21,13 +21,13 @@ measures, printing a table for each:
    long after the change the panel showed it (median and worst): the price of the size, paid in
    freshness instead of in a blocked page. ``GET /api/v1/state`` stays exact (computed per request).
 5. The same paths while a load runs (``--load-rate`` records a second, 2,000 by default: about
-   four times one per-message consumer, the rate of a batch consumer): a writer thread adds
+   four times one per-message consumer, the rate of a batch consumer): a writer process adds
    records as the log reader and a consumer would (each mirrored, delivered, applied, its key
    claimed, the committed offsets moved), in one transaction every 0.1 s, and the agent's own
-   summary folder (``agent.periodic.SummaryFolder``) folds as it does in the lab. After ten
-   seconds of it, every path with the panel cache off (one load each): p50 and p95, the rate the
-   writer kept, how many changes were still queued at the end (the folder keeping up, or not) and
-   how many folds it took.
+   summary folder (``agent.periodic.SummaryFolder``) folds in a process of its own, as in the lab's
+   agent. After ten seconds of it, every path with the panel cache off (one load each): p50 and
+   p95, the rate the writer kept, how many changes were still queued at the end (the folder
+   keeping up, or not) and how many folds it took.
 
     .venv/bin/python bench/scale.py [--keys 0,1000000,10000000] [--records 1000000,10000000]
         [--days 10] [--probes 2000] [--requests 20] [--load-rate 2000] [--skip-keys] [--skip-panels]
@@ -195,62 +195,81 @@ WHERE g.group_id = %(group)s AND g.partition = n.partition
 WARM_UP_SECONDS = 10
 
 
+def write_load(url: str, schema: str, group: str, filled: int, rate: int, written, stop) -> None:
+    """The load's writer, in a process of its own (as the log reader and the consumers are):
+    ``rate`` records a second, one transaction every 0.1 s; ``written`` counts them."""
+    with psycopg.connect(psycopg_conninfo(url), autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{schema}"')
+        per_tick, started = max(1, rate // 10), time.monotonic()
+        while not stop.is_set():
+            start = filled + written.value
+            conn.execute(LOAD_SQL, {"start": start, "end": start + per_tick, "group": group})
+            written.value += per_tick
+            # Paced to the rate over the whole run: a slow tick is made up by the next ones.
+            stop.wait(max(0.0, started + written.value / rate - time.monotonic()))
+
+
+def fold_until_stopped(url: str, folds, stop) -> None:
+    """The agent's own summary folder, in a process of its own (as in the lab's agent)."""
+    from webapp.agent.periodic import SummaryFolder
+
+    folder = SummaryFolder(url)
+    folder.start()
+    try:
+        stop.wait()
+    finally:
+        folder.stop()
+        folds.value = folder.folds
+
+
 def bench_under_load(url: str, tmp: str, paths: list[str], requests: int, filled: int, rate: int) -> None:
     """Every path, one load each (no panel cache), while a writer adds ``rate`` records a second
-    and the agent's summary folder (its own class, its own thread and pace) folds the summaries."""
-    import threading
+    and the agent's summary folder (its own class and pace) folds the summaries. The writer, the
+    folder and the web app each run in their own process, as the lab deploys them: threads of one
+    process would also contend for one interpreter lock, which the lab never does."""
+    import multiprocessing
 
     import panels
     from webapp.agent.periodic import SummaryFolder
     from webapp.db import db
 
-    stop = threading.Event()
-    written = [0]
-    errors: list[BaseException] = []
-
-    def writer() -> None:
-        try:
-            with psycopg.connect(psycopg_conninfo(url), autocommit=True) as conn:
-                conn.execute(f'SET search_path TO "{panels.LAB.schema}"')
-                per_tick, started = max(1, rate // 10), time.monotonic()
-                while not stop.is_set():
-                    start = filled + written[0]
-                    conn.execute(LOAD_SQL, {"start": start, "end": start + per_tick, "group": panels.GROUP})
-                    written[0] += per_tick
-                    # Paced to the rate over the whole run: a slow tick is made up by the next ones.
-                    stop.wait(max(0.0, started + written[0] / rate - time.monotonic()))
-        except BaseException as error:  # reported by the main thread
-            errors.append(error)
-
-    writing = threading.Thread(target=writer, daemon=True)
-    folder = SummaryFolder(url)
+    spawn = multiprocessing.get_context("spawn")
+    stop, written, folds = spawn.Event(), spawn.Value("q", 0), spawn.Value("q", 0)
+    writer = spawn.Process(target=write_load, name="load writer",
+                           args=(url, panels.LAB.schema, panels.GROUP, filled, rate, written, stop))
+    folder = spawn.Process(target=fold_until_stopped, name="summary folder", args=(url, folds, stop))
     app = panels.make_app(url, tmp, cache=False)
     print(f"   while a load adds {rate:,} records a second (mirrored, delivered, applied; folded by the agent's "
-          f"folder: every {folder.BUSY_EVERY} s while there is something to fold), one load each:")
-    started = time.monotonic()
-    writing.start()
+          f"folder: every {SummaryFolder.BUSY_EVERY} s while there is something to fold), one load each:")
+    writer.start()
     folder.start()
     try:
+        wait_until(lambda: written.value > 0 or not writer.is_alive(), timeout=60,
+                   message="the load's writer never wrote")
+        started, first = time.monotonic(), written.value  # the rate from here: a process takes a while to start
         # Ten seconds of load before the first request: the folder at its steady pace, not at rest.
-        wait_until(lambda: written[0] >= rate * WARM_UP_SECONDS or errors, timeout=WARM_UP_SECONDS * 10,
-                   message="the load never got going")
+        wait_until(lambda: written.value >= rate * WARM_UP_SECONDS or not writer.is_alive(),
+                   timeout=WARM_UP_SECONDS * 10, message="the load never got going")
         with app.app_context():
             client = app.test_client()
             for path in paths:
-                if errors:
-                    raise SystemExit(f"the load stopped: {errors[0]!r}")
+                if not writer.is_alive() or not folder.is_alive():
+                    raise SystemExit(f"the load stopped (writer exit {writer.exitcode}, folder exit {folder.exitcode})")
                 p50, p95 = panels.measure(client, path, requests)
                 print(f"   {path:28} {p50:10.1f} / {p95:8.1f}" + ("   over 100 ms" if p95 >= 100 else ""), flush=True)
             db.engine.dispose()
     finally:
         stop.set()
-        writing.join(timeout=60)
-        folder.stop()
+        for process in (writer, folder):
+            process.join(timeout=60)
+            if process.is_alive():  # ours to stop, by its PID
+                process.kill()
+                process.join()
     elapsed = time.monotonic() - started
     with psycopg.connect(psycopg_conninfo(url), autocommit=True) as conn:
         queued = conn.execute(f'SELECT count(*) FROM "{panels.LAB.schema}".verdict_changes').fetchone()[0]
-    print(f"   the load: {written[0]:,} records in {elapsed:.0f} s ({written[0] / elapsed:,.0f} a second); "
-          f"{queued:,} changes still queued at the end; {folder.folds:,} folds")
+    print(f"   the load: {written.value:,} records in {elapsed:.0f} s ({(written.value - first) / elapsed:,.0f} a second); "
+          f"{queued:,} changes still queued at the end; {folds.value:,} folds")
 
 
 def measure_one_load(url: str, tmp: str, paths: list[str], requests: int) -> None:

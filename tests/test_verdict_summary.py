@@ -9,6 +9,7 @@ after the folder runs.
 from __future__ import annotations
 
 import random
+import threading
 import uuid
 
 import psycopg
@@ -350,7 +351,7 @@ def test_the_agents_folder_folds_each_lab_and_vacuums_the_queues_it_emptied(serv
     world = World(folder, lab, lane, random.Random(5))
     summary_folder = SummaryFolder(services.database_url)
     summary_folder.conn = folder
-    summary_folder.VACUUM_EVERY = 3600.0
+    summary_folder.VACUUM_EVERY = summary_folder.THOROUGH_VACUUM_EVERY = 3600.0
     assert summary_folder.fold_all() >= 1, "the lab's first build is a fold"
     for _ in range(5):
         world.mirror()
@@ -368,3 +369,99 @@ def test_the_agents_folder_folds_each_lab_and_vacuums_the_queues_it_emptied(serv
                                f"{ {schema: vacuums_of_queue(folder, schema) for schema in (lab, lane)} }")
     queued = folder.execute(f'SELECT count(*) FROM "{lab}".verdict_changes').fetchone()[0]
     assert queued == 0
+    summary_folder.conn = None  # the test's own, closed by its fixture
+    summary_folder.stop()  # joins the thread of its thorough vacuum
+
+
+def queue_pages(conn: psycopg.Connection, schema: str) -> int:
+    return conn.execute("SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int",
+                        [f'"{schema}".verdict_changes']).fetchone()[0]
+
+
+def queue_then_fold(world: World, folder: psycopg.Connection, lab: str, changes: int) -> None:
+    """``changes`` queued rows (a statement's credits, one queue row each), then folded: the
+    queue's table is left with that many dead rows, its pages emptied."""
+    world.sql(lab, "INSERT INTO {s}.payments (event_id, transaction_id, account_id, amount_cents) "
+              "SELECT gen_random_uuid(), 'tx-bulk-' || n, 'acc-1', 1 FROM generate_series(1, %s) n", [changes])
+    verdict_summary.fold_lab(folder, lab)
+    assert folder.execute(f'SELECT count(*) FROM "{lab}".verdict_changes').fetchone()[0] == 0
+
+
+WAITING_VACUUM = ("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                  "AND wait_event = 'VacuumTruncate'")
+
+
+@pytest.mark.parametrize("thorough", [False, True], ids=["quick", "thorough"])
+def test_only_the_thorough_vacuum_waits_for_a_reader_of_the_queue(services, schemas, only_this_folder, thorough):
+    """Giving a table's emptied end back needs its exclusive lock, which VACUUM waits for (up to
+    five seconds) while any reader holds the queue, as every panel's read does. The quick vacuum,
+    the folder's own, never tries (``TRUNCATE false``); the thorough one does, and without a
+    reader gives the pages back."""
+    folder = only_this_folder
+    lab, lane = schemas
+    world = World(folder, lab, lane, random.Random(17))
+    verdict_summary.fold_lab(folder, lab)  # the first build
+    queue_then_fold(world, folder, lab, 2000)
+    filled = queue_pages(folder, lab)
+    name = f"test vacuum {lab}"
+    vacuuming = connect(services.database_url, autocommit=True, application_name=name)
+    reader = connect(services.database_url)  # a panel's read, its transaction left open
+    errors: list[BaseException] = []
+
+    def vacuum() -> None:
+        try:
+            verdict_summary.vacuum_queues(vacuuming, [lab], thorough=thorough)
+        except BaseException as error:  # reported by the test's thread
+            errors.append(error)
+
+    try:
+        reader.execute(f'SELECT count(*) FROM "{lab}".verdict_changes').fetchone()
+        thread = threading.Thread(target=vacuum)
+        thread.start()
+        if thorough:
+            wait_until(lambda: folder.execute(WAITING_VACUUM, [name]).fetchone()[0] == 1, timeout=10,
+                       message="the thorough vacuum did not wait for the queue's lock")
+            reader.rollback()  # the read ends: the vacuum gets its lock
+            thread.join(timeout=30)
+            assert queue_pages(folder, lab) < filled, "the thorough vacuum gave the emptied pages back"
+        else:
+            seen_waiting = False
+            while thread.is_alive():
+                seen_waiting |= folder.execute(WAITING_VACUUM, [name]).fetchone()[0] > 0
+            assert not seen_waiting, "the quick vacuum waited for the queue's lock"
+            assert queue_pages(folder, lab) == filled
+        thread.join(timeout=30)
+        assert not errors, errors
+    finally:
+        reader.close()
+        vacuuming.close()
+
+
+def test_the_folder_folds_on_while_its_thorough_vacuum_waits_for_a_reader(services, schemas, only_this_folder):
+    """A panel's read holds the queue (a lock VACUUM must wait out to shorten the table): the
+    thorough vacuum waits on its own thread and connection, and the folder goes on folding."""
+    folder = only_this_folder
+    lab, lane = schemas
+    world = World(folder, lab, lane, random.Random(23))
+    summary_folder = SummaryFolder(services.database_url)
+    summary_folder.conn = folder
+    summary_folder.VACUUM_EVERY = summary_folder.THOROUGH_VACUUM_EVERY = 0.0
+    assert summary_folder.fold_all() >= 1, "the lab's first build is a fold"
+    queue_then_fold(world, folder, lab, 2000)
+    reader = connect(services.database_url)  # a panel's read, its transaction left open
+    try:
+        reader.execute(f'SELECT count(*) FROM "{lab}".verdict_changes').fetchone()
+        world.mirror()
+        assert summary_folder.fold_all() >= 1
+        wait_until(lambda: folder.execute(WAITING_VACUUM, ["lab agent queue vacuum"]).fetchone()[0] == 1, timeout=10,
+                   message="the thorough vacuum never waited for the queue's lock")
+        for _ in range(3):
+            world.mirror()
+        assert summary_folder.fold_all() >= 1, "folded while the thorough vacuum waits"
+        assert lab not in verdict_summary.labs_to_fold(folder)
+        assert folder.execute(WAITING_VACUUM, ["lab agent queue vacuum"]).fetchone()[0] == 1, \
+            "the fold ran while the vacuum still waited"
+    finally:
+        reader.close()
+        summary_folder.conn = None  # the test's own, closed by its fixture
+        summary_folder.stop()  # joins the thread of its thorough vacuum

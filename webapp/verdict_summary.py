@@ -33,7 +33,8 @@ How it stays exact:
   last fold. The agent's folder (``agent.periodic.SummaryFolder``: ``fold_lab`` for the labs with
   something queued, ``labs_to_fold``; again after 0.1 s while there is, else after 0.5 s) only
   keeps the queue short, and with it what a read recomputes under a load; it vacuums the queues
-  it emptied (``vacuum_queues``) once a second, since a read scans a queue's dead rows too.
+  it emptied (``vacuum_queues``) once a second, since a read scans a queue's dead rows too, and
+  thoroughly every ten seconds on a thread of its own.
 
 A schema without totals (new, or marked for a rebuild) is judged by ``VERDICT_SQL`` until the
 folder has built them. ``tests/test_verdict_summary.py`` checks the summaries against
@@ -572,20 +573,28 @@ def fold_lab(conn: psycopg.Connection, lab_schema: str) -> dict[str, str] | None
         conn.execute(FOLD_UNLOCK_SQL, [lab_schema])
 
 
-def vacuum_queues(conn: psycopg.Connection, schemas: list[str], clean_index: bool = True) -> None:
+def vacuum_queues(conn: psycopg.Connection, schemas: list[str], thorough: bool = True) -> None:
     """Vacuum the queues of ``schemas`` (``conn`` in autocommit mode). Every read scans its whole
     queue, dead rows included, and each fold leaves the rows it emptied dead: under a load of
     2,000 records a second, some 6,000 a second, and autovacuum looks once a minute.
 
-    ``clean_index`` False: the dead rows' space only (``INDEX_CLEANUP OFF``), which is what reads
-    pay for; their entries in the queue's primary key, and the line pointers that wait for them,
-    stay until a vacuum that cleans it. That index is as large as the queue ever was (its file
-    never shrinks): after a burst of 30,000,000 changes, 650 MB, and cleaning it took 200 ms
-    against 0.6 ms without. Left uncleaned, the line pointers grow the queue's table (22 MB in
-    ten minutes of load), so the caller cleans it too, less often."""
+    ``thorough`` False: the dead rows' space only, which is what reads pay for, and never a wait.
+    It skips the two parts that take long:
+    - the queue's primary key (``INDEX_CLEANUP OFF``): that index is as large as the queue ever
+      was (its file never shrinks); after a burst of 30,000,000 changes, 650 MB, and cleaning it
+      took 200 ms against 0.6 ms without;
+    - giving the emptied pages at the table's end back (``TRUNCATE false``): that needs the
+      table's exclusive lock, and while any reader holds the queue (every panel's read does),
+      VACUUM retries for up to five seconds before it gives up. Under a load with the dashboard
+      open, the folder stood in that wait again and again, and the queue grew to 40,000 changes.
+
+    ``thorough`` True does both (the line pointers a vacuum without index cleanup leaves grow the
+    queue's table, 22 MB in ten minutes of load, and only truncation shrinks it after a burst), so
+    its caller runs it where its wait stops nothing (SummaryFolder: on a thread of its own)."""
     if schemas:
-        # SKIP_LOCKED: a queue locked by a reset (or by hand) is vacuumed another time.
-        options = "SKIP_LOCKED" if clean_index else "SKIP_LOCKED, INDEX_CLEANUP OFF"
+        # SKIP_LOCKED: a queue locked by a reset, by hand, or by the other kind of vacuum is
+        # vacuumed another time.
+        options = "SKIP_LOCKED" if thorough else "SKIP_LOCKED, INDEX_CLEANUP OFF, TRUNCATE false"
         conn.execute(f"VACUUM ({options}) " + ", ".join(f"{_q(schema)}.verdict_changes" for schema in schemas))
 
 

@@ -7,7 +7,8 @@ carries out a long command (a group reset waits up to 20 s for the group to empt
 - a look at the broker every second (its own thread: an unanswered metadata request may block for
   its timeout, and must not delay the heartbeat);
 - the running summaries' folder (its own thread and connection: a first build at millions of
-  records takes minutes), every 0.1 s while labs have changes queued, every 0.5 s at rest.
+  records takes minutes), every 0.1 s while labs have changes queued, every 0.5 s at rest; the
+  thorough vacuum of its queues on a thread and a connection of their own, every ten seconds.
 
 On the main loop, between commands, about once a second: each lab's committed offsets into
 ``group_offsets`` (when they may have moved) and the scheduled TTL cleanups.
@@ -112,11 +113,13 @@ class SummaryFolder:
     # statement over every lab) every half second.
     BUSY_EVERY = 0.1
     IDLE_EVERY = 0.5
-    # The folded queues' dead rows, vacuumed at most once a second per lab (verdict_summary.vacuum_queues);
-    # their index entries at most every ten seconds (a vacuum that cleans the queue's index reads all
-    # of it, and the index is as large as the queue ever was).
+    # The folded queues' dead rows, vacuumed at most once a second per lab, quickly and without
+    # ever waiting (verdict_summary.vacuum_queues); at most every ten seconds thoroughly (the
+    # queue's index, and its table's emptied end given back), on a thread and a connection of its
+    # own: that vacuum waits up to five seconds for the queue's lock while panels read it, and the
+    # folder stood still in that wait while the queue grew (40,000 changes under a load).
     VACUUM_EVERY = 1.0
-    CLEAN_INDEX_EVERY = 10.0
+    THOROUGH_VACUUM_EVERY = 10.0
 
     def __init__(self, database_url: str):
         self.database_url = database_url
@@ -124,7 +127,9 @@ class SummaryFolder:
         self.folds = 0
         self._to_vacuum: dict[str, set[str]] = {}  # per lab, the schemas folded since its last vacuum
         self._vacuumed_at: dict[str, float] = {}
-        self._index_cleaned_at: dict[str, float] = {}
+        self._to_vacuum_thoroughly: set[str] = set()  # the schemas vacuumed since the last thorough one
+        self._thoroughly_vacuumed_at = time.monotonic()  # the first, ten seconds in
+        self._thorough_vacuum: threading.Thread | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="summary folder", daemon=True)
 
@@ -160,15 +165,37 @@ class SummaryFolder:
         for lab_schema, schemas in list(self._to_vacuum.items()):
             if now - self._vacuumed_at.get(lab_schema, 0.0) < self.VACUUM_EVERY:
                 continue
-            clean_index = now - self._index_cleaned_at.get(lab_schema, 0.0) >= self.CLEAN_INDEX_EVERY
             try:
-                verdict_summary.vacuum_queues(self.conn, sorted(schemas), clean_index=clean_index)
+                verdict_summary.vacuum_queues(self.conn, sorted(schemas), thorough=False)
             except verdict_summary.FOLD_GAVE_WAY:  # the lab was dropped meanwhile: nothing to vacuum
                 pass
             del self._to_vacuum[lab_schema]
             self._vacuumed_at[lab_schema] = now
-            if clean_index:
-                self._index_cleaned_at[lab_schema] = now
+            self._to_vacuum_thoroughly.update(schemas)
+        self._vacuum_thoroughly_due(now)
+
+    def _vacuum_thoroughly_due(self, now: float) -> None:
+        if not self._to_vacuum_thoroughly or now - self._thoroughly_vacuumed_at < self.THOROUGH_VACUUM_EVERY:
+            return
+        if self._thorough_vacuum is not None and self._thorough_vacuum.is_alive():
+            return  # the last one still waits for a queue's lock: these schemas wait their turn
+        schemas = sorted(self._to_vacuum_thoroughly)
+        self._to_vacuum_thoroughly.clear()
+        self._thoroughly_vacuumed_at = now
+        self._thorough_vacuum = threading.Thread(target=self._vacuum_thoroughly, args=(schemas,),
+                                                 name="summary queues' thorough vacuum", daemon=True)
+        self._thorough_vacuum.start()
+
+    def _vacuum_thoroughly(self, schemas: list[str]) -> None:
+        try:
+            with connect(self.database_url, autocommit=True, application_name="lab agent queue vacuum") as conn:
+                for schema in schemas:  # one at a time: a schema dropped meanwhile spoils no other's
+                    try:
+                        verdict_summary.vacuum_queues(conn, [schema], thorough=True)
+                    except verdict_summary.FOLD_GAVE_WAY:
+                        pass
+        except psycopg.Error as error:  # PostgreSQL restarting: vacuumed thoroughly next time
+            log.warning("summary queues' thorough vacuum: %s", str(error).splitlines()[0])
 
     def _loop(self) -> None:
         wait = self.IDLE_EVERY
@@ -191,7 +218,10 @@ class SummaryFolder:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        if self._thorough_vacuum is not None:
+            self._thorough_vacuum.join(timeout=30)
         self._close()
 
 
