@@ -8,6 +8,7 @@ after the folder runs.
 """
 from __future__ import annotations
 
+import json
 import random
 import threading
 import uuid
@@ -465,3 +466,32 @@ def test_the_folder_folds_on_while_its_thorough_vacuum_waits_for_a_reader(servic
         reader.close()
         summary_folder.conn = None  # the test's own, closed by its fixture
         summary_folder.stop()  # joins the thread of its thorough vacuum
+
+
+def plan_nodes(node: dict):
+    yield node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+def test_a_fold_looks_records_up_by_event_id_alone_before_the_log_has_statistics(schemas, only_this_folder):
+    """A new lab's log mirror has no statistics yet (autovacuum has not analyzed it) while a load
+    queues thousands of records. With a record's validity tested inside the lookup by event id,
+    the planner's default guesses made it AND the event-id index with the whole partial index of
+    valid records, once per queued event: a fold of 28,000 queued changes ran for minutes and the
+    queue grew without end. The lookup now uses one index."""
+    folder = only_this_folder
+    lab, lane = schemas
+    world = World(folder, lab, lane, random.Random(29))
+    verdict_summary.fold_lab(folder, lab)
+    world.sql(lab, 'INSERT INTO {s}.log_records (partition, "offset", value, event_id, transaction_id, type, '
+              "account_id, amount_cents, first_of_transaction, read_at) "
+              "SELECT 0, 1000 + n, '{}', gen_random_uuid(), 'tx-load-' || n, 'credit', 'acc-1', 1, true, now() "
+              "FROM generate_series(1, 5000) n")
+    dirty = ("WITH " + ",".join([verdict_summary.CHANGES, verdict_summary.COMMITTED, verdict_summary.DIRTY])
+             .format(journal=f'"{lab}"') + " SELECT key FROM dirty")
+    with folder.transaction():
+        folder.execute("SELECT set_config('search_path', %s, true)", [lab])
+        plan = folder.execute("EXPLAIN (FORMAT JSON) " + dirty).fetchone()[0][0]["Plan"]
+    anded = [node for node in plan_nodes(plan) if node["Node Type"] == "BitmapAnd"]
+    assert not anded, json.dumps(anded, indent=1)

@@ -117,8 +117,11 @@ facts AS (
     UNION ALL
     -- (the transaction of its event's first record in the log)
     SELECT hashtextextended(coalesce(r.transaction_id, 'ledger:' || l.event_id), 0), NULL, NULL, NULL, NULL, 1, 0
-    FROM ledger l LEFT JOIN LATERAL (SELECT transaction_id FROM {journal}.log_records x
-                                     WHERE x.event_id = l.event_id AND x.invalid_reason IS NULL
+    -- (validity tested outside the lookup by event id: verdict_summary's DIRTY says why)
+    FROM ledger l LEFT JOIN LATERAL (SELECT transaction_id
+                                     FROM (SELECT transaction_id, invalid_reason, partition, "offset"
+                                           FROM {journal}.log_records x WHERE x.event_id = l.event_id OFFSET 0) x
+                                     WHERE x.invalid_reason IS NULL
                                      ORDER BY x.partition, x."offset" LIMIT 1) r ON true
 ),
 per_transaction AS MATERIALIZED (

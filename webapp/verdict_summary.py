@@ -169,8 +169,8 @@ dirty AS (
     UNION SELECT p.transaction_id FROM changed_events e CROSS JOIN LATERAL (
               SELECT transaction_id FROM payments p WHERE p.event_id = e.event_id OFFSET 0) p
     UNION SELECT x.transaction_id FROM changed_events e CROSS JOIN LATERAL (
-              SELECT transaction_id FROM {journal}.log_records x
-              WHERE x.event_id = e.event_id AND x.invalid_reason IS NULL OFFSET 0) x
+              SELECT transaction_id, invalid_reason FROM {journal}.log_records x
+              WHERE x.event_id = e.event_id OFFSET 0) x WHERE x.invalid_reason IS NULL
     UNION SELECT """ + RECORD_KEY.format(r="x") + """ FROM changes c CROSS JOIN LATERAL (
               SELECT * FROM {journal}.log_records x WHERE x.partition = c.partition AND x."offset" = c."offset"
               OFFSET 0) x
@@ -182,13 +182,19 @@ dirty AS (
 # table or an index, whatever the planner guesses. An IN (SELECT key FROM dirty) was planned as a
 # merge join that read log_records' and payments' indexes from their first key to the last queued
 # one: at 10,000,000 records, 470,000 index entries each; the fold's recompute of 1,000 queued
-# records took 366 ms instead of 29. The statistics that misled it lag the keys a load adds.)
+# records took 366 ms instead of 29. The statistics that misled it lag the keys a load adds.
+# A record's validity is tested outside the lookup by event id: inside, the planner may AND the
+# event-id index with the whole of the partial index on valid records (log_records_truth), once per
+# event. On a new lab whose statistics still said 53 records, that made a fold of 28,000 queued
+# changes run for minutes, and the queue grew without end.)
 
 # --- the facts of keys: VERDICT_SQL's per_transaction, per key ---------------------------------
 
 # The key a ledger row counts under: the transaction of its event's first record in the log.
-LEDGER_KEY = """(SELECT coalesce((SELECT x.transaction_id FROM {journal}.log_records x
-                           WHERE x.event_id = l.event_id AND x.invalid_reason IS NULL
+LEDGER_KEY = """(SELECT coalesce((SELECT x.transaction_id
+                           FROM (SELECT transaction_id, invalid_reason, partition, "offset" FROM {journal}.log_records x
+                                 WHERE x.event_id = l.event_id OFFSET 0) x
+                           WHERE x.invalid_reason IS NULL
                            ORDER BY x.partition, x."offset" LIMIT 1), 'ledger:' || l.event_id) AS key)"""
 
 # The records and effects of the dirty keys (index lookups), or of every key (the full build).
@@ -424,8 +430,9 @@ WITH queued AS (
     UNION
     SELECT x.transaction_id FROM (SELECT DISTINCT event_id FROM verdict_changes
                                   WHERE NOT log AND key IS NULL AND event_id IS NOT NULL) e
-    CROSS JOIN LATERAL (SELECT transaction_id FROM {journal}.log_records x
-                        WHERE x.event_id = e.event_id AND x.invalid_reason IS NULL OFFSET 0) x
+    CROSS JOIN LATERAL (SELECT transaction_id, invalid_reason FROM {journal}.log_records x
+                        WHERE x.event_id = e.event_id OFFSET 0) x
+    WHERE x.invalid_reason IS NULL
 ),
 candidates AS (
     (SELECT key, second_effect_at AS at FROM verdict_keys k WHERE """ + TWICE + """
