@@ -10,7 +10,7 @@ requests, p50/p95/p99 in ms, errors (any answer but 200, or no answer), and the 
 that were a slow panel's last load, marked stale (LIVE_STALE_AFTER_SECONDS): the viewer keeps that
 load's fingerprint, as live.js does, and so asks again. Goal: p95 < 100 ms, 0 errors.
 
-    .venv/bin/python bench/viewers.py [--viewers 40] [--seconds 60] [--rate 1000]
+    .venv/bin/python bench/viewers.py [--viewers 40] [--seconds 60] [--rate 1000] [--keep DIR]
 """
 from __future__ import annotations
 
@@ -112,9 +112,18 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--rate", type=int, default=1000, help="events per second from the load generator")
     parser.add_argument("--web-workers", default="2", help="gunicorn workers (WEB_WORKERS)")
+    parser.add_argument("--keep", type=Path, help="run in this directory and keep it (logs of every process)")
     args = parser.parse_args()
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        return run(args, args.keep.resolve())
+    # The stack's files (the database, the broker's log) are a few hundred MB a run.
+    with tempfile.TemporaryDirectory(prefix="viewers-") as base:
+        return run(args, Path(base))
 
-    base = Path(tempfile.mkdtemp(prefix="viewers-"))
+
+def run(args: argparse.Namespace, base: Path) -> int:
+    """The stack in ``base``, the viewers against it; 0 when the goal held."""
     postgres, broker = EmbeddedPostgres(base / "postgres"), EmbeddedBroker(base / "tansu.log")
     processes: list[subprocess.Popen] = []
     lab = Lab("viewers")

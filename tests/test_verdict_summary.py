@@ -495,3 +495,29 @@ def test_a_fold_looks_records_up_by_event_id_alone_before_the_log_has_statistics
         plan = folder.execute("EXPLAIN (FORMAT JSON) " + dirty).fetchone()[0][0]["Plan"]
     anded = [node for node in plan_nodes(plan) if node["Node Type"] == "BitmapAnd"]
     assert not anded, json.dumps(anded, indent=1)
+
+
+def test_the_upkeep_analyzes_the_tables_that_outgrew_their_statistics(schemas, only_this_folder):
+    """A new lab's tables have no statistics until autovacuum looks (within a minute): the
+    folder's upkeep analyzes a table as soon as it changed by more than its statistics hold, and
+    leaves the queue alone (it churns by design)."""
+    folder = only_this_folder
+    lab, lane = schemas
+    world = World(folder, lab, lane, random.Random(31))
+    world.sql(lab, 'INSERT INTO {s}.log_records (partition, "offset", value, event_id, transaction_id, type, '
+              "account_id, amount_cents, first_of_transaction, read_at) "
+              "SELECT 0, n, '{}', gen_random_uuid(), 'tx-load-' || n, 'credit', 'acc-1', 1, true, now() "
+              "FROM generate_series(1, 1500) n")
+    log_records, analyzed = f"{lab}.log_records", []
+
+    def upkeep_analyzed_the_log() -> bool:
+        analyzed.extend(verdict_summary.analyze_grown_tables(folder, [lab]))
+        return log_records in analyzed
+
+    # (the server shows a backend's counts of changed rows within a second)
+    wait_until(upkeep_analyzed_the_log, timeout=10,
+               message=lambda: f"the log mirror was not analyzed; analyzed: {analyzed}")
+    assert f"{lab}.verdict_changes" not in analyzed, "the queue is not analyzed"
+    known = folder.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [log_records]).fetchone()[0]
+    assert known == 1500
+    assert log_records not in verdict_summary.analyze_grown_tables(folder, [lab]), "analyzed once"

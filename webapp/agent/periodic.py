@@ -114,10 +114,12 @@ class SummaryFolder:
     BUSY_EVERY = 0.1
     IDLE_EVERY = 0.5
     # The folded queues' dead rows, vacuumed at most once a second per lab, quickly and without
-    # ever waiting (verdict_summary.vacuum_queues); at most every ten seconds thoroughly (the
-    # queue's index, and its table's emptied end given back), on a thread and a connection of its
-    # own: that vacuum waits up to five seconds for the queue's lock while panels read it, and the
-    # folder stood still in that wait while the queue grew (40,000 changes under a load).
+    # ever waiting (verdict_summary.vacuum_queues). At most every ten seconds, the upkeep: the
+    # queues vacuumed thoroughly (the queue's index, and its table's emptied end given back) and
+    # the tables that outgrew their statistics analyzed (verdict_summary.analyze_grown_tables), on
+    # a thread and a connection of its own: that vacuum waits up to five seconds for the queue's
+    # lock while panels read it, and the folder stood still in that wait while the queue grew
+    # (40,000 changes under a load).
     VACUUM_EVERY = 1.0
     THOROUGH_VACUUM_EVERY = 10.0
 
@@ -192,10 +194,11 @@ class SummaryFolder:
                 for schema in schemas:  # one at a time: a schema dropped meanwhile spoils no other's
                     try:
                         verdict_summary.vacuum_queues(conn, [schema], thorough=True)
+                        verdict_summary.analyze_grown_tables(conn, [schema])
                     except verdict_summary.FOLD_GAVE_WAY:
                         pass
-        except psycopg.Error as error:  # PostgreSQL restarting: vacuumed thoroughly next time
-            log.warning("summary queues' thorough vacuum: %s", str(error).splitlines()[0])
+        except psycopg.Error as error:  # PostgreSQL restarting: done next time
+            log.warning("summary queues' upkeep: %s", str(error).splitlines()[0])
 
     def _loop(self) -> None:
         wait = self.IDLE_EVERY
