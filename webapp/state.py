@@ -66,6 +66,8 @@ class PartitionView:
     committed: dict[str, int | None]
     positions: dict[str, int]
     cells: list[Cell] = field(default_factory=list)
+    # The strip's records that landed out of order: offset -> why (also on their cells, if read).
+    out_of_order: dict[int, str] = field(default_factory=dict)
 
     def lag(self, group_id: str) -> int:
         committed = self.committed.get(group_id)
@@ -172,8 +174,9 @@ def log_ends(session: Session, effects_schema: str) -> dict[int, int]:
     return {int(p): int(end) for p, end in rows if end is not None}
 
 
-def partitions(session: Session, lab: Lab, group_id: str | None = None) -> list[PartitionView]:
-    """Each partition's recent offsets, log end, committed offset per group, consumer positions."""
+def partitions(session: Session, lab: Lab, group_id: str | None = None, cells: bool = True) -> list[PartitionView]:
+    """Each partition's log end, committed offset per group, consumer positions, and its strip's
+    records that landed out of order; with ``cells``, each of the strip's offsets too."""
     groups = groups_list(session)
     group = group_id or (groups[0]["group_id"] if groups else lab.group_id("payments"))
     effects = next((g["effects_schema"] for g in groups if g["group_id"] == group), lab.schema)
@@ -193,10 +196,14 @@ def partitions(session: Session, lab: Lab, group_id: str | None = None) -> list[
         end = ends.get(partition, 0)
         view = PartitionView(partition, end, committed.get(partition, {}), positions.get(partition, {}))
         if end:
+            found = ordering.out_of_order(session, partition, max(0, end - STRIP_LENGTH), end - 1)
+            view.out_of_order = {offset: record.why for offset, record in found.items()}
+        if end and cells:
             rows = session.execute(cells_sql, {"partition": partition, "log_end": end, "length": STRIP_LENGTH,
                                                "group": group}).all()
             view.cells = [_cell(row) for row in rows]
-            ordering.mark_cells(session, partition, view.cells)
+            for cell in view.cells:
+                cell.out_of_order = view.out_of_order.get(cell.offset)
         views.append(view)
     return views
 

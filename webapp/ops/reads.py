@@ -46,9 +46,9 @@ def get_state(ctx: Context, args: StateArgs) -> dict:
             "partitions": [{"partition": p.partition, "log_end": p.log_end, "committed": p.committed,
                             "positions": p.positions,
                             # records of the strip that landed after a later one of their producer
-                            "out_of_order": [{"offset": c.offset, "why": c.out_of_order}
-                                             for c in p.cells if c.out_of_order]}
-                           for p in state.partitions(session, lab)],
+                            "out_of_order": [{"offset": offset, "why": why}
+                                             for offset, why in sorted(p.out_of_order.items())]}
+                           for p in state.partitions(session, lab, cells=False)],
             "ttl": get_ttl(ctx, NoArgs()),
             "lanes": lane_states(session, lab, exact=args.exact),
         }

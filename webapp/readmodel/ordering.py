@@ -72,16 +72,6 @@ def out_of_order(conn: Any, partition: int, low: int, high: int) -> dict[int, Ou
                                    row.after_offset, row.copy_of) for row in rows}
 
 
-def mark_cells(conn: Any, partition: int, cells: list) -> None:
-    """Set ``out_of_order`` (the why) on the strip's cells of records that landed out of order."""
-    if not cells:
-        return
-    found = out_of_order(conn, partition, cells[0].offset, cells[-1].offset)
-    for cell in cells:
-        if cell.offset in found:
-            cell.out_of_order = found[cell.offset].why
-
-
 def by_account(conn: Any) -> dict[str, int]:
     """How many records of each account landed out of order (accounts with none are absent)."""
     return {account: int(count) for account, count in conn.execute(text(BY_ACCOUNT_SQL)).all()}
