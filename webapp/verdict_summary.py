@@ -34,7 +34,8 @@ How it stays exact:
   something queued, ``labs_to_fold``; again after 0.1 s while there is, else after 0.5 s) only
   keeps the queue short, and with it what a read recomputes under a load; it vacuums the queues
   it emptied (``vacuum_queues``) once a second, since a read scans a queue's dead rows too, and
-  thoroughly every ten seconds on a thread of its own.
+  every ten seconds, on a thread of its own, vacuums them thoroughly and analyzes the tables that
+  outgrew their statistics (``analyze_grown_tables``).
 
 A schema without totals (new, or marked for a rebuild) is judged by ``VERDICT_SQL`` until the
 folder has built them. ``tests/test_verdict_summary.py`` checks the summaries against
