@@ -186,8 +186,9 @@ dirty AS (
 # records took 366 ms instead of 29. The statistics that misled it lag the keys a load adds.
 # A record's validity is tested outside the lookup by event id: inside, the planner may AND the
 # event-id index with the whole of the partial index on valid records (log_records_truth), once per
-# event. On a new lab whose statistics still said 53 records, that made a fold of 28,000 queued
-# changes run for minutes, and the queue grew without end.)
+# event. On a new lab whose log mirror had no statistics yet (the planner's default guess: a few
+# dozen records per event id), that made a fold of 28,000 queued changes run for minutes, and the
+# queue grew without end.)
 
 # --- the facts of keys: VERDICT_SQL's per_transaction, per key ---------------------------------
 

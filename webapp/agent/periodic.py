@@ -7,8 +7,9 @@ carries out a long command (a group reset waits up to 20 s for the group to empt
 - a look at the broker every second (its own thread: an unanswered metadata request may block for
   its timeout, and must not delay the heartbeat);
 - the running summaries' folder (its own thread and connection: a first build at millions of
-  records takes minutes), every 0.1 s while labs have changes queued, every 0.5 s at rest; the
-  thorough vacuum of its queues on a thread and a connection of their own, every ten seconds.
+  records takes minutes), every 0.1 s while labs have changes queued, every 0.5 s at rest; its
+  upkeep (the queues' thorough vacuum, the statistics of tables that outgrew them) on a thread and
+  a connection of their own, every ten seconds.
 
 On the main loop, between commands, about once a second: each lab's committed offsets into
 ``group_offsets`` (when they may have moved) and the scheduled TTL cleanups.
@@ -185,7 +186,7 @@ class SummaryFolder:
         self._to_vacuum_thoroughly.clear()
         self._thoroughly_vacuumed_at = now
         self._thorough_vacuum = threading.Thread(target=self._vacuum_thoroughly, args=(schemas,),
-                                                 name="summary queues' thorough vacuum", daemon=True)
+                                                 name="summary upkeep", daemon=True)
         self._thorough_vacuum.start()
 
     def _vacuum_thoroughly(self, schemas: list[str]) -> None:
