@@ -83,6 +83,17 @@ def only_this_folder(schemas, folder):
     folder.execute("SELECT pg_advisory_unlock_all()")
 
 
+@pytest.fixture
+def summary_folder(services, only_this_folder):
+    """The agent's SummaryFolder on the test's connection (which holds the lab's fold lock, so the
+    session's own agent stays out), not started: the test calls ``fold_all`` itself."""
+    folder = SummaryFolder(services.database_url)
+    folder.conn = only_this_folder
+    yield folder
+    folder.conn = None  # the test's own, closed by its fixture
+    folder.stop()  # joins the thread of its thorough vacuum
+
+
 class World:
     """The writers of one lab, driven at random: the log reader, consumers, the agent, a person."""
 
@@ -343,15 +354,13 @@ def vacuums_of_queue(conn: psycopg.Connection, schema: str) -> int:
                         [f'"{schema}".verdict_changes']).fetchone()[0]
 
 
-def test_the_agents_folder_folds_each_lab_and_vacuums_the_queues_it_emptied(services, schemas, only_this_folder):
-    """The agent's SummaryFolder on the test's connection (which holds the lab's fold lock, so the
-    session's own agent stays out): it folds the lab and its lane, says it folded, and vacuums
-    the queues it emptied (every read scans a queue's dead rows until then)."""
+def test_the_agents_folder_folds_each_lab_and_vacuums_the_queues_it_emptied(schemas, only_this_folder,
+                                                                           summary_folder):
+    """The agent's folder folds the lab and its lane, says it folded, and vacuums the queues it
+    emptied (every read scans a queue's dead rows until then)."""
     folder = only_this_folder
     lab, lane = schemas
     world = World(folder, lab, lane, random.Random(5))
-    summary_folder = SummaryFolder(services.database_url)
-    summary_folder.conn = folder
     summary_folder.VACUUM_EVERY = summary_folder.THOROUGH_VACUUM_EVERY = 3600.0
     assert summary_folder.fold_all() >= 1, "the lab's first build is a fold"
     for _ in range(5):
@@ -370,8 +379,6 @@ def test_the_agents_folder_folds_each_lab_and_vacuums_the_queues_it_emptied(serv
                                f"{ {schema: vacuums_of_queue(folder, schema) for schema in (lab, lane)} }")
     queued = folder.execute(f'SELECT count(*) FROM "{lab}".verdict_changes').fetchone()[0]
     assert queued == 0
-    summary_folder.conn = None  # the test's own, closed by its fixture
-    summary_folder.stop()  # joins the thread of its thorough vacuum
 
 
 def queue_pages(conn: psycopg.Connection, schema: str) -> int:
@@ -438,14 +445,13 @@ def test_only_the_thorough_vacuum_waits_for_a_reader_of_the_queue(services, sche
         vacuuming.close()
 
 
-def test_the_folder_folds_on_while_its_thorough_vacuum_waits_for_a_reader(services, schemas, only_this_folder):
+def test_the_folder_folds_on_while_its_thorough_vacuum_waits_for_a_reader(services, schemas, only_this_folder,
+                                                                           summary_folder):
     """A panel's read holds the queue (a lock VACUUM must wait out to shorten the table): the
     thorough vacuum waits on its own thread and connection, and the folder goes on folding."""
     folder = only_this_folder
     lab, lane = schemas
     world = World(folder, lab, lane, random.Random(23))
-    summary_folder = SummaryFolder(services.database_url)
-    summary_folder.conn = folder
     summary_folder.VACUUM_EVERY = summary_folder.THOROUGH_VACUUM_EVERY = 0.0
     assert summary_folder.fold_all() >= 1, "the lab's first build is a fold"
     queue_then_fold(world, folder, lab, 2000)
@@ -464,8 +470,6 @@ def test_the_folder_folds_on_while_its_thorough_vacuum_waits_for_a_reader(servic
             "the fold ran while the vacuum still waited"
     finally:
         reader.close()
-        summary_folder.conn = None  # the test's own, closed by its fixture
-        summary_folder.stop()  # joins the thread of its thorough vacuum
 
 
 def plan_nodes(node: dict):
