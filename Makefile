@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml $(LOCK)
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/python -m webapp.launcher
+	$(BIN)/python -m webapp.dev.launcher
 
 # Most of the suite waits on Kafka's session timeouts, not on the CPU: four workers (each with its
 # own PostgreSQL, broker and agent) ran the 597 tests in 15-18 min on two cores (six were slower, and timed out). TEST_WORKERS=0 runs in

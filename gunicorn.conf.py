@@ -26,7 +26,7 @@ def on_starting(server):
     here with its reason instead of in every worker, and the generated SECRET_KEY is written to
     the data dir once, so that all workers sign sessions and CSRF tokens with the same key.
     """
-    from webapp.config import ConfigError, load_config
+    from webapp.settings import ConfigError, load_config
 
     try:
         load_config()

@@ -28,10 +28,10 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from webapp import events  # noqa: E402
-from webapp.embedded import LOOPBACK, EmbeddedBroker, stop_process  # noqa: E402
+from webapp.domain import events
+from webapp.dev.embedded import LOOPBACK, EmbeddedBroker, stop_process  # noqa: E402
 from webapp.kafka import producer_config  # noqa: E402
-from webapp.waits import free_port, port_open, wait_until  # noqa: E402
+from webapp.domain.waits import free_port, port_open, wait_until  # noqa: E402
 
 
 def produce_all(bootstrap: str, count: int, one_at_a_time: bool = False) -> float:

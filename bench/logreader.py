@@ -31,9 +31,9 @@ from sqlalchemy.pool import NullPool
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from webapp import kafka  # noqa: E402
-from webapp.db import connect, sqlalchemy_url  # noqa: E402
-from webapp.embedded import EmbeddedBroker, EmbeddedPostgres  # noqa: E402
-from webapp.labs import Lab, create_database_state, ensure_control_schema  # noqa: E402
+from webapp.store.connection import connect, sqlalchemy_url  # noqa: E402
+from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres  # noqa: E402
+from webapp.store.labs import Lab, create_database_state, ensure_control_schema  # noqa: E402
 from webapp.logreader import LogReader  # noqa: E402
 
 LAB = Lab("benchlog")

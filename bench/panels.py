@@ -22,10 +22,12 @@ from sqlalchemy.pool import NullPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from webapp import create_app, verdict_summary  # noqa: E402
-from webapp.db import connect, db, sqlalchemy_url  # noqa: E402
-from webapp.embedded import EmbeddedPostgres  # noqa: E402
-from webapp.labs import Lab, create_database_state, ensure_control_schema  # noqa: E402
+from webapp import create_app
+from webapp.summary import verdict_summary
+from webapp.store.connection import connect, sqlalchemy_url
+from webapp.web.db import db
+from webapp.dev.embedded import EmbeddedPostgres  # noqa: E402
+from webapp.store.labs import Lab, create_database_state, ensure_control_schema  # noqa: E402
 from webapp.web.dashboard import PANELS  # noqa: E402
 
 LAB = Lab("bench")

@@ -4,7 +4,7 @@ with millions of records in the log.
 Starts a private embedded PostgreSQL in a temp dir (no broker: nothing here needs one) and
 measures, printing a table for each:
 
-1. Key insert, plain vs partitioned by day (webapp/dedup_layout.py): ``processed_events`` grown
+1. Key insert, plain vs partitioned by day (webapp/strategies/dedup_layout.py): ``processed_events`` grown
    set-based to each size in ``--keys`` (keys spread over ``--days`` days of event time), then
    ``--probes`` single-row inserts of the ``eventid-atomic`` claim with a random new key and
    today's time, each timed, committed in groups of 100 (as a consumer's transactions land):
@@ -48,11 +48,11 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from webapp import dedup_layout  # noqa: E402
-from webapp.db import psycopg_conninfo  # noqa: E402
-from webapp.embedded import EmbeddedPostgres  # noqa: E402
+from webapp.strategies import dedup_layout
+from webapp.store.connection import psycopg_conninfo  # noqa: E402
+from webapp.dev.embedded import EmbeddedPostgres  # noqa: E402
 from webapp.strategies import eventid_atomic, partitioned  # noqa: E402
-from webapp.waits import wait_until  # noqa: E402
+from webapp.domain.waits import wait_until  # noqa: E402
 
 BENCH_SCHEMA = "scale_keys"
 
@@ -231,7 +231,7 @@ def bench_under_load(url: str, tmp: str, paths: list[str], requests: int, filled
 
     import panels
     from webapp.agent.periodic import SummaryFolder
-    from webapp.db import db
+    from webapp.web.db import db
 
     spawn = multiprocessing.get_context("spawn")
     stop, written, folds = spawn.Event(), spawn.Value("q", 0), spawn.Value("q", 0)
@@ -275,7 +275,7 @@ def bench_under_load(url: str, tmp: str, paths: list[str], requests: int, filled
 def measure_one_load(url: str, tmp: str, paths: list[str], requests: int) -> None:
     """Each path with the panel cache off: what one load costs, as right after a change."""
     import panels
-    from webapp.db import db
+    from webapp.web.db import db
 
     app = panels.make_app(url, tmp, cache=False)
     with app.app_context():
@@ -297,7 +297,7 @@ def bench_live(url: str, tmp: str, paths: list[str], rounds: int) -> None:
     import re
 
     import panels
-    from webapp.db import db
+    from webapp.web.db import db
     from webapp.web.dashboard import PANELS
 
     app = panels.make_app(url, tmp, cache=True)

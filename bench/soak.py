@@ -38,13 +38,14 @@ from sqlalchemy.pool import NullPool
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from webapp import commands, ops  # noqa: E402
-from webapp.db import sqlalchemy_url  # noqa: E402
+from webapp.store import command_channel
+from webapp import ops
+from webapp.store.connection import sqlalchemy_url  # noqa: E402
 from webapp.domain.chaos import ACTIONS  # noqa: E402
-from webapp.embedded import LOOPBACK, EmbeddedBroker, EmbeddedPostgres, die_with_parent, stop_process  # noqa: E402
-from webapp.labs import Lab  # noqa: E402
+from webapp.dev.embedded import LOOPBACK, EmbeddedBroker, EmbeddedPostgres, die_with_parent, stop_process  # noqa: E402
+from webapp.store.labs import Lab  # noqa: E402
 from webapp.migrations import upgrade  # noqa: E402
-from webapp.waits import free_port, port_open, wait_until  # noqa: E402
+from webapp.domain.waits import free_port, port_open, wait_until  # noqa: E402
 
 STRATEGIES = ("none", "eventid-atomic", "insert-first", "business-key")
 # The strategies whose guarantee covers redeliveries: nothing lost, nothing applied twice.
@@ -132,7 +133,7 @@ class Stack:
         agent = self._spawn(["-m", "webapp.agent"], "agent.log", KAFKA_PRODUCER_BOOTSTRAP_SERVERS=proxy_address)
         engine = self.engine()
         try:
-            wait_until(lambda: agent.poll() is None and commands.live_agents(engine), timeout=60,
+            wait_until(lambda: agent.poll() is None and command_channel.live_agents(engine), timeout=60,
                        message=lambda: f"the agent did not report: {(self.base / 'agent.log').read_text()[-2000:]}")
         finally:
             engine.dispose()
@@ -190,7 +191,7 @@ def soak(events: int, seconds: float, base: Path, restart_postgres: bool = True,
     ctx = ops.Context(engine, lab)
     timings: dict[str, float] = {}
     try:
-        commands.run(engine, lab.name, "lab.ensure", {"partitions": 3}, timeout=60)
+        command_channel.run(engine, lab.name, "lab.ensure", {"partitions": 3}, timeout=60)
         for strategy in STRATEGIES:
             ops.call("create_group", ctx, {"group": lane(strategy), "strategy": strategy, "lane": lane(strategy)})
             for n in range(1, CONSUMERS_PER_GROUP + 1):
@@ -212,7 +213,7 @@ def soak(events: int, seconds: float, base: Path, restart_postgres: bool = True,
             stack.postgres.start()
             timings["postgres_down_s"] = round(time.monotonic() - down, 2)
             say(f"PostgreSQL restarted after {runs[0]['sent']} events (down {timings['postgres_down_s']} s)")
-            wait_until(lambda: _try(lambda: commands.run(engine, lab.name, "lab.ensure", {"partitions": 3})),
+            wait_until(lambda: _try(lambda: command_channel.run(engine, lab.name, "lab.ensure", {"partitions": 3})),
                        timeout=60, message="the agent did not take commands again after the restart")
         runs.append(load(ctx, halves[1], seconds / 2, seed=2))
         timings["publish_s"] = round(time.monotonic() - started, 1)

@@ -1,4 +1,4 @@
-"""The running summaries' price and payoff (issue 14, webapp/verdict_summary.py), in one run.
+"""The running summaries' price and payoff (issue 14, webapp/summary/verdict_summary.py), in one run.
 
     .venv/bin/python bench/summary.py [--events 5000] [--rounds 4] [--records 100000,1000000]
 
@@ -33,10 +33,11 @@ from sqlalchemy.pool import NullPool
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from webapp import verdict, verdict_summary  # noqa: E402
-from webapp.db import psycopg_conninfo, sqlalchemy_url  # noqa: E402
-from webapp.embedded import EmbeddedPostgres  # noqa: E402
-from webapp.labs import Lab, create_database_state, ensure_control_schema  # noqa: E402
+from webapp.readmodel import verdict
+from webapp.summary import verdict_summary
+from webapp.store.connection import psycopg_conninfo, sqlalchemy_url  # noqa: E402
+from webapp.dev.embedded import EmbeddedPostgres  # noqa: E402
+from webapp.store.labs import Lab, create_database_state, ensure_control_schema  # noqa: E402
 from webapp.strategies.base import CREDIT_BALANCE, INSERT_PAYMENT, RECORD_DELIVERY  # noqa: E402
 from webapp.strategies.batching import CREDIT_BATCH, INSERT_PAYMENTS_BATCH, RECORD_DELIVERIES_BATCH  # noqa: E402
 from webapp.strategies.eventid_atomic import BATCH_CLAIM, CLAIM  # noqa: E402

@@ -45,17 +45,18 @@ from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from sqlalchemy import create_engine  # noqa: E402
 from sqlalchemy.pool import NullPool  # noqa: E402
 
-from webapp import events, strategies  # noqa: E402
+from webapp.domain import events
+from webapp import strategies
 from webapp.agent.setup import ensure_lab  # noqa: E402
-from webapp.db import CONTROL_SCHEMA, connect, sqlalchemy_url  # noqa: E402
+from webapp.store.connection import CONTROL_SCHEMA, connect, sqlalchemy_url  # noqa: E402
 from webapp.domain.lab import Lab  # noqa: E402
-from webapp.embedded import EmbeddedBroker, EmbeddedPostgres, stop_process  # noqa: E402
+from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres, stop_process  # noqa: E402
 from webapp.kafka import admin_client, committed_offsets, consumer_config, producer_config  # noqa: E402
 from webapp.strategies.base import CREDIT_BALANCE, INSERT_PAYMENT, RECORD_DELIVERY, params  # noqa: E402
 from webapp.strategies.batching import (CREDIT_BATCH, INSERT_PAYMENTS_BATCH, RECORD_DELIVERIES_BATCH,  # noqa: E402
                                         Item, columns)
 from webapp.strategies.eventid_atomic import BATCH_CLAIM, CLAIM  # noqa: E402
-from webapp.waits import wait_until  # noqa: E402
+from webapp.domain.waits import wait_until  # noqa: E402
 
 _labs = count(1)
 CONSUMER_ROOT = ROOT  # where `python -m webapp.consumer` runs from (--consumer-root)

@@ -33,12 +33,13 @@ from sqlalchemy.pool import NullPool
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from webapp import commands, ops  # noqa: E402
-from webapp.db import sqlalchemy_url  # noqa: E402
-from webapp.embedded import LOOPBACK, EmbeddedBroker, EmbeddedPostgres, die_with_parent, stop_process  # noqa: E402
-from webapp.labs import Lab  # noqa: E402
+from webapp.store import command_channel
+from webapp import ops
+from webapp.store.connection import sqlalchemy_url  # noqa: E402
+from webapp.dev.embedded import LOOPBACK, EmbeddedBroker, EmbeddedPostgres, die_with_parent, stop_process  # noqa: E402
+from webapp.store.labs import Lab  # noqa: E402
 from webapp.migrations import upgrade  # noqa: E402
-from webapp.waits import free_port, wait_until  # noqa: E402
+from webapp.domain.waits import free_port, wait_until  # noqa: E402
 
 POLL_SECONDS = 1.0   # static/js/live.js POLL_MS
 GOAL_P95_MS = 100.0
@@ -141,8 +142,8 @@ def run(args: argparse.Namespace, base: Path) -> int:
                 processes.append(subprocess.Popen([sys.executable, *argv], env=env, cwd=ROOT, stdout=out,
                                                   stderr=subprocess.STDOUT, preexec_fn=die_with_parent))
         engine = create_engine(sqlalchemy_url(postgres.url), poolclass=NullPool)
-        wait_until(lambda: commands.live_agents(engine), timeout=60, message="the agent did not report")
-        commands.run(engine, lab.name, "lab.ensure", {"partitions": 3}, timeout=60)
+        wait_until(lambda: command_channel.live_agents(engine), timeout=60, message="the agent did not report")
+        command_channel.run(engine, lab.name, "lab.ensure", {"partitions": 3}, timeout=60)
         ctx = ops.Context(engine, lab)
         ops.call("set_strategy", ctx, {"group": "payments", "strategy": "eventid-atomic"})
         for name in ("c1", "c2"):

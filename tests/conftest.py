@@ -17,11 +17,11 @@ from werkzeug.serving import make_server
 
 from support import ROOT, LabDriver, Services, service_env, stop_process, wait_for_agent
 from webapp import create_app
-from webapp.config import DEFAULTS
-from webapp.embedded import EmbeddedBroker, EmbeddedPostgres
-from webapp.labs import Lab
+from webapp.settings import DEFAULTS
+from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres
+from webapp.store.labs import Lab
 from webapp.migrations import upgrade
-from webapp.waits import free_port
+from webapp.domain.waits import free_port
 
 
 @pytest.fixture(scope="session")
@@ -91,7 +91,7 @@ def app_factory(services, tmp_path):
         apps.append(app)
         return app
     yield make
-    from webapp.db import db
+    from webapp.web.db import db
     for app in apps:
         with app.app_context():
             db.engine.dispose()
@@ -115,10 +115,10 @@ def runner(app):
 @pytest.fixture
 def lab(app, client, agent, lab_name) -> LabDriver:
     """A fresh lab (schema, topics, seed accounts, default group) and a driver for it."""
-    from webapp import commands
-    from webapp.db import db
+    from webapp.store import command_channel
+    from webapp.web.db import db
     with app.app_context():
-        commands.run(db.engine, lab_name, "lab.ensure", {"partitions": 3}, timeout=60)
+        command_channel.run(db.engine, lab_name, "lab.ensure", {"partitions": 3}, timeout=60)
     driver = LabDriver(client, Lab(lab_name))
     yield driver
     # SIGKILL, not a graceful stop: the test is over, and a consumer it left waiting (commits

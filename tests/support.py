@@ -13,10 +13,10 @@ from typing import Any, Callable, Iterator
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from webapp.db import sqlalchemy_url
-from webapp.embedded import EmbeddedBroker, EmbeddedPostgres, stop_process  # noqa: F401  (tests import it from here)
-from webapp.labs import Lab
-from webapp.waits import wait_until
+from webapp.store.connection import sqlalchemy_url
+from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres, stop_process  # noqa: F401  (tests import it from here)
+from webapp.store.labs import Lab
+from webapp.domain.waits import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -140,7 +140,7 @@ def run_guided(app, exercise: Path) -> Any:
     """Run a built-in exercise click by click in guided mode, as a workshop does, and return its
     final RunState. Each click is a `scenario.step` command the real agent carries out
     (webapp/scenarios/guided.py); the run is read back from PostgreSQL until it has its verdict."""
-    from webapp.db import db
+    from webapp.web.db import db
     from webapp.scenarios import load
     from webapp.scenarios.runner import RunState
 
@@ -185,8 +185,8 @@ def proxied_stack(base: Path) -> Iterator[Services]:
     producer goes through it — all its own, so no other agent claims its commands. Every process
     it started is stopped, by its Popen, on the way out."""
     from webapp import ops
-    from webapp.labs import ensure_control_schema
-    from webapp.waits import free_port, port_open
+    from webapp.store.labs import ensure_control_schema
+    from webapp.domain.waits import free_port, port_open
 
     postgres, broker = EmbeddedPostgres(base / "postgres"), EmbeddedBroker(base / "tansu.log")
     proxy_port = free_port()
@@ -225,7 +225,7 @@ def in_process_fault_proxy(base: Path, observer: Callable | None = None) -> Iter
     import asyncio
     import threading
 
-    from webapp.embedded import LOOPBACK
+    from webapp.dev.embedded import LOOPBACK
     from webapp.faultproxy import FaultProxy, Faults
 
     broker = EmbeddedBroker(base / "tansu.log")

@@ -25,10 +25,11 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
 from support import ROOT, service_env, stop_process
-from webapp import commands
-from webapp.db import lab_session, sqlalchemy_url
+from webapp.store import command_channel
+from webapp.store.connection import sqlalchemy_url
+from webapp.web.db import lab_session
 from webapp.domain.vocabulary import AGENT_FRESH_SECONDS
-from webapp.waits import wait_until
+from webapp.domain.waits import wait_until
 
 
 def start(lab, name="c1", **body) -> int:
@@ -277,7 +278,7 @@ def account_locked(engine, lab, account_id: str = "acc-1") -> Iterator[Callable[
 
 
 def start_on(engine, lab, agent_id: str, name: str, group: str = "payments") -> int:
-    result = commands.run(engine, lab.lab.name, "consumer.start", {"group": group, "name": name},
+    result = command_channel.run(engine, lab.lab.name, "consumer.start", {"group": group, "name": name},
                           agent_id=agent_id, timeout=30)
     lab.wait_assigned(result["consumer_id"])
     return result["consumer_id"]
@@ -302,7 +303,7 @@ def test_the_heartbeat_stays_fresh_while_a_long_group_reset_waits(services, lab,
         consumer_id = start_on(engine, lab, agent_id, "p1")
         lab.credit("acc-1", 100)
         wait_until(waiting, timeout=30, message="the consumer never waited for the locked account")
-        command_id = commands.enqueue(engine, lab.lab.name, "group.reset", {"group": "payments", "mode": "earliest"},
+        command_id = command_channel.enqueue(engine, lab.lab.name, "group.reset", {"group": "payments", "mode": "earliest"},
                                       agent_id)
         wait_until(lambda: command_row(engine, command_id)["status"] == "running", timeout=10,
                    message="the agent never claimed the reset")
@@ -330,13 +331,13 @@ def test_the_reaper_fails_a_sigkilled_agents_commands_and_marks_its_consumers_go
                 consumer_pid = consumer_row(engine, consumer_id)["pid"]
                 lab.credit("acc-1", 100)
                 wait_until(waiting, timeout=30, message="the consumer never waited for the locked account")
-                reset = commands.enqueue(engine, lab.lab.name, "group.reset", {"group": "payments"}, first_id)
+                reset = command_channel.enqueue(engine, lab.lab.name, "group.reset", {"group": "payments"}, first_id)
                 wait_until(lambda: command_row(engine, reset)["status"] == "running", timeout=10,
                            message="the first agent never claimed the reset")
                 first.kill()  # mid-command: it waits for its consumer to stop
                 first.wait(timeout=10)
                 # Addressed to the dead agent after its death: nobody will ever take it.
-                freeze = commands.enqueue(engine, lab.lab.name, "consumer.freeze", {"consumer_id": consumer_id},
+                freeze = command_channel.enqueue(engine, lab.lab.name, "consumer.freeze", {"consumer_id": consumer_id},
                                           first_id)
             with own_agent(services, second_log) as second:
                 second_id = wait_reported(engine, second, second_log)
@@ -402,12 +403,12 @@ def test_a_paused_agent_on_this_host_is_slow_not_dead(services, lab, engine, tmp
         process.send_signal(signal.SIGSTOP)
         try:
             # Whoever waits for a command gives up at its deadline and withdraws it: it never runs late.
-            freeze = commands.enqueue(engine, lab.lab.name, "consumer.freeze", {"consumer_id": consumer_id}, agent_id)
-            with pytest.raises(commands.CommandError, match="no lab agent finished command"):
-                commands.wait_for(engine, freeze, timeout=1)
+            freeze = command_channel.enqueue(engine, lab.lab.name, "consumer.freeze", {"consumer_id": consumer_id}, agent_id)
+            with pytest.raises(command_channel.CommandError, match="no lab agent finished command"):
+                command_channel.wait_for(engine, freeze, timeout=1)
             assert command_row(engine, freeze)["status"] == "failed"
             assert command_row(engine, freeze)["error"].startswith("withdrawn: ")
-            stop = commands.enqueue(engine, lab.lab.name, "consumer.stop", {"consumer_id": consumer_id}, agent_id)
+            stop = command_channel.enqueue(engine, lab.lab.name, "consumer.stop", {"consumer_id": consumer_id}, agent_id)
             wait_until(lambda: agent_age(engine, agent_id) > AGENT_FRESH_SECONDS + 1.5, timeout=30,
                        message="the paused agent kept beating")
             assert command_row(engine, stop)["status"] == "pending"
@@ -424,12 +425,12 @@ def test_consumer_output_goes_to_the_agents_stdout_with_its_name(app, services, 
     with own_agent(services, log, LAB_LOG_TO_STDOUT="1") as process:
         agent_id = wait_reported(engine, process, log)
         consumer_id = start_on(engine, lab, agent_id, "z1", group="solo")
-        commands.run(engine, lab.lab.name, "consumer.stop", {"consumer_id": consumer_id}, agent_id=agent_id)
+        command_channel.run(engine, lab.lab.name, "consumer.stop", {"consumer_id": consumer_id}, agent_id=agent_id)
         # A real failure with output: its group is gone when it starts again.
         with app.app_context(), lab_session(lab.lab.schema) as session:
             session.execute(text("DELETE FROM consumer_groups WHERE group_id = :g"), {"g": lab.lab.group_id("solo")})
             session.commit()
-        commands.run(engine, lab.lab.name, "consumer.restart", {"consumer_id": consumer_id}, agent_id=agent_id)
+        command_channel.run(engine, lab.lab.name, "consumer.restart", {"consumer_id": consumer_id}, agent_id=agent_id)
         lab.wait_state(consumer_id, "failed")
         prefix = f"[{lab.lab.name}/z1] "
         wait_until(lambda: any(line.startswith(prefix) and "is not defined" in line

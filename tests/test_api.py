@@ -105,8 +105,8 @@ def test_no_agent_is_503(app_factory, services, lab_name):
     """A database no lab agent serves: controls answer 503 with the reason, not a hang."""
     from sqlalchemy import create_engine, text
     from sqlalchemy.pool import NullPool
-    from webapp.db import sqlalchemy_url
-    from webapp.labs import ensure_control_schema
+    from webapp.store.connection import sqlalchemy_url
+    from webapp.store.labs import ensure_control_schema
 
     engine = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:

@@ -6,7 +6,7 @@ import pytest
 from markupsafe import escape
 
 from webapp import strategies
-from webapp.db import connect
+from webapp.store.connection import connect
 from webapp.strategies.batching import RECORD_DELIVERIES_BATCH
 
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from sqlalchemy import text
 
-from webapp.db import db, lab_session
+from webapp.web.db import db, lab_session
 from webapp.domain.chaos import ACTIONS, ChaosPlan, plan
 from webapp.scenarios import journal
 

@@ -17,11 +17,12 @@ import threading
 import pytest
 from sqlalchemy import text
 
-from webapp import classroom, commands, kafka
-from webapp.db import db
+from webapp.store import classroom, command_channel
+from webapp import kafka
+from webapp.web.db import db
 from webapp.domain.lab import Lab
-from webapp.housekeeping import parse_duration, prunable, LabInfo
-from webapp.waits import wait_until
+from webapp.cli.housekeeping import parse_duration, prunable, LabInfo
+from webapp.domain.waits import wait_until
 
 TOKEN = "instructor-token"
 EXERCISE = "01_naive_double_credit"
@@ -43,7 +44,7 @@ def class_app(app_factory, agent, lab_name, class_code):
         with db.engine.connect() as conn:
             labs = [person.lab for person in classroom.attendees(conn, class_code)]
         for lab in labs:
-            commands.run(db.engine, lab, "lab.drop", {}, timeout=120)
+            command_channel.run(db.engine, lab, "lab.drop", {}, timeout=120)
 
 
 def join(app, name: str, code: str):
@@ -119,7 +120,7 @@ def test_join_refuses_a_new_lab_when_the_server_holds_its_most(app_factory, agen
             assert len(classroom.lab_names(conn)) == existing + 1, "a refused run left a lab behind"
     finally:
         with app.app_context():
-            commands.run(db.engine, lab, "lab.drop", {}, timeout=120)
+            command_channel.run(db.engine, lab, "lab.drop", {}, timeout=120)
 
 
 
@@ -188,7 +189,7 @@ def test_attendees_may_view_each_other_when_the_instructor_allows_it(app_factory
             with db.engine.connect() as conn:
                 labs = [person.lab for person in classroom.attendees(conn, class_code)]
             for lab in labs:
-                commands.run(db.engine, lab, "lab.drop", {}, timeout=120)
+                command_channel.run(db.engine, lab, "lab.drop", {}, timeout=120)
 
 
 # --- limits --------------------------------------------------------------------------------------
@@ -213,7 +214,7 @@ def test_per_lab_limits_refuse_with_a_clear_message(app_factory, agent, lab_name
         ana.post(f"/api/v1/consumers/{first['consumer_id']}/stop", json={})
     finally:
         with app.app_context():
-            commands.run(db.engine, lab, "lab.drop", {}, timeout=120)
+            command_channel.run(db.engine, lab, "lab.drop", {}, timeout=120)
 
 
 # --- the board -----------------------------------------------------------------------------------

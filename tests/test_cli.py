@@ -3,7 +3,7 @@ import json
 
 from sqlalchemy import text
 
-from webapp.db import lab_session
+from webapp.web.db import lab_session
 
 
 def test_reset_wipes_tables_and_topics_and_seeds_five_accounts(app, runner, lab):

@@ -1,7 +1,7 @@
 """Settings: defaults, environment, test dict; the loopback rule; the kept SECRET_KEY."""
 import pytest
 
-from webapp.config import ConfigError, is_loopback, load_config
+from webapp.settings import ConfigError, is_loopback, load_config
 
 
 def config(tmp_path, environ=None, **overrides):

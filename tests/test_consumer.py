@@ -11,11 +11,12 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from sqlalchemy import text
 
-from webapp import events
+from webapp.domain import events
 from webapp.consumer.loop import BACKOFF_SECONDS, MAX_ATTEMPTS
-from webapp.db import connect, lab_session
+from webapp.store.connection import connect
+from webapp.web.db import lab_session
 from webapp.domain.vocabulary import DEDUP_TABLES
-from webapp.waits import wait_until
+from webapp.domain.waits import wait_until
 
 
 def use_strategy(lab, strategy: str) -> None:

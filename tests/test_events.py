@@ -7,7 +7,7 @@ from datetime import timezone
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from webapp import events
+from webapp.domain import events
 
 
 def test_credit_round_trip():

@@ -21,12 +21,15 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
 from support import ROOT, LabDriver, in_process_fault_proxy, service_env, stop_process, wait_for_agent
-from webapp import commands, kafka, ops, state
-from webapp.db import lab_session, sqlalchemy_url
-from webapp.embedded import LOOPBACK, EmbeddedBroker
+from webapp.store import command_channel
+from webapp import kafka, ops
+from webapp.readmodel import state
+from webapp.store.connection import sqlalchemy_url
+from webapp.web.db import lab_session
+from webapp.dev.embedded import LOOPBACK, EmbeddedBroker
 from webapp.faultproxy import PRODUCE, FaultProxy, Faults, RequestHeader
-from webapp.labs import Lab
-from webapp.waits import free_port, port_open, wait_until
+from webapp.store.labs import Lab
+from webapp.domain.waits import free_port, port_open, wait_until
 
 API_VERSIONS, METADATA = 18, 3
 CREDIT = 1000  # cents of the event whose ack is lost
@@ -271,7 +274,7 @@ class ProxiedLab(LabDriver):
         self.engine = stack.engine
 
     def command(self, verb: str, args: dict) -> dict:
-        return commands.run(self.engine, self.lab.name, verb, args, agent_id=self.stack.agent_id, timeout=60)
+        return command_channel.run(self.engine, self.lab.name, verb, args, agent_id=self.stack.agent_id, timeout=60)
 
     def publish_credit(self, amount_cents: int, idempotent: bool) -> dict:
         result = self.command("publish", {"mode": "normal", "type": "credit", "account_id": "acc-1",

@@ -3,8 +3,8 @@ import subprocess
 import sys
 
 from support import ROOT, service_env, stop_process, wait_for_agent
-from webapp.embedded import EmbeddedBroker
-from webapp.waits import wait_until
+from webapp.dev.embedded import EmbeddedBroker
+from webapp.domain.waits import wait_until
 
 
 def test_healthy_lab(client, agent):

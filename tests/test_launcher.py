@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 
 from support import ROOT
-from webapp.waits import free_port, wait_until
+from webapp.domain.waits import free_port, wait_until
 
 
 def lab_env(**settings: str) -> dict[str, str]:
@@ -68,7 +68,7 @@ def test_with_both_variables_set_nothing_embedded_starts(services, tmp_path, lab
     env = lab_env(LAB_PORT=str(port), LAB_DATA_DIR=str(tmp_path / "lab"), LAB_NAME=lab_name,
                   DATABASE_URL=services.database_url, KAFKA_BOOTSTRAP_SERVERS=services.bootstrap_servers)
     output = open(tmp_path / "run.log", "wb")
-    launcher = subprocess.Popen([str(ROOT / ".venv/bin/python"), "-m", "webapp.launcher"], cwd=ROOT, env=env,
+    launcher = subprocess.Popen([str(ROOT / ".venv/bin/python"), "-m", "webapp.dev.launcher"], cwd=ROOT, env=env,
                                 stdout=output, stderr=subprocess.STDOUT)
     try:
         wait_healthy(launcher, port, tmp_path / "run.log")
@@ -83,7 +83,7 @@ def test_with_both_variables_set_nothing_embedded_starts(services, tmp_path, lab
 
 
 def run_launcher(tmp_path, **settings: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "webapp.launcher"], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "webapp.dev.launcher"], cwd=ROOT, capture_output=True, text=True,
                           env=lab_env(LAB_DATA_DIR=str(tmp_path / "lab"), **settings), timeout=60)
 
 

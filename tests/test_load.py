@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from webapp.db import lab_session
+from webapp.web.db import lab_session
 
 
 def runs(lab) -> list[dict]:

@@ -16,12 +16,12 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
 from webapp import kafka
-from webapp.db import connect, sqlalchemy_url
-from webapp.labs import Lab, create_database_state
+from webapp.store.connection import connect, sqlalchemy_url
+from webapp.store.labs import Lab, create_database_state
 from webapp.logreader import LogReader, record_row, wait_mirrored
 from webapp.logreader.reader import _Mirror
-from webapp.producer import PublishError, produce_raw
-from webapp.waits import wait_until
+from webapp.kafka.producer import PublishError, produce_raw
+from webapp.domain.waits import wait_until
 
 
 def credit_json(account: str = "acc-1", cents: int = 100, transaction_id: str | None = None,
@@ -128,7 +128,7 @@ def test_every_record_of_an_outside_producer_is_mirrored_decoded_or_with_its_rea
     assert last["amount_cents"] == 5
 
     # The log end the lab shows is the reader's, not the broker's high watermark.
-    from webapp.state import log_ends
+    from webapp.readmodel.state import log_ends
     engine = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool)
     try:
         from sqlalchemy.orm import Session

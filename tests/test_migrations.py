@@ -16,10 +16,11 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from webapp import migrations
-from webapp.db import CONTROL_SCHEMA, db, sqlalchemy_url
-from webapp.labs import Lab, create_database_state, ensure_control_schema, ensure_schema
+from webapp.store.connection import CONTROL_SCHEMA, sqlalchemy_url
+from webapp.web.db import db
+from webapp.store.labs import Lab, create_database_state, ensure_control_schema, ensure_schema
 from webapp.migrations.check import build_baseline, differences
-from webapp.models import Account, Command, Consumer, control_tables, lab_tables
+from webapp.store.tables import Account, Command, Consumer, control_tables, lab_tables
 
 OLD_LAB = "lab_old"
 OLD_LANE = "lab_old__fast"

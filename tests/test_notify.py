@@ -21,11 +21,11 @@ from sqlalchemy.pool import NullPool
 
 from support import ROOT, assert_passed, run_guided, service_env, stop_process
 from webapp import strategies
-from webapp.db import sqlalchemy_url
+from webapp.store.connection import sqlalchemy_url
 from webapp.domain.vocabulary import CRASH_POINTS
 from webapp.notify.protocol import KEY_HEADER, REPLAYED_HEADER, message_text
 from webapp.strategies.notification import NotifySettings, strategy_with
-from webapp.waits import free_port, port_open, wait_until
+from webapp.domain.waits import free_port, port_open, wait_until
 from webapp.web.dashboard import plan_blocks
 
 

@@ -19,12 +19,14 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
 from support import ROOT, assert_passed, in_process_fault_proxy, proxied_stack, run_guided
-from webapp import events, state
-from webapp.db import lab_session, sqlalchemy_url
+from webapp.domain import events
+from webapp.readmodel import state
+from webapp.store.connection import sqlalchemy_url
+from webapp.web.db import lab_session
 from webapp.domain.lab import Lab
-from webapp.producer import Publisher
+from webapp.kafka.producer import Publisher
 from webapp.readmodel import ordering
-from webapp.waits import wait_until
+from webapp.domain.waits import wait_until
 
 EXERCISE = ROOT / "scenarios" / "15_producer_ordering.yaml"
 

@@ -16,13 +16,15 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
 from support import ROOT, LabDriver, service_env, stop_process, wait_for_agent
-from webapp import commands, create_app
-from webapp.db import db, sqlalchemy_url
+from webapp.store import command_channel
+from webapp import create_app
+from webapp.store.connection import sqlalchemy_url
+from webapp.web.db import db
 from webapp.domain.vocabulary import AGENT_FRESH_SECONDS
-from webapp.embedded import EmbeddedBroker, EmbeddedPostgres
-from webapp.labs import Lab
+from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres
+from webapp.store.labs import Lab
 from webapp.migrations import upgrade
-from webapp.waits import wait_until
+from webapp.domain.waits import wait_until
 
 
 class Stack:
@@ -86,7 +88,7 @@ def recovery_lab(stack, tmp_path):
                       "KAFKA_BOOTSTRAP_SERVERS": stack.bootstrap_servers, "LAB_DATA_DIR": str(tmp_path / "data"),
                       "SECRET_KEY": "test", "WTF_CSRF_ENABLED": False, "LAB_NAME": name})
     engine = create_engine(sqlalchemy_url(stack.database_url), poolclass=NullPool)
-    commands.run(engine, name, "lab.ensure", {"partitions": 3}, timeout=60)
+    command_channel.run(engine, name, "lab.ensure", {"partitions": 3}, timeout=60)
     driver = LabDriver(app.test_client(), Lab(name))
     driver.post("/groups/payments/strategy", {"strategy": "eventid-atomic"})
     yield driver

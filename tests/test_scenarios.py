@@ -24,7 +24,7 @@ from webapp.domain.lab import Lab
 from webapp.scenarios import ScenarioError, built_in, find, guided, journal, load
 from webapp.scenarios.loader import STEP_OPERATIONS, loads
 from webapp.scenarios.runner import RunState, broker_kind
-from webapp.waits import wait_until
+from webapp.domain.waits import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILT_IN = built_in()
@@ -130,7 +130,7 @@ def test_a_session_driven_through_the_api_replays_to_the_same_verdict(scenario_a
     assert code == 0 and result["status"] == "passed", output
     assert result["lab"] != lab.lab.name
     with scenario_app.app_context():
-        from webapp.db import db
+        from webapp.web.db import db
         from webapp.scenarios.observe import observe
         replayed = observe(db.engine, Lab(result["lab"])).verdicts[None]
     # The counts, not the ids: the replay publishes new events (anomalies name their transactions).
@@ -361,7 +361,7 @@ def test_the_agent_handler_runs_a_guided_step_on_a_thread_and_frees_the_run(scen
     release the run."""
     from sqlalchemy import text
 
-    from webapp.db import db
+    from webapp.web.db import db
 
     with scenario_app.app_context():
         engine = db.engine

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from webapp.ratelimit import FailureLimiter
-from webapp.waits import wait_until
+from webapp.web.ratelimit import FailureLimiter
+from webapp.domain.waits import wait_until
 from webapp.web.headers import SECURITY_HEADERS
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"

@@ -1,4 +1,4 @@
-"""Changes of what a consumer applies are notified to it, and acknowledged (webapp/settings_changes.py).
+"""Changes of what a consumer applies are notified to it, and acknowledged (webapp/store/settings_changes.py).
 
 The consumer no longer reads its settings before every record; a change made before a record was
 polled still applies to that record: the triggers NOTIFY at the change's commit, whoever makes it,
@@ -11,9 +11,9 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
-from webapp import events
-from webapp.db import CONTROL_SCHEMA, connect
-from webapp.waits import wait_until
+from webapp.domain import events
+from webapp.store.connection import CONTROL_SCHEMA, connect
+from webapp.domain.waits import wait_until
 
 
 def start(lab, name="c1") -> int:

@@ -8,8 +8,9 @@ from typing import Any, Callable
 import psycopg
 import pytest
 
-from webapp import events, strategies
-from webapp.db import connect
+from webapp.domain import events
+from webapp import strategies
+from webapp.store.connection import connect
 from webapp.strategies import check_then_act, insert_first
 from webapp.strategies.base import POINTS, RECORD_DELIVERY
 

@@ -199,9 +199,9 @@ def test_why_a_zombie_applies_again_under_check_then_act(lab, log_reader):
 
 
 def test_a_consumer_blocked_by_a_frozen_zombies_lock_says_so(app, lab, log_reader):
-    from webapp import state
-    from webapp.db import lab_session
-    from webapp.waits import wait_until
+    from webapp.readmodel import state
+    from webapp.web.db import lab_session
+    from webapp.domain.waits import wait_until
 
     use_strategy(lab, "eventid-atomic")
     zombie = start(lab, "z1")

@@ -18,14 +18,15 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
-from webapp import state, verdict, verdict_summary
+from webapp.readmodel import state, verdict
+from webapp.summary import verdict_summary
 from webapp.agent.periodic import SummaryFolder
 from webapp.domain.lab import Lab
-from webapp.db import connect, sqlalchemy_url
-from webapp.labs import ensure_schema, seed_accounts
+from webapp.store.connection import connect, sqlalchemy_url
+from webapp.store.labs import ensure_schema, seed_accounts
 from webapp.readmodel import why
 from webapp.store.schema import enter
-from webapp.waits import wait_until
+from webapp.domain.waits import wait_until
 
 ACCOUNTS = ["acc-1", "acc-2", "acc-3"]
 PARTITIONS = 2

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from webapp import classroom, commands
-from webapp.db import db
+from webapp.store import classroom, command_channel
+from webapp.web.db import db
 from webapp.domain.vocabulary import CONSUMER_STATES
 
 pytestmark = pytest.mark.browser
@@ -104,7 +104,7 @@ def class_url(serve_app, agent, app_factory, class_code):
         with db.engine.connect() as conn:
             labs = [person.lab for person in classroom.attendees(conn, class_code)]
         for lab in labs:
-            commands.run(db.engine, lab, "lab.drop", {}, timeout=120)
+            command_channel.run(db.engine, lab, "lab.drop", {}, timeout=120)
 
 
 def join(page, url: str, name: str, code: str) -> None:

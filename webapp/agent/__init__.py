@@ -1,6 +1,6 @@
 """The lab agent: the only process (with the consumers it starts) that holds Kafka clients.
 
-Web processes never touch Kafka: they write commands to PostgreSQL (webapp/commands.py) and read
+Web processes never touch Kafka: they write commands to PostgreSQL (webapp/store/command_channel.py) and read
 what the agents and the consumers report there. An agent
 - claims commands with a lease and carries them out (queue.py, handlers.py): publish,
   start/stop/kill/freeze/thaw/restart consumers, reset a group's offsets, ensure or reset a lab;

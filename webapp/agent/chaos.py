@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from .. import commands, kafka
+from ..store import command_channel
+from .. import kafka
 from ..domain import chaos as plan
 from ..domain.lab import Lab
 from ..domain.vocabulary import FAULT_PROXY_FRESH_SECONDS
@@ -152,7 +153,7 @@ class ChaosRunner(threading.Thread):
                 self._say(action, f"skipped: {action.target} is not running", outcome="skipped")
                 return
             outcome, what = getattr(self, "_" + action.action.replace("-", "_"))(action, row)
-        except (commands.CommandError, SQLAlchemyError) as error:
+        except (command_channel.CommandError, SQLAlchemyError) as error:
             outcome, what = "failed", f"failed: {str(error).splitlines()[0]}"
         self._say(action, what, outcome=outcome)
 
@@ -160,9 +161,9 @@ class ChaosRunner(threading.Thread):
         """Carry out ``verb`` on the consumer's agent and wait for its outcome, across a PostgreSQL
         restart: a command enqueued before it may be carried out after it."""
         deadline = time.monotonic() + COMMAND_TIMEOUT
-        command_id = self._across_restart(lambda: commands.enqueue(self.engine, self.lab.name, verb,
+        command_id = self._across_restart(lambda: command_channel.enqueue(self.engine, self.lab.name, verb,
                                                                    {"consumer_id": consumer_id}, agent_id), deadline)
-        return self._across_restart(lambda: commands.wait_for(self.engine, command_id,
+        return self._across_restart(lambda: command_channel.wait_for(self.engine, command_id,
                                                               timeout=max(0.5, deadline - time.monotonic())), deadline)
 
     def _across_restart(self, call, deadline: float):
@@ -181,7 +182,7 @@ class ChaosRunner(threading.Thread):
                                    action.index)
         try:
             self._command(verb, row.id, row.agent_id)
-        except commands.CommandError:
+        except command_channel.CommandError:
             self.held.pop(row.name, None)
             raise
 
@@ -248,7 +249,7 @@ class ChaosRunner(threading.Thread):
                 self.held.pop(held.name, None)
                 return
             self._command(held.undo, held.consumer_id, row.agent_id)
-        except commands.CommandError as error:
+        except command_channel.CommandError as error:
             # Refused for good (stopped by hand meanwhile, say): nothing left to undo.
             self.held.pop(held.name, None)
             self._note(f"chaos #{held.index}: {held.name} not {verb}: {error}", index=held.index, action="undo",

@@ -25,8 +25,8 @@ from typing import Callable
 
 import psycopg
 
-from .. import dedup_layout
-from ..db import CONTROL_SCHEMA, connect
+from ..strategies import dedup_layout
+from ..store.connection import CONTROL_SCHEMA, connect
 from ..domain.lab import Lab
 from ..domain.vocabulary import DEDUP_TABLES, EXACT_COUNT_BELOW
 from ..store import schema

@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from confluent_kafka import KafkaException
 
-from .. import commands, kafka, producer, strategies
+from ..store import command_channel
+from .. import kafka, strategies
+from ..kafka import producer
 from ..domain.lab import Lab
 from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY
 from ..logreader import wait_mirrored
-from ..waits import WaitTimeout, wait_until
+from ..domain.waits import WaitTimeout, wait_until
 from ..store import consumers as consumer_rows
 from . import chaos, setup
 from .load import RUNS as LOAD_RUNS, start_load
@@ -218,10 +220,10 @@ def on_own_or_remote(agent: Agent, lab: Lab, row: consumer_rows.Row, verb: str) 
     if row.agent_id == agent.id:
         HANDLERS[verb](agent, lab, {"consumer_id": row.id})
         return
-    if row.agent_id not in commands.live_agents(agent.engine):
+    if row.agent_id not in command_channel.live_agents(agent.engine):
         return
-    command_id = commands.enqueue(agent.engine, lab.name, verb, {"consumer_id": row.id}, row.agent_id)
-    commands.wait_for(agent.engine, command_id, timeout=STOP_TIMEOUT + 10)
+    command_id = command_channel.enqueue(agent.engine, lab.name, verb, {"consumer_id": row.id}, row.agent_id)
+    command_channel.wait_for(agent.engine, command_id, timeout=STOP_TIMEOUT + 10)
 
 
 # --- groups ---------------------------------------------------------------------------------

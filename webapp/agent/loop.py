@@ -21,15 +21,17 @@ from confluent_kafka import KafkaException
 from sqlalchemy import create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from .. import commands, kafka, producer, timeline
-from ..config import load_config
-from ..db import connect, sqlalchemy_url
+from ..store import command_channel, timeline
+from .. import kafka
+from ..kafka import producer
+from ..settings import load_config
+from ..store.connection import connect, sqlalchemy_url
 from ..domain.lab import Lab
-from ..labs import ensure_control_schema
+from ..store.labs import ensure_control_schema
 from ..store import commands as command_rows
 from ..store.commands import CHANNEL, Claimed
 from ..store import schema
-from ..waits import WaitTimeout
+from ..domain.waits import WaitTimeout
 from ..store import consumers as consumer_rows
 from . import chaos, queue
 from .handlers import HANDLERS, CommandRejected
@@ -43,7 +45,7 @@ from ..outbox.keeper import RelayKeeper
 log = logging.getLogger("idempotency_lab.agent")
 
 # Failures that fail the command (with their message) and leave the agent running.
-COMMAND_FAILURES = (CommandRejected, LookupError, ValueError, KafkaException, WaitTimeout, commands.CommandError,
+COMMAND_FAILURES = (CommandRejected, LookupError, ValueError, KafkaException, WaitTimeout, command_channel.CommandError,
                     psycopg.Error, SQLAlchemyError)
 
 
@@ -73,7 +75,7 @@ class Agent:
         self.housekeeping = Housekeeping(self.conn)
         # Dedup tables at scale (issue 14): sizes and probe insert latency, on a thread of its own.
         self.dedup_sampler = DedupSampler(database_url, loading=LOAD_RUNS.labs)
-        # The verdict's running summaries (webapp/verdict_summary.py), folded on a thread of their own.
+        # The verdict's running summaries (webapp/summary/verdict_summary.py), folded on a thread of their own.
         self.summary_folder = SummaryFolder(database_url)
         # The log mirror (the lab's ground truth: every record of every lab topic), kept running.
         self.log_mirror = Sidecar("log reader", "webapp.logreader",

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..embedded import LOOPBACK
-from ..waits import free_port
+from ..dev.embedded import LOOPBACK
+from ..domain.waits import free_port
 from .processes import Sidecar
 
 URL_VARIABLE = "LAB_NOTIFY_URL"

@@ -25,8 +25,11 @@ from confluent_kafka import KafkaException
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from .. import kafka, timeline, ttl, verdict_summary
-from ..db import CONTROL_SCHEMA, connect, sqlalchemy_url
+from .. import kafka
+from ..store import timeline
+from ..strategies import ttl
+from ..summary import verdict_summary
+from ..store.connection import CONTROL_SCHEMA, connect, sqlalchemy_url
 from ..domain.lab import Lab
 from ..domain.vocabulary import DEFAULT_TTL_SECONDS
 from ..store import agents, commands

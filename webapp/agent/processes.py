@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from ..embedded import die_with_parent, stop_process
+from ..dev.embedded import die_with_parent, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 STOP_TIMEOUT = 15.0

@@ -12,9 +12,10 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine, text
 
-from .. import classroom, kafka
+from ..store import classroom
+from .. import kafka
 from ..domain.lab import Lab
-from ..labs import drop_database_state, lab_schemas
+from ..store.labs import drop_database_state, lab_schemas
 
 if TYPE_CHECKING:
     from .loop import Agent

@@ -26,7 +26,7 @@ from pathlib import Path
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from .. import timeline
+from ..store import timeline
 from ..domain.lab import Lab
 from ..domain.vocabulary import AGENT_FRESH_SECONDS
 from ..store import agents, commands

@@ -15,12 +15,13 @@ from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
-from .. import kafka, timeline
-from ..db import sqlalchemy_url
+from .. import kafka
+from ..store import timeline
+from ..store.connection import sqlalchemy_url
 from ..domain.lab import Lab
-from ..labs import create_database_state, drop_database_state, ensure_control_schema
+from ..store.labs import create_database_state, drop_database_state, ensure_control_schema
 from ..store.schema import begin_in
-from ..waits import wait_until
+from ..domain.waits import wait_until
 
 
 @contextmanager

@@ -12,8 +12,8 @@ import time
 
 import psycopg
 
-from ..db import CONTROL_SCHEMA, connect
-from ..labs import Lab
+from ..store.connection import CONTROL_SCHEMA, connect
+from ..store.labs import Lab
 from .loop import ConsumerProcess, _signals
 
 log = logging.getLogger("idempotency_lab.consumer")

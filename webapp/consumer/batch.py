@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from confluent_kafka import Message, TopicPartition
 
-from .. import events
+from ..domain import events
 from ..strategies.base import ABSORBED, APPLIED
 from ..strategies.batching import RECORD_DELIVERIES_BATCH, BatchRejected, Item
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from ..db import CONTROL_SCHEMA
+from ..store.connection import CONTROL_SCHEMA
 
 TABLE = f"{CONTROL_SCHEMA}.consumers"
 

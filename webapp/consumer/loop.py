@@ -43,12 +43,14 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from .. import events, strategies, timeline
-from ..settings_changes import CHANNEL as SETTINGS_CHANNEL
+from ..domain import events
+from .. import strategies
+from ..store import timeline
+from ..store.settings_changes import CHANNEL as SETTINGS_CHANNEL
 from ..store import schema
-from ..db import connect
+from ..store.connection import connect
 from ..kafka import consumer_config, producer_config
-from ..labs import Lab
+from ..store.labs import Lab
 from ..strategies.base import (ABSORBED, APPLIED, DEAD_LETTERED, FAILED, RECORD_DELIVERY, SESSION_SETTINGS,
                               UNIQUE_VIOLATION_REASON)
 from . import settings as group_settings
@@ -191,7 +193,7 @@ class ConsumerProcess:
         return strategies.get(self.strategy_name, partitioned=self._partitioned_dedup_table())
 
     def _partitioned_dedup_table(self) -> bool:
-        """Whether the effects schema's processed_events is partitioned (webapp/dedup_layout.py), read
+        """Whether the effects schema's processed_events is partitioned (webapp/strategies/dedup_layout.py), read
         from the catalog once per process: the layout changes only while the lab's consumers are stopped."""
         schema = self.group.effects_schema
         if getattr(self, "_dedup_layout", (None, False))[0] != schema:

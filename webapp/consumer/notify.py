@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from .. import events
+from ..domain import events
 from ..store import schema
 from ..strategies.base import APPLIED
 from ..strategies.notification import AFTER_COMMIT, BEFORE_COMMIT, NotifySettings

@@ -2,7 +2,7 @@
 group's settings (strategy, database settings, batch and commit mode, notification).
 
 Read when the consumer starts, on its heartbeat, and before a record whenever a change was
-notified (webapp/settings_changes.py): a fault armed, a strategy switched or a mode changed before
+notified (webapp/store/settings_changes.py): a fault armed, a strategy switched or a mode changed before
 a record was polled applies to it, without a read per record. The read is also the consumer's
 acknowledgement: it stamps ``settings_seen_at`` with the statement's time, which the operation
 that made the change waits for.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from ..db import CONTROL_SCHEMA
+from ..store.connection import CONTROL_SCHEMA
 from .control import Desired
 
 # The acknowledgement never waits: a control row locked by someone else's open transaction (a

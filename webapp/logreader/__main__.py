@@ -7,7 +7,7 @@ import signal
 import sys
 import threading
 
-from ..config import load_config
+from ..settings import load_config
 from .reader import LogReader
 
 

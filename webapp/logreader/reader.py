@@ -36,9 +36,9 @@ import psycopg
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, \
     Message, TopicPartition
 
-from .. import events
-from ..db import connect
-from ..labs import Lab
+from ..domain import events
+from ..store.connection import connect
+from ..store.labs import Lab
 
 log = logging.getLogger("idempotency_lab.logreader")
 

@@ -28,7 +28,7 @@ from typing import Iterable
 from sqlalchemy import Connection, create_engine, text
 from sqlalchemy.pool import NullPool
 
-from ..db import CONTROL_SCHEMA, sqlalchemy_url
+from ..store.connection import CONTROL_SCHEMA, sqlalchemy_url
 
 HERE = Path(__file__).resolve().parent
 # Alembic says at INFO what plugins it loads on every start: noise in the agent's and launcher's output.
@@ -120,12 +120,12 @@ def upgrade(database_url: str) -> str:
 
 
 def _create_control_schema(conn: Connection) -> None:
-    from ..models import control_tables
+    from ..store.tables import control_tables
 
     conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{CONTROL_SCHEMA}"'))
     for table in control_tables():
         table.create(conn, checkfirst=True)
-    from ..settings_changes import control_trigger_ddl
+    from ..store.settings_changes import control_trigger_ddl
 
     for statement in control_trigger_ddl():  # every change of what a consumer applies is notified
         conn.exec_driver_sql(statement)
@@ -136,7 +136,7 @@ def create_lab_schema(conn: Connection, schema: str) -> bool:
 
     True when the schema was created. Leaves the transaction's search_path on ``schema``.
     """
-    from ..models import lab_tables
+    from ..store.tables import lab_tables
 
     exists = conn.execute(text("SELECT 1 FROM information_schema.schemata WHERE schema_name = :s"),
                           {"s": schema}).first()
@@ -144,8 +144,8 @@ def create_lab_schema(conn: Connection, schema: str) -> bool:
     conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": schema})
     for table in lab_tables():
         table.create(conn, checkfirst=True)
-    from ..settings_changes import lab_trigger_ddl
-    from ..verdict_summary import trigger_ddl
+    from ..store.settings_changes import lab_trigger_ddl
+    from ..summary.verdict_summary import trigger_ddl
 
     for statement in trigger_ddl(schema):  # the running summaries' change triggers
         conn.exec_driver_sql(statement)

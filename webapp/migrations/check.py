@@ -23,7 +23,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable
 
-from ..db import CONTROL_SCHEMA, sqlalchemy_url
+from ..store.connection import CONTROL_SCHEMA, sqlalchemy_url
 from . import BASELINE, VERSION_TABLE, alembic_config, upgrade_connection
 
 DIALECT = postgresql.dialect()
@@ -171,7 +171,7 @@ def _format(name: str, statements: list[str]) -> str:
 def migrated_differences(url: str) -> tuple[list, list]:
     """(control, lab) differences of a baseline database upgraded to head from the models, in a
     scratch database on the server of ``url``."""
-    from ..models import control_tables, lab_tables
+    from ..store.tables import control_tables, lab_tables
 
     server = make_url(sqlalchemy_url(url))
     scratch = f"lab_migrations_draft_{uuid.uuid4().hex[:8]}"
@@ -194,7 +194,7 @@ def migrated_differences(url: str) -> tuple[list, list]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..models import control_tables, lab_tables
+    from ..store.tables import control_tables, lab_tables
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:

@@ -8,14 +8,15 @@ from alembic import context
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
-from webapp.db import CONTROL_SCHEMA, db, sqlalchemy_url
+from webapp.store.connection import CONTROL_SCHEMA, sqlalchemy_url
+from webapp.store.tables import metadata
 from webapp.migrations import VERSION_TABLE
 
 config = context.config
 
 
 def run(connection) -> None:
-    context.configure(connection=connection, target_metadata=db.metadata,
+    context.configure(connection=connection, target_metadata=metadata,
                       version_table=VERSION_TABLE, version_table_schema=CONTROL_SCHEMA,
                       transactional_ddl=True)
     with context.begin_transaction():

@@ -15,10 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from ..db import sqlalchemy_url
+from ..store.connection import sqlalchemy_url
 from ..domain.lab import NAME, Lab
 from ..domain.vocabulary import Limits
-from ..events import ACCOUNT_ID
+from ..domain.events import ACCOUNT_ID
 from ..store.schema import enter
 from .protocol import KEY_HEADER, KEY_LENGTH, PATH, REPLAYED_HEADER, TEXT_LENGTH
 

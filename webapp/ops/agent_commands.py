@@ -4,22 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import commands
+from ..store import command_channel
 from .registry import Context, InvalidRequest, NotFound
 
-NoAgent = commands.NoAgent
+NoAgent = command_channel.NoAgent
 
 
 def run_command(ctx: Context, verb: str, args: dict[str, Any], *, agent_id: str | None = None,
                 field: str = "request") -> dict:
     """Carry out ``verb`` on an agent; its refusals become InvalidRequest naming their field."""
     try:
-        return commands.run(ctx.engine, ctx.lab.name, verb, args, agent_id=agent_id)
-    except commands.CommandNotFound as error:
+        return command_channel.run(ctx.engine, ctx.lab.name, verb, args, agent_id=agent_id)
+    except command_channel.CommandNotFound as error:
         raise NotFound(str(error)) from None
-    except commands.NoAgent:
+    except command_channel.NoAgent:
         raise
-    except commands.CommandError as error:
+    except command_channel.CommandError as error:
         message = str(error)
         named = message.split(":", 1)[0] if ":" in message else ""
         raise InvalidRequest(named if named.isidentifier() else field, message) from None

@@ -1,17 +1,17 @@
 """The fault proxy: a real Kafka-aware proxy between the lab's Kafka clients and the broker that
 can drop or delay Produce responses (lost ack) and keep one consumer's offset commits from the
-broker (commit mode) (see webapp/faultproxy.py)."""
+broker (commit mode) (see webapp/faultproxy/__init__.py)."""
 from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from .. import commands
+from ..store import command_channel
 from ..domain.vocabulary import FAULT_PROXY_FRESH_SECONDS, Limits
 from ..faultproxy import CHANNEL, DEFAULT_NAME
 from ..store import faultproxies as store
 from ..store import schema
 from ..store.labdata import say
-from ..waits import WaitTimeout, wait_until
+from ..domain.waits import WaitTimeout, wait_until
 from .consumers import ConsumerRef, consumer_row
 from .fields import Whole, within
 from .registry import Args, Context, InvalidRequest, operation
@@ -19,7 +19,7 @@ from .registry import Args, Context, InvalidRequest, operation
 TAKE_TIMEOUT = 5.0
 
 
-class NoFaultProxy(commands.NoAgent):
+class NoFaultProxy(command_channel.NoAgent):
     """No fault proxy process answers: nothing would inject the fault."""
 
 

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from .. import strategies
 from ..domain.vocabulary import DEFAULT_STRATEGY, OFFSET_RESET_MODES, Limits
-from ..labs import ensure_schema, seed_accounts
+from ..store.labs import ensure_schema, seed_accounts
 from ..store import labdata, schema
 from .agent_commands import run_command
 from .fields import Whole, named, within

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
-from .. import ttl
+from ..strategies import ttl
 from ..domain.vocabulary import DEFAULT_TTL_SECONDS, Limits
-from ..labs import lab_schemas
+from ..store.labs import lab_schemas
 from ..store import labdata, schema
 from .agent_commands import run_command
 from .faults import NoArgs

@@ -6,7 +6,7 @@ Outside classroom mode nothing is limited here (the fields' own bounds still hol
 """
 from __future__ import annotations
 
-from .. import classroom
+from ..store import classroom
 from .registry import Context, InvalidRequest
 
 

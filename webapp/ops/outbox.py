@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from sqlalchemy.exc import IntegrityError
 
-from .. import events
+from ..domain import events
 from ..domain.vocabulary import RELAY_CRASH_POINTS, Limits
 from ..readmodel import outbox as read
 from ..store import outbox as store

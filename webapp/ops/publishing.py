@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
-from .. import events
+from ..domain import events
 from ..domain.vocabulary import PUBLISH_MODES, Limits
 from ..store import labdata, schema
 from . import limits

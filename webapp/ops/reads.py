@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from .. import state
-from .. import verdict as verdict_module
+from ..readmodel import state
+from ..readmodel import verdict as verdict_module
 from ..store.schema import enter
 from ..store.schema import session_in
 from .faults import NoArgs

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from sqlalchemy import Engine
 
 from ..domain.lab import Lab
-from ..settings_changes import settle
+from ..store.settings_changes import settle
 
 
 class InvalidRequest(Exception):

@@ -4,7 +4,7 @@
   possible, with seeded ratios of resends and source duplicates, produced by a lab agent
   (webapp/agent/load.py); progress in the lab's ``load_runs``.
 - ``set_dedup_layout``: ``processed_events`` plain or range-partitioned by the event's own time
-  (webapp/dedup_layout.py), converted in place with its keys, only while the lab's consumers are
+  (webapp/strategies/dedup_layout.py), converted in place with its keys, only while the lab's consumers are
   stopped.
 - ``dedup_warmup``: fill ``processed_events`` with synthetic keys (set-based, no events) to
   measure a dedup table at a million keys without producing a million events.
@@ -17,10 +17,10 @@ from typing import Literal
 from pydantic import Field, model_validator
 from sqlalchemy import text
 
-from .. import dedup_layout
-from ..db import CONTROL_SCHEMA
+from ..strategies import dedup_layout
+from ..store.connection import CONTROL_SCHEMA
 from ..domain.vocabulary import LIVE_STATES, Limits
-from ..labs import lab_schemas
+from ..store.labs import lab_schemas
 from ..store import labdata, schema
 from .agent_commands import run_command
 from .faults import NoArgs

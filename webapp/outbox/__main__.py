@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 
-from ..config import load_config
+from ..settings import load_config
 from ..domain.lab import Lab
 from .relay import Relay
 

@@ -29,8 +29,8 @@ from typing import Any
 import psycopg
 from confluent_kafka import KafkaError, Producer
 
-from .. import timeline
-from ..db import connect
+from ..store import timeline
+from ..store.connection import connect
 from ..domain.lab import Lab
 from ..kafka import producer_config
 from ..store import outbox as sql

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from .. import verdict as verdict_module
+from . import verdict as verdict_module
 from ..domain.lab import Lab
 from ..store.schema import enter
 

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ..verdict_summary import APPLIED_TWICE_SQL
+from ..summary.verdict_summary import APPLIED_TWICE_SQL
 from .outbox import republish_origin
 
 LIMIT = 10
@@ -331,7 +331,7 @@ def explain(session: Session, journal_schema: str, verdict, summarized: bool = F
                            "why": (f"{_at(row['partition'], row['offset'])} is invalid ({row['invalid_reason']}) and "
                                    f"{row['consumer']} {row['outcome']} it instead of sending it to the DLQ")})
     if verdict.statuses_mismatched and not verdict.pending:
-        from ..verdict import accounts
+        from .verdict import accounts
         for line in accounts(session, journal_schema):
             if line.status == line.expected_status:
                 continue

@@ -15,8 +15,8 @@ import click
 from flask import current_app
 from flask.cli import AppGroup
 
-from .. import commands
-from ..classroom import lab_count_limit_reached
+from ..store import command_channel
+from ..store.classroom import lab_count_limit_reached
 from ..domain.lab import Lab
 from . import built_in, find, journal
 from .loader import ScenarioError, load
@@ -32,7 +32,7 @@ def _engine():
     """The app's database engine, or a one-line reason when no lab runs (``list`` does without)."""
     if current_app.config.get("NO_DATABASE"):
         raise click.ClickException(current_app.config["NO_DATABASE"])
-    from ..db import db
+    from ..web.db import db
     return db.engine
 
 
@@ -102,7 +102,7 @@ def run_scenario(name, as_json, lab_name):
         sys.exit(3)
     try:
         run = execute(scenario, lab_name=lab_name, as_json=as_json)
-    except commands.NoAgent as error:
+    except command_channel.NoAgent as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(3)
     if as_json:

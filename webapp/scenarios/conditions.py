@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .. import events
+from ..domain import events
 from ..domain.lab import NAME, NAME_RULE
 from ..domain.vocabulary import CONSUMER_STATES, CRASH_POINTS, DEDUP_TABLES, DEFAULT_GROUP
 from .marks import Checker, LocatedDict, hint

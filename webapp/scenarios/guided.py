@@ -16,8 +16,8 @@ from typing import Any, Mapping
 
 from sqlalchemy import Engine, text
 
-from .. import commands
-from ..db import CONTROL_SCHEMA
+from ..store import command_channel
+from ..store.connection import CONTROL_SCHEMA
 from . import built_in, journal
 from .loader import Scenario, load
 from .runner import OPERATION_ERRORS, RunState, Runner, broker_kind
@@ -75,7 +75,7 @@ def run_guided_step(engine: Engine, run_id: int, config: Mapping[str, Any] | Non
         broker, _ = broker_kind(config, probe=probe)
         try:
             Runner(engine, scenario, run, broker=broker, config=config).advance()
-        except commands.NoAgent as problem:
+        except command_channel.NoAgent as problem:
             run.error = str(problem)
         except OPERATION_ERRORS as problem:
             run.error = f"{type(problem).__name__}: {problem}"

@@ -31,7 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from .. import ops
 from ..domain.lab import Lab
 from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY
-from ..models import SessionOperation
+from ..store.tables import SessionOperation
 from ..store.schema import begin_in
 from .conditions import VERDICT_FIELDS
 from .observe import Snapshot, observe

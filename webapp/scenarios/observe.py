@@ -11,8 +11,8 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from .. import state, verdict as verdict_module
-from ..db import CONTROL_SCHEMA
+from ..readmodel import state, verdict as verdict_module
+from ..store.connection import CONTROL_SCHEMA
 from ..domain.lab import Lab
 from ..readmodel import notifications as notifications_readmodel
 from ..readmodel import ordering

@@ -18,7 +18,8 @@ from typing import Any, Callable, Mapping
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from .. import commands, ops
+from ..store import command_channel
+from .. import ops
 from ..domain.lab import Lab
 from ..domain.vocabulary import LIVE_STATES
 from ..store.labdata import say
@@ -29,7 +30,7 @@ from .observe import Snapshot, observe
 
 POLL_INTERVAL = 0.2
 # What makes a step an error (not a failed wait): the operation refused, or named nothing.
-OPERATION_ERRORS = (ops.InvalidRequest, ops.NotFound, commands.CommandError)
+OPERATION_ERRORS = (ops.InvalidRequest, ops.NotFound, command_channel.CommandError)
 
 # Which broker can do what a scenario may require (../shared/BROKER.md, measured).
 SUPPORT = {"max-poll-interval-handover": {"tansu": False, "kafka": True}}

@@ -13,7 +13,7 @@ from sqlalchemy import Connection, delete, func, literal, select
 from sqlalchemy.dialects.postgresql import insert
 
 from ..domain.vocabulary import AGENT_FRESH_SECONDS
-from ..models import Agent
+from .tables import Agent
 
 T = Agent.__table__
 

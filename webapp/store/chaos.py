@@ -5,7 +5,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, insert, select, update
 
-from ..models import ChaosSession
+from .tables import ChaosSession
 
 sessions = ChaosSession.__table__
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, literal, or_, select, update
 
-from ..models import Agent, Command
+from .tables import Agent, Command
 
 T = Command.__table__
 AGENTS = Agent.__table__

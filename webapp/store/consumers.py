@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select, update
 
 from ..domain.vocabulary import LIVE_STATES as _LIVE, ConsumerState
-from ..models import Consumer
+from .tables import Consumer
 
 consumers = Consumer.__table__
 

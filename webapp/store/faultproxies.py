@@ -6,7 +6,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select, text, update
 
 from ..domain.vocabulary import FAULT_PROXY_CHANNEL
-from ..models import FaultProxy
+from .tables import FaultProxy
 
 proxies = FaultProxy.__table__
 

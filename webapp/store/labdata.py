@@ -8,8 +8,8 @@ from typing import Any
 from sqlalchemy import Connection, select, update
 from sqlalchemy.dialects.postgresql import insert
 
-from .. import timeline
-from ..models import ConsumerGroup, Setting
+from . import timeline
+from .tables import ConsumerGroup, Setting
 
 settings_table = Setting.__table__
 groups_table = ConsumerGroup.__table__

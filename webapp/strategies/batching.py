@@ -25,7 +25,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from ..events import PaymentEvent
+from ..domain.events import PaymentEvent
 from .base import (ABSORBED, APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Step, apply_effect, effect_steps, note,
                    point, sql)
 

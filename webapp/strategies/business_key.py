@@ -4,7 +4,7 @@ Absorbs source duplicates: the same transaction arriving as two events with two 
 """
 from __future__ import annotations
 
-from ..events import PaymentEvent
+from ..domain.events import PaymentEvent
 from .base import Context, Strategy
 from .batching import BatchContext, Item
 from .eventid_atomic import claim_batch_plan, claim_batch_then_apply, claim_plan, claim_then_apply

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..events import PaymentEvent
+from ..domain.events import PaymentEvent
 from .base import (ABSORBED, APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Strategy, apply_effect, ddl,
                    effect_steps, note, params, point, sql)
 from .batching import looped, looped_plan
 
 KEY_TABLE = "seen_events"
-# What webapp/models.py defines (tests/test_strategies.py checks the live table has no unique index).
+# What webapp/store/tables.py defines (tests/test_strategies.py checks the live table has no unique index).
 KEY_TABLE_DDL = ("CREATE TABLE seen_events (\n"
                  "    event_id     uuid NOT NULL,   -- no PRIMARY KEY, no UNIQUE\n"
                  "    processed_at timestamp NOT NULL DEFAULT now()\n"

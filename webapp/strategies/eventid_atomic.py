@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Callable
 
-from ..events import PaymentEvent
+from ..domain.events import PaymentEvent
 from .base import (ABSORBED, APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Strategy, apply_effect,
                    effect_steps, params, point, sql)
 from .batching import BatchContext, Item, apply_effects, batch_ends, effect_batch_steps, first_claims

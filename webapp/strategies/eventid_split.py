@@ -5,7 +5,7 @@ redelivery is skipped and the credit is lost.
 """
 from __future__ import annotations
 
-from ..events import PaymentEvent
+from ..domain.events import PaymentEvent
 from .base import (ABSORBED, APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Strategy, apply_effect,
                    effect_steps, params, point, sql)
 from .batching import (RECORD_BATCH_STEP, BatchContext, Item, apply_effects, batch_ends, effect_batch_steps,

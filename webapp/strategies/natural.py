@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..events import PaymentEvent
+from ..domain.events import PaymentEvent
 from .base import (ABSORBED, ACCOUNT_EXISTS, APPLIED, BEGIN, COMMIT, CREDIT_BALANCE, INSERT_PAYMENT, RECORD_STEP,
                    Context, Strategy, no_account, note, params, point, sql)
 from .batching import looped, looped_plan

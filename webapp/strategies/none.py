@@ -1,7 +1,7 @@
 """``none``: apply every delivery. Redelivery doubles the effect."""
 from __future__ import annotations
 
-from ..events import PaymentEvent
+from ..domain.events import PaymentEvent
 from .base import (APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Strategy, apply_effect, effect_steps, point)
 from .batching import BatchContext, Item, apply_effects, plain_batch_plan
 

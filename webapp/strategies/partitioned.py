@@ -1,5 +1,5 @@
 """The event-id strategies on a ``processed_events`` partitioned by day of the event's own time
-(webapp/dedup_layout.py): the same teaching, one more column in the key.
+(webapp/strategies/dedup_layout.py): the same teaching, one more column in the key.
 
 A partitioned table's unique key must hold its partition key, so the key is ``(event_id,
 occurred_at)`` and the claim names both. ``occurred_at`` is part of the event, so every copy of it
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..events import PaymentEvent
+from ..domain.events import PaymentEvent
 from . import eventid_atomic, eventid_split, insert_first
 from .base import Context, Step, Strategy, ddl, note, sql
 

@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from typing import Any
 
-from ..events import PaymentEvent
+from ..domain.events import PaymentEvent
 from .base import (ABSORBED, APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Strategy, apply_effect, ddl,
                    effect_steps, note, params, point, sql)
 from .batching import looped, looped_plan

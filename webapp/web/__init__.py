@@ -9,9 +9,9 @@ from flask import Flask, current_app
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from ..db import lab_session
+from .db import lab_session
 from ..domain.lab import local_group
-from ..labs import Lab
+from ..store.labs import Lab
 
 
 def current_lab() -> Lab:
@@ -39,7 +39,7 @@ def register_blueprints(app: Flask) -> None:
     app.register_blueprint(api.bp)
     app.register_blueprint(scenarios.bp)
     classroom.init_app(app)
-    from ..security import csrf
+    from .security import csrf
     csrf.exempt(api.bp)
     register_error_pages(app)
     app.add_template_filter(local_group)

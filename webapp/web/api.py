@@ -13,7 +13,7 @@ from flask import Blueprint, current_app, jsonify, render_template, request
 from markupsafe import Markup, escape
 
 from .. import ops
-from ..db import db
+from .db import db
 from . import current_lab
 from .openapi import openapi_document
 

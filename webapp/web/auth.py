@@ -5,7 +5,7 @@ from urllib.parse import urlparse
 
 from flask import Blueprint, current_app, redirect, render_template, request, session, url_for
 
-from ..security import client_address, token_guesses, token_matches, too_many_guesses
+from .security import client_address, token_guesses, token_matches, too_many_guesses
 
 bp = Blueprint("auth", __name__)
 

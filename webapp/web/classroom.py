@@ -29,13 +29,16 @@ from flask import (Blueprint, Flask, Response, abort, current_app, g, has_reques
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
-from .. import classroom, commands, ops, state
-from ..db import CONTROL_SCHEMA, db, lab_session
+from ..store import classroom, command_channel
+from .. import ops
+from ..readmodel import state
+from ..store.connection import CONTROL_SCHEMA
+from .db import db, lab_session
 from ..domain.lab import InvalidLabName, Lab
 from ..scenarios import built_in, load
 from ..scenarios.loader import Scenario
 from ..scenarios.runner import RunState
-from ..security import client_address, token_guesses, token_matches, too_many_guesses
+from .security import client_address, token_guesses, token_matches, too_many_guesses
 from .scenarios import markdown
 
 bp = Blueprint("classroom", __name__)
@@ -285,13 +288,13 @@ def _open_lab(code: str, name: str) -> tuple[classroom.Attendee, bool]:
     while lab_name in taken:
         lab_name = classroom.new_lab_name(name)
     lab = Lab(lab_name)
-    if not commands.live_agents(db.engine):
+    if not command_channel.live_agents(db.engine):
         raise ops.NoAgent("no lab agent is running")
     try:
         # A whole class joining at once queues its labs at the agents: wait longer than for a click.
-        commands.run(db.engine, lab.name, "lab.ensure", {"partitions": _config()["LAB_PARTITIONS"]},
+        command_channel.run(db.engine, lab.name, "lab.ensure", {"partitions": _config()["LAB_PARTITIONS"]},
                      timeout=JOIN_TIMEOUT)
-    except commands.CommandError as error:
+    except command_channel.CommandError as error:
         raise classroom.ClassroomError("class", f"your lab could not be created ({error}): try again") from None
     return classroom.add_attendee(db.engine, code, name, lab.name), True
 
@@ -423,11 +426,11 @@ def start_for_everyone():
 
 def _reset(labs: list[str]) -> None:
     """Ask the agents to reset these labs; they do it one after the other, the board shows it."""
-    if not commands.live_agents(db.engine):
+    if not command_channel.live_agents(db.engine):
         abort(503, "no lab agent is running: nothing can be reset")
     partitions = _config()["LAB_PARTITIONS"]
     for lab in labs:
-        commands.enqueue(db.engine, lab, "lab.reset", {"partitions": partitions})
+        command_channel.enqueue(db.engine, lab, "lab.reset", {"partitions": partitions})
 
 
 @bp.post("/class/labs/<name>/reset")

@@ -18,7 +18,9 @@ from typing import Any, Callable
 from flask import Blueprint, abort, g, render_template, request
 from jinja2 import TemplateNotFound
 
-from .. import events, ops, state, strategies
+from ..domain import events
+from .. import ops, strategies
+from ..readmodel import state
 from ..domain.vocabulary import Limits
 from ..ops.publishing import template_event
 from . import current_lab, dashboard, lab_db

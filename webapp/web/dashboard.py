@@ -22,8 +22,9 @@ from typing import Any, Callable
 from flask import Blueprint, abort, current_app, g, jsonify, render_template, request, session as web_session
 from sqlalchemy.exc import SQLAlchemyError
 
-from .. import ops, state, strategies
-from ..db import db, lab_session
+from .. import ops, strategies
+from ..readmodel import state
+from .db import db, lab_session
 from ..domain.vocabulary import EXACT_COUNT_BELOW
 from ..readmodel import notifications as notifications_readmodel
 from ..strategies.base import SESSION_SETTINGS

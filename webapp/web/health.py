@@ -9,9 +9,9 @@ from flask import Blueprint, jsonify
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
-from .. import state
+from ..readmodel import state
 from ..domain.vocabulary import AGENT_FRESH_SECONDS
-from ..db import db
+from .db import db
 
 bp = Blueprint("health", __name__)
 

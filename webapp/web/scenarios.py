@@ -21,9 +21,11 @@ from markupsafe import Markup
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
-from .. import commands, state
-from ..classroom import lab_count_limit_reached
-from ..db import CONTROL_SCHEMA, db, lab_session
+from ..store import command_channel
+from ..readmodel import state
+from ..store.classroom import lab_count_limit_reached
+from ..store.connection import CONTROL_SCHEMA
+from .db import db, lab_session
 from ..domain.lab import Lab
 from ..scenarios import ScenarioError, built_in, guided, load
 from ..scenarios.loader import SEEDS, Scenario
@@ -146,14 +148,14 @@ def next_step(run_id: int):
     classroom.require_drivable(row["lab"])
     if not guided.claim(db.engine, run_id):
         return _respond(run_id, error="A step of this run is already running; wait for it."), 409
-    if not commands.live_agents(db.engine):
+    if not command_channel.live_agents(db.engine):
         guided.release(db.engine, run_id)
         return _respond(run_id, error="No lab agent is running: start the lab with `make run` "
                                       "(or `flask --app app lab agent`).")
     try:
-        command_id = commands.enqueue(db.engine, row["lab"], guided.VERB, {"run_id": run_id})
-        commands.wait_for(db.engine, command_id, HAND_OVER_SECONDS)
-    except commands.CommandError as problem:
+        command_id = command_channel.enqueue(db.engine, row["lab"], guided.VERB, {"run_id": run_id})
+        command_channel.wait_for(db.engine, command_id, HAND_OVER_SECONDS)
+    except command_channel.CommandError as problem:
         guided.release(db.engine, run_id)
         return _respond(run_id, error=f"{type(problem).__name__}: {problem}")
     return _respond(run_id)

@@ -9,7 +9,7 @@ Create Date: 2026-12-01
   latency, the last TTL cleanup's duration)
 
 The partitioned layout of ``processed_events`` is not a migration: it is a lab setting that
-converts the table when asked (webapp/dedup_layout.py); every schema starts plain.
+converts the table when asked (webapp/strategies/dedup_layout.py); every schema starts plain.
 """
 from alembic import op
 

@@ -1,4 +1,4 @@
-"""Revision 12: the running summaries of the verdict (issue 14, webapp/verdict_summary.py).
+"""Revision 12: the running summaries of the verdict (issue 14, webapp/summary/verdict_summary.py).
 
 Revision ID: 0012
 Revises: 0011
@@ -56,7 +56,7 @@ TABLES = [
 
 
 def upgrade() -> None:
-    from webapp.verdict_summary import trigger_ddl
+    from webapp.summary.verdict_summary import trigger_ddl
 
     conn = op.get_bind()
     for schema in all_lab_schemas(conn):

@@ -5,7 +5,7 @@ Revises: 0013
 Create Date: 2026-12-02
 
 - ``lab_control.consumers.settings_seen_at``: when the consumer last read its settings;
-- the triggers that ``NOTIFY lab_settings`` (webapp/settings_changes.py): on the control table's
+- the triggers that ``NOTIFY lab_settings`` (webapp/store/settings_changes.py): on the control table's
   fault and step-mode columns and deletes, and on every lab schema's ``consumer_groups`` and
   ``settings``.
 
@@ -15,7 +15,7 @@ Frozen: a later model change gets a revision of its own.
 """
 from alembic import op
 
-from webapp.db import CONTROL_SCHEMA
+from webapp.store.connection import CONTROL_SCHEMA
 from webapp.migrations import all_lab_schemas
 
 revision = "0014"
@@ -26,7 +26,7 @@ depends_on = None
 
 def upgrade() -> None:
     # The triggers as this release defines them (settings_changes' DDL is idempotent).
-    from webapp.settings_changes import control_trigger_ddl, lab_trigger_ddl
+    from webapp.store.settings_changes import control_trigger_ddl, lab_trigger_ddl
 
     conn = op.get_bind()
     conn.exec_driver_sql(f"ALTER TABLE {CONTROL_SCHEMA}.consumers "

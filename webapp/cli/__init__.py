@@ -16,10 +16,11 @@ import click
 from flask import Flask, current_app
 from flask.cli import AppGroup, with_appcontext
 
-from . import commands, ops
-from .db import db
-from .domain.vocabulary import Limits
-from .labs import Lab
+from ..store import command_channel
+from .. import ops
+from ..web.db import db
+from ..domain.vocabulary import Limits
+from ..store.labs import Lab
 
 lab_cli = AppGroup("lab", help="Drive the Idempotency Lab.")
 
@@ -42,7 +43,7 @@ def _run(name: str, body: dict[str, Any]) -> None:
         _show(ops.call(name, ops.Context(db.engine, lab, current_app.config), body))
     except ops.InvalidRequest as error:
         raise click.UsageError(str(error)) from None
-    except (ops.NotFound, commands.CommandError) as error:
+    except (ops.NotFound, command_channel.CommandError) as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
 
@@ -53,13 +54,13 @@ def reset(partitions):
     """Wipe the lab (tables and topics) and seed 5 accounts."""
     config, lab = current_app.config, _lab()
     partitions = partitions or config["LAB_PARTITIONS"]
-    if commands.live_agents(db.engine):
+    if command_channel.live_agents(db.engine):
         _run("reset_lab", {"partitions": partitions})
         return
     if not config["KAFKA_BOOTSTRAP_SERVERS"]:
         raise click.UsageError("KAFKA_BOOTSTRAP_SERVERS is not set and no lab is running (start one with `make run`)")
     # No agent runs: do the same work in this process.
-    from .agent.setup import reset_lab
+    from ..agent.setup import reset_lab
 
     _show(reset_lab(config["DATABASE_URL"], config["KAFKA_BOOTSTRAP_SERVERS"], lab, partitions))
 
@@ -73,7 +74,7 @@ def init(partitions):
     web app and the agents). When the broker lost the lab's topics but PostgreSQL kept the lab,
     the journal would describe records the log no longer holds: the lab is reset, and says so.
     """
-    from .agent.setup import broker_lost_it, ensure_lab, reset_lab
+    from ..agent.setup import broker_lost_it, ensure_lab, reset_lab
 
     config, lab = current_app.config, _lab()
     if not config["KAFKA_BOOTSTRAP_SERVERS"]:
@@ -91,7 +92,7 @@ def init(partitions):
 @lab_cli.command("agent")
 def agent():
     """Run a lab agent in the foreground (the same as `python -m webapp.agent`)."""
-    from .agent import main
+    from ..agent import main
     sys.exit(main())
 
 
@@ -138,7 +139,7 @@ for _op in ops.OPERATIONS.values():
 
 def init_app(app: Flask) -> None:
     from .housekeeping import register
-    from .scenarios.cli import scenario_cli
+    from ..scenarios.cli import scenario_cli
 
     register(lab_cli)  # lab list, lab prune
     app.cli.add_command(lab_cli)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from . import verdict_summary as summary
+from ..summary import verdict_summary as summary
 
 SET_TYPES = ("set_status", "set_balance", "set_score")
 
@@ -294,7 +294,7 @@ def verdict(session: Session, journal_schema: str, explain: bool = True, exact: 
     values["balances_mismatched"], values["statuses_mismatched"] = int(mismatch[0]), int(mismatch[1])
     result = Verdict(**values)
     if explain and (result.status == "anomalies" or result.sets_reapplied):
-        from .readmodel.why import explain as explain_anomalies
+        from .why import explain as explain_anomalies
         anomalies = explain_anomalies(session, journal_schema, result, summarized=summarized)
         result = Verdict(**values, anomalies=tuple(anomalies))
     return result

@@ -7,11 +7,19 @@ import uuid
 from datetime import datetime
 from typing import Any, Optional
 
-from sqlalchemy import BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, func, text
+from sqlalchemy import BigInteger, Column, MetaData, Table, DateTime, ForeignKey, Index, Integer, String, Text, func, text
 from sqlalchemy.dialects.postgresql import JSONB, UUID
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from .db import CONTROL_SCHEMA, db
+from .connection import CONTROL_SCHEMA
+
+# One MetaData for every table: the store's statements, the migrations and the web app's
+# Flask-SQLAlchemy (given this MetaData) all read it. No Flask here: consumers and the agent import it.
+metadata = MetaData()
+
+
+class Base(DeclarativeBase):
+    metadata = metadata
 
 def _now():
     return mapped_column(server_default=func.now())
@@ -19,7 +27,7 @@ def _now():
 
 # --- the lab's business state (one copy per lab schema) -------------------------------
 
-class Account(db.Model):
+class Account(Base):
     __tablename__ = "accounts"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     owner: Mapped[str] = mapped_column(String(80))
@@ -31,7 +39,7 @@ class Account(db.Model):
     balance_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
 
 
-class Score(db.Model):
+class Score(Base):
     """A customer's latest credit score (the seed's risco-service): written by an upsert by primary key."""
     __tablename__ = "scores"
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
@@ -41,14 +49,14 @@ class Score(db.Model):
 
 # check-then-act's key table: deliberately no primary key and no unique constraint (the developer
 # trusted the SELECT); the index makes the lookup fast and guarantees nothing.
-seen_events = db.Table(
-    "seen_events",
-    db.Column("event_id", UUID, nullable=False, index=True),
-    db.Column("processed_at", DateTime, nullable=False, server_default=func.now(), index=True),
+seen_events = Table(
+    "seen_events", metadata,
+    Column("event_id", UUID, nullable=False, index=True),
+    Column("processed_at", DateTime, nullable=False, server_default=func.now(), index=True),
 )
 
 
-class Payment(db.Model):
+class Payment(Base):
     """One row per applied credit: the effect. Never unique, so a duplicate shows as a second row."""
     __tablename__ = "payments"
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -59,27 +67,27 @@ class Payment(db.Model):
     applied_at: Mapped[datetime] = _now()
 
 
-class ProcessedEvent(db.Model):
+class ProcessedEvent(Base):
     __tablename__ = "processed_events"
     event_id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True)
     # indexed: the TTL cleanup, the oldest key's age and the newest keys all range over it
     processed_at: Mapped[datetime] = mapped_column(server_default=func.now(), index=True)
 
 
-class ProcessedTransaction(db.Model):
+class ProcessedTransaction(Base):
     __tablename__ = "processed_transactions"
     transaction_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     processed_at: Mapped[datetime] = mapped_column(server_default=func.now(), index=True)
 
 
-class ProcessedPayload(db.Model):
+class ProcessedPayload(Base):
     """payload-hash's key table: sha256 of the event's content without its ids (see the strategy)."""
     __tablename__ = "processed_payloads"
     payload_hash: Mapped[str] = mapped_column(Text, primary_key=True)
     processed_at: Mapped[datetime] = mapped_column(server_default=func.now(), index=True)
 
 
-class LedgerEntry(db.Model):
+class LedgerEntry(Base):
     """Natural idempotency: a credit is a fact keyed by its event; the balance is derived."""
     __tablename__ = "ledger"
     event_id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True)
@@ -90,7 +98,7 @@ class LedgerEntry(db.Model):
 
 # --- what the lab produced and observed ------------------------------------------------
 
-class PublishedEvent(db.Model):
+class PublishedEvent(Base):
     """The journal: every record the lab produced, with partition/offset from its delivery report."""
     __tablename__ = "published_events"
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -117,7 +125,7 @@ class PublishedEvent(db.Model):
     )
 
 
-class LogRecord(db.Model):
+class LogRecord(Base):
     """The log mirror: one row per record of the lab's topic, whoever produced it (the truth).
 
     Written only by the log reader (webapp/logreader), which reads every partition from the start
@@ -178,7 +186,7 @@ class LogRecord(db.Model):
     )
 
 
-class Delivery(db.Model):
+class Delivery(Base):
     """The delivery ledger: every delivery of every record to a consumer, with its outcome.
 
     The row is written in the same transaction as the effect, so it cannot disagree with it.
@@ -206,7 +214,7 @@ class Delivery(db.Model):
                       Index("deliveries_outcome", "outcome"))
 
 
-class TimelineEntry(db.Model):
+class TimelineEntry(Base):
     __tablename__ = "timeline"
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     at: Mapped[datetime] = mapped_column(server_default=func.now(), index=True)
@@ -215,7 +223,7 @@ class TimelineEntry(db.Model):
     detail: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default="{}")
 
 
-class ConsumerGroup(db.Model):
+class ConsumerGroup(Base):
     __tablename__ = "consumer_groups"
     group_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     strategy: Mapped[str] = mapped_column(String(24))
@@ -239,7 +247,7 @@ class ConsumerGroup(db.Model):
     created_at: Mapped[datetime] = _now()
 
 
-class Notification(db.Model):
+class Notification(Base):
     """The notification service's own record (webapp/notify): every request it received, one row
     each. A request whose Idempotency-Key was seen before is answered with the first response and
     kept here as ``replayed``: the customer got nothing new. The Notifications panel's "received"."""
@@ -255,7 +263,7 @@ class Notification(db.Model):
     __table_args__ = (Index("notifications_account_event", "account_id", "event_id"),)
 
 
-class IdempotencyKey(db.Model):
+class IdempotencyKey(Base):
     """The notification service's idempotency keys: the first response to each key, replayed to
     every later request with the same key. The primary key is what makes two concurrent requests
     with one key deliver once (the second waits on the first's insert, then finds it)."""
@@ -268,7 +276,7 @@ class IdempotencyKey(db.Model):
     created_at: Mapped[datetime] = _now()
 
 
-class NotificationSent(db.Model):
+class NotificationSent(Base):
     """The consumers' side: every call to the notification service, written on the consumer's
     control connection (outside the effect's transaction, so a rolled-back effect keeps its call)."""
     __tablename__ = "notifications_sent"
@@ -285,7 +293,7 @@ class NotificationSent(db.Model):
     sent_at: Mapped[datetime] = _now()
 
 
-class GroupOffset(db.Model):
+class GroupOffset(Base):
     """Committed offsets per group and partition, as the lab agent last read them from Kafka."""
     __tablename__ = "group_offsets"
     group_id: Mapped[str] = mapped_column(String(128), primary_key=True)
@@ -294,13 +302,13 @@ class GroupOffset(db.Model):
     read_at: Mapped[datetime] = _now()
 
 
-class Setting(db.Model):
+class Setting(Base):
     __tablename__ = "settings"
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[Any] = mapped_column(JSONB)
 
 
-class LoadRun(db.Model):
+class LoadRun(Base):
     """One run of the load generator (webapp/load.py): what was asked, and its progress as the
     agent's producer thread reports it. ``cancel_requested`` is the lab's request to stop."""
     __tablename__ = "load_runs"
@@ -324,7 +332,7 @@ class LoadRun(db.Model):
     finished_at: Mapped[Optional[datetime]]
 
 
-class DedupScale(db.Model):
+class DedupScale(Base):
     """Dedup tables at scale, per table, as the agent's sampler last measured them: rows (exact
     when small, pg_class.reltuples when large), sizes, the latency of a probe key insert
     (rolled back), and the last TTL cleanup's duration."""
@@ -346,7 +354,7 @@ class DedupScale(db.Model):
 
 # --- the transactional outbox: the payments service's tables and its relay (webapp/outbox) ----
 
-class SourcePayment(db.Model):
+class SourcePayment(Base):
     """The payments service's own record of a payment (not the consumers' ``payments`` effect
     table): written in one transaction with its outbox row (store/outbox.py)."""
     __tablename__ = "source_payments"
@@ -360,7 +368,7 @@ class SourcePayment(db.Model):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
-class OutboxRow(db.Model):
+class OutboxRow(Base):
     """One event to publish, exactly as the relay will publish it; ``published_at`` NULL until sent."""
     __tablename__ = "outbox"
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -374,7 +382,7 @@ class OutboxRow(db.Model):
     __table_args__ = (Index("outbox_unsent", "id", postgresql_where=text("published_at IS NULL")),)
 
 
-class OutboxPublish(db.Model):
+class OutboxPublish(Base):
     """Every publish of an outbox row by the relay, with its delivery report: committed before the
     row is marked sent, so a relay killed in between leaves the evidence of its republish."""
     __tablename__ = "outbox_publishes"
@@ -388,7 +396,7 @@ class OutboxPublish(db.Model):
     published_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
-class RelayState(db.Model):
+class RelayState(Base):
     """The outbox relay of this lab (one row, id 1): what the lab asks of it and what it reports."""
     __tablename__ = "relay_state"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
@@ -409,9 +417,9 @@ class RelayState(db.Model):
     heartbeat_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
 
 
-# --- the running summaries of the verdict (webapp/verdict_summary.py) -----------------------
+# --- the running summaries of the verdict (webapp/summary/verdict_summary.py) -----------------------
 
-class VerdictChange(db.Model):
+class VerdictChange(Base):
     """The summaries' queue: the keys of every row of ``log_records``, ``deliveries``, ``payments``
     and ``ledger`` that a statement inserted, updated or deleted, written by triggers in that
     statement's transaction; the agent's folder empties it."""
@@ -431,7 +439,7 @@ class VerdictChange(db.Model):
     rebuild: Mapped[bool] = mapped_column(default=False, server_default="false")  # a TRUNCATE
 
 
-class VerdictKey(db.Model):
+class VerdictKey(Base):
     """VERDICT_SQL's per-transaction facts, per key (a transaction id, ``record:<p>:<o>`` for an
     invalid record, ``ledger:<event id>`` for a ledger row the log does not explain), as folded."""
     __tablename__ = "verdict_keys"
@@ -460,7 +468,7 @@ class VerdictKey(db.Model):
                                                   "AND first_absorbed_at IS NOT NULL")))
 
 
-class VerdictTotals(db.Model):
+class VerdictTotals(Base):
     """The verdict's counts over every key (one row), and the committed offsets they reflect."""
     __tablename__ = "verdict_totals"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
@@ -484,20 +492,20 @@ class VerdictTotals(db.Model):
     folded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
-class ExpectedCredit(db.Model):
+class ExpectedCredit(Base):
     """Per account, the sum of the log's first credits (the lab's schema: the journal's)."""
     __tablename__ = "expected_credits"
     account_id: Mapped[str] = mapped_column(String(32), primary_key=True)
     cents: Mapped[int] = mapped_column(BigInteger)
 
 
-class RepeatedEvent(db.Model):
+class RepeatedEvent(Base):
     """The events the log holds at more than one offset (the lab's schema: the journal's)."""
     __tablename__ = "repeated_events"
     event_id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True)
 
 
-class ChartTruth(db.Model):
+class ChartTruth(Base):
     """Per second (epoch), the cents of the first credits the reader mirrored then (the journal's)."""
     __tablename__ = "chart_truth"
     second: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
@@ -505,7 +513,7 @@ class ChartTruth(db.Model):
     rows: Mapped[int] = mapped_column(BigInteger)
 
 
-class ChartEffect(db.Model):
+class ChartEffect(Base):
     """Per second (epoch), the cents this copy's effects (payments, ledger rows) applied then."""
     __tablename__ = "chart_effects"
     second: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
@@ -513,7 +521,7 @@ class ChartEffect(db.Model):
     rows: Mapped[int] = mapped_column(BigInteger)
 
 
-class LedgerSum(db.Model):
+class LedgerSum(Base):
     """Per account, the sum of this copy's ledger rows (the natural strategy's credits)."""
     __tablename__ = "ledger_sums"
     account_id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -522,7 +530,7 @@ class LedgerSum(db.Model):
 
 # --- control: shared by all labs on this database ---------------------------------------
 
-class Agent(db.Model):
+class Agent(Base):
     """A lab agent process: owns consumer processes on its host, holds the Kafka clients."""
     __tablename__ = "agents"
     __table_args__ = {"schema": CONTROL_SCHEMA}
@@ -535,7 +543,7 @@ class Agent(db.Model):
     kafka_error: Mapped[Optional[str]] = mapped_column(Text)
 
 
-class Consumer(db.Model):
+class Consumer(Base):
     """One consumer process: what it was asked to be and what it last reported."""
     __tablename__ = "consumers"
     __table_args__ = {"schema": CONTROL_SCHEMA}
@@ -570,7 +578,7 @@ class Consumer(db.Model):
     settings_seen_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
 
 
-class Command(db.Model):
+class Command(Base):
     """A request from the web or CLI to a lab agent, carried through PostgreSQL."""
     __tablename__ = "commands"
     __table_args__ = {"schema": CONTROL_SCHEMA}
@@ -591,7 +599,7 @@ class Command(db.Model):
     lease_expires_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
 
 
-class FaultProxy(db.Model):
+class FaultProxy(Base):
     """The lost-ack fault proxy's control row: what the lab asks of it, and what it reports.
 
     Written by ``operations.arm_fault_proxy`` (lab, faults, version) and read by the proxy
@@ -631,7 +639,7 @@ class FaultProxy(db.Model):
     blocked_seen: Mapped[list[Any]] = mapped_column(JSONB, default=list, server_default="[]")
 
 
-class ChaosSession(db.Model):
+class ChaosSession(Base):
     """A chaos session on one group (issue 15): seeded random kills, freezes, restarts, session
     terminations and broker connection cuts, carried out by the agent that runs it. Each action
     goes to the lab's timeline (kind ``chaos``) with the seed and its index."""
@@ -654,7 +662,7 @@ class ChaosSession(db.Model):
     stopped_at: Mapped[Optional[datetime]]
 
 
-class SessionOperation(db.Model):
+class SessionOperation(Base):
     """Record and replay: every operation performed on the lab, in order, with what the lab
     looked like just before it (the wait a replay repeats) and what it returned."""
     __tablename__ = "session_log"
@@ -666,7 +674,7 @@ class SessionOperation(db.Model):
     result: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default="{}")
 
 
-class ScenarioRun(db.Model):
+class ScenarioRun(Base):
     """A guided scenario run: which step it is at and what each step observed, kept across reloads."""
     __tablename__ = "scenario_runs"
     __table_args__ = {"schema": CONTROL_SCHEMA}
@@ -680,7 +688,7 @@ class ScenarioRun(db.Model):
     updated_at: Mapped[datetime] = _now()
 
 
-class Attendee(db.Model):
+class Attendee(Base):
     """Classroom mode: one attendee of a class and the lab that is theirs (joined through /join)."""
     __tablename__ = "attendees"
     __table_args__ = (Index("attendees_class_name", "class_code", "name", unique=True), {"schema": CONTROL_SCHEMA})
@@ -693,8 +701,8 @@ class Attendee(db.Model):
 
 
 def lab_tables():
-    return [table for table in db.metadata.sorted_tables if table.schema is None]
+    return [table for table in metadata.sorted_tables if table.schema is None]
 
 
 def control_tables():
-    return [table for table in db.metadata.sorted_tables if table.schema == CONTROL_SCHEMA]
+    return [table for table in metadata.sorted_tables if table.schema == CONTROL_SCHEMA]

@@ -44,11 +44,11 @@ from typing import Callable
 import psycopg
 from psycopg.types.json import Jsonb
 
-from . import timeline
-from .db import CONTROL_SCHEMA, psycopg_conninfo
-from .domain.lab import InvalidLabName, Lab
-from .domain.vocabulary import FAULT_PROXY_CHANNEL
-from .store.schema import enter_psycopg
+from ..store import timeline
+from ..store.connection import CONTROL_SCHEMA, psycopg_conninfo
+from ..domain.lab import InvalidLabName, Lab
+from ..domain.vocabulary import FAULT_PROXY_CHANNEL
+from ..store.schema import enter_psycopg
 
 log = logging.getLogger("idempotency_lab.faultproxy")
 
@@ -585,7 +585,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 def ensure_control_table(database_url: str) -> None:
     """Bring the control schema (this table included) to head when the proxy starts before the agent."""
-    from .migrations import upgrade
+    from ..migrations import upgrade
 
     upgrade(database_url)
 
@@ -605,6 +605,3 @@ def main(argv: list[str] | None = None) -> int:
     asyncio.run(serve(args))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

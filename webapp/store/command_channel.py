@@ -12,8 +12,8 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from .store import agents as agent_rows
-from .store import commands as command_rows
+from . import agents as agent_rows
+from . import commands as command_rows
 
 
 class CommandError(RuntimeError):

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, text
 
-from .db import CONTROL_SCHEMA
-from .domain.lab import Lab
-from .migrations import create_lab_schema, upgrade_connection
-from .store import faultproxies
-from .store.schema import enter
+from .connection import CONTROL_SCHEMA
+from ..domain.lab import Lab
+from ..migrations import create_lab_schema, upgrade_connection
+from . import faultproxies
+from .schema import enter
 
 SEED_ACCOUNTS = [
     ("acc-1", "Ana"), ("acc-2", "Bruno"), ("acc-3", "Carla"), ("acc-4", "Diego"), ("acc-5", "Elisa"),

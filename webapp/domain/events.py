@@ -12,7 +12,7 @@ On the topic an event is UTF-8 JSON, keyed by account id:
 a resend or a redelivery carries the same one, so a set can be ordered by it.
 
 Optional, together: ``producer_id`` and ``producer_seq``, stamped by the lab's producer as it
-sends (webapp/producer.py): which producer instance wrote the record and its running number
+sends (webapp/kafka/producer.py): which producer instance wrote the record and its running number
 for that producer. A retry inside the client re-sends the same bytes, so the same number; a
 lower number after a higher one in a partition is a batch that landed out of order
 (webapp/readmodel/ordering.py). Events without them (another client, the outbox relay) are as valid.

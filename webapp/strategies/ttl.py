@@ -9,7 +9,7 @@ import time
 from typing import Any, Callable
 
 from . import dedup_layout
-from .domain.vocabulary import DEDUP_TABLES, Limits
+from ..domain.vocabulary import DEDUP_TABLES, Limits
 
 # Every key table with processed_at: the unique ones and check-then-act's seen_events (no constraint).
 CLEANUP_SQL = {table: f"DELETE FROM {table} WHERE processed_at < now() - make_interval(secs => %(seconds)s)"
@@ -40,7 +40,7 @@ def check_seconds(value: Any) -> float:
 def cleanup(execute: Callable[..., Any], seconds: float) -> dict[str, int]:
     """Delete keys older than ``seconds`` in the connection's current schema; rows deleted per table.
 
-    A ``processed_events`` partitioned by day (webapp/dedup_layout.py) drops its expired days'
+    A ``processed_events`` partitioned by day (webapp/strategies/dedup_layout.py) drops its expired days'
     partitions instead. Each table's cleanup is timed and kept in ``dedup_scale`` (the Dedup at
     scale panel)."""
     seconds = check_seconds(seconds)

@@ -18,10 +18,11 @@ from typing import Any
 import psycopg
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from . import events, timeline
-from .domain.vocabulary import Limits
-from .kafka import producer_config
-from .labs import Lab
+from ..domain import events
+from ..store import timeline
+from ..domain.vocabulary import Limits
+from . import producer_config
+from ..store.labs import Lab
 
 MODES = ("normal", "burst", "resend", "source-duplicate", "poison")
 MAX_BURST = 10_000

@@ -17,10 +17,11 @@ from flask import current_app
 from flask.cli import with_appcontext
 from sqlalchemy import Connection, text
 
-from . import classroom, commands
-from .db import CONTROL_SCHEMA, db
-from .domain.lab import Lab
-from .labs import lab_schemas
+from ..store import classroom, command_channel
+from ..store.connection import CONTROL_SCHEMA
+from ..web.db import db
+from ..domain.lab import Lab
+from ..store.labs import lab_schemas
 
 C = CONTROL_SCHEMA
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*$")
@@ -86,12 +87,12 @@ def prunable(labs: list[LabInfo], idle_seconds: float, keep: set[str]) -> list[L
 def drop_lab(lab: Lab) -> dict[str, Any]:
     """Drop one lab through an agent, or here when none runs."""
     config = current_app.config
-    if commands.live_agents(db.engine):
-        return commands.run(db.engine, lab.name, "lab.drop", {}, timeout=DROP_TIMEOUT)
+    if command_channel.live_agents(db.engine):
+        return command_channel.run(db.engine, lab.name, "lab.drop", {}, timeout=DROP_TIMEOUT)
     if not config.get("KAFKA_BOOTSTRAP_SERVERS"):
         raise click.UsageError("KAFKA_BOOTSTRAP_SERVERS is not set and no lab agent runs: the topics cannot be deleted")
-    from . import kafka
-    from .agent.prune import drop
+    from .. import kafka
+    from ..agent.prune import drop
     return drop(db.engine, kafka.admin_client(config["KAFKA_BOOTSTRAP_SERVERS"]), lab)
 
 
@@ -164,7 +165,7 @@ def prune(idle: str, dry_run: bool) -> None:
                        f"{len(result['groups'])} group(s)"
                        + (f"; groups the broker kept: {', '.join(result['groups_kept'])}" if result["groups_kept"] else ""),
                        err=True)
-        except commands.CommandError as error:
+        except command_channel.CommandError as error:
             failed[info.name] = str(error)
             click.echo(f"could not drop {info.name}: {error}", err=True)
     click.echo(json.dumps({"dropped": [d["lab"] for d in dropped], "failed": failed,

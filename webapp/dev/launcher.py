@@ -18,12 +18,12 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from .config import RUNNING_FILE, ConfigError, load_config, running_services
+from ..settings import RUNNING_FILE, ConfigError, load_config, running_services
 from .embedded import LOOPBACK, EmbeddedBroker, EmbeddedPostgres, die_with_parent, stop_process
-from .labs import Lab
-from .waits import free_port, port_open, wait_until
+from ..store.labs import Lab
+from ..domain.waits import free_port, port_open, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def say(what: str, where: str) -> None:
@@ -91,8 +91,8 @@ class Launcher:
         return database_url, bootstrap, broker_is_fresh
 
     def prepare_lab(self, database_url: str, bootstrap: str, broker_is_fresh: bool) -> None:
-        from .agent.setup import ensure_lab, reset_lab
-        from .migrations import upgrade
+        from ..agent.setup import ensure_lab, reset_lab
+        from ..migrations import upgrade
 
         upgrade(database_url)  # a data directory of an earlier release upgrades in place (Alembic)
         lab = Lab(self.config["LAB_NAME"])

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, text
 
-from .db import CONTROL_SCHEMA
-from .domain.lab import Lab
-from .waits import WaitTimeout, wait_until
+from .connection import CONTROL_SCHEMA
+from ..domain.lab import Lab
+from ..domain.waits import WaitTimeout, wait_until
 
 CHANNEL = "lab_settings"
 # What an operation waits at most for the running consumers' acknowledgements: a consumer idle in

@@ -64,7 +64,7 @@ def init_app(app: Flask) -> None:
     app.extensions["token_guesses"] = FailureLimiter(
         int(app.config.get("SIGN_IN_MAX_FAILURES", SIGN_IN_MAX_FAILURES)),
         float(app.config.get("SIGN_IN_WINDOW_SECONDS", SIGN_IN_WINDOW_SECONDS)))
-    from .web import headers
+    from . import headers
     headers.init_app(app)
 
     @app.before_request
@@ -84,7 +84,7 @@ def init_app(app: Flask) -> None:
                 token_guesses().forget(client_address())
                 return None
             token_guesses().record_failure(client_address())
-        from .web.classroom import attendee_may_post  # classroom mode: an attendee drives their own lab
+        from .classroom import attendee_may_post  # classroom mode: an attendee drives their own lab
         if attendee_may_post():
             return None
         if _wants_json():

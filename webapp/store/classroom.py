@@ -19,10 +19,10 @@ from typing import Any, Mapping
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import IntegrityError
 
-from .db import CONTROL_SCHEMA
-from .domain.lab import NAME, Lab
-from .domain.vocabulary import LIVE_STATES
-from .migrations import all_lab_schemas
+from .connection import CONTROL_SCHEMA
+from ..domain.lab import NAME, Lab
+from ..domain.vocabulary import LIVE_STATES
+from ..migrations import all_lab_schemas
 
 C = CONTROL_SCHEMA
 NAME_LENGTH = 40        # an attendee's name as typed (collapsed spaces)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psycopg
 
-from .waits import free_port, port_open, wait_until
+from ..domain.waits import free_port, port_open, wait_until
 
 LOOPBACK = "127.0.0.1"
 PR_SET_PDEATHSIG = 1

@@ -17,17 +17,17 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from . import verdict as verdict_module
-from . import verdict_summary
-from .readmodel import why as why_module
-from .readmodel import ordering
-from .readmodel import outbox as outbox_readmodel
-from .readmodel import notifications as notifications_readmodel
-from .readmodel import scale as scale_readmodel
-from .db import CONTROL_SCHEMA
-from .domain.vocabulary import AGENT_FRESH_SECONDS, DEDUP_TABLES, EXACT_COUNT_BELOW
-from .labs import Lab
-from .store import faultproxies
-from .store.schema import enter
+from ..summary import verdict_summary
+from . import why as why_module
+from . import ordering
+from . import outbox as outbox_readmodel
+from . import notifications as notifications_readmodel
+from . import scale as scale_readmodel
+from ..store.connection import CONTROL_SCHEMA
+from ..domain.vocabulary import AGENT_FRESH_SECONDS, DEDUP_TABLES, EXACT_COUNT_BELOW
+from ..store.labs import Lab
+from ..store import faultproxies
+from ..store.schema import enter
 
 STRIP_LENGTH = 24
 C = CONTROL_SCHEMA
@@ -445,7 +445,7 @@ AGENT_STALE_SECONDS = 5.0
 
 def commit_blocks(session: Session, lab: Lab) -> dict[str, float]:
     """The lab's consumers whose offset commits the fault proxy keeps from the broker, with the
-    seconds left (webapp/faultproxy.py); across every proxy row, the default one in practice."""
+    seconds left (webapp/faultproxy/__init__.py); across every proxy row, the default one in practice."""
     return faultproxies.blocked_commits_of(session.connection(), None, lab.client_id(""))
 
 

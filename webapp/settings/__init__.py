@@ -30,7 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "SECRET_KEY": None,
     # How long the web waits for the lab agent to carry out a command.
     "LAB_COMMAND_TIMEOUT": 30.0,
-    # Classroom mode (webapp/classroom.py): on with a class code or LAB_CLASSROOM=1; limits per lab.
+    # Classroom mode (webapp/store/classroom.py): on with a class code or LAB_CLASSROOM=1; limits per lab.
     "LAB_CLASS_CODE": None,
     "LAB_CLASSROOM": 0,
     "LAB_CLASS_VIEW_OTHERS": 0,
