@@ -15,7 +15,8 @@ import threading
 import pytest
 from werkzeug.serving import make_server
 
-from support import ROOT, LabDriver, Services, service_env, stop_process, wait_for_agent
+import support
+from support import ROOT, LabDriver, Services, drop_lab, service_env, stop_process, wait_for_agent
 from webapp import create_app
 from webapp.settings import DEFAULTS
 from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres
@@ -126,6 +127,16 @@ def lab(app, client, agent, lab_name) -> LabDriver:
     for consumer in driver.state()["consumers"]:
         if consumer["state"] in ("starting", "running", "frozen", "stepping"):
             client.post(f"/api/v1/consumers/{consumer['id']}/kill", json={})
+    drop_lab(app, lab_name)
+
+
+
+@pytest.fixture(scope="session")
+def proxied_stack(tmp_path_factory) -> Services:
+    """For the exercises whose Kafka clients go through the fault proxy (lost ack, blocked commits,
+    producer ordering): one stack of their own per test worker, started when first asked for."""
+    with support.proxied_stack(tmp_path_factory.mktemp("proxied")) as services:
+        yield services
 
 
 # --- browser tests (tests/browser/): the app over real HTTP, and a headless Chromium page --------

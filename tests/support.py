@@ -3,6 +3,7 @@ JSON API, and the process helpers. Fixtures live in conftest.py; tests import he
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -162,6 +163,37 @@ def run_guided(app, exercise: Path) -> Any:
         if run.finished:
             break
     return run
+
+
+def drop_lab(app, lab_name: str) -> None:
+    """Drop a lab a test made (topics, groups, schemas): the agent's log reader, summary folder and
+    housekeeping walk every lab there is, so a lab left behind costs every later test CPU."""
+    from webapp.store import command_channel
+    from webapp.web.db import db
+    with app.app_context():
+        command_channel.run(db.engine, lab_name, "lab.drop", {}, timeout=120)
+
+
+def assert_every_anomaly_says_why(app) -> None:
+    """Each anomaly an exercise left (in the lab's verdict and every lane's) carries a sentence a
+    class can read aloud, naming the record it is about."""
+    state = app.test_client().get("/api/v1/state").get_json()
+    verdicts = [("lab", state["verdict"])] + [(lane["lane"], lane["verdict"]) for lane in state["lanes"]]
+    for copy, verdict in verdicts:
+        bad = verdict["duplicates_applied"] + verdict["effects_lost"]
+        judged = [a for a in verdict["anomalies"] if a["severity"] == "bad"]
+        assert len(judged) >= min(bad, 1), f"{copy}: {bad} anomalies counted, none explained: {verdict}"
+        for anomaly in verdict["anomalies"]:
+            assert re.search(r"P\d+@\d+|transaction", anomaly["why"]) and anomaly["why"].endswith(
+                tuple("abcdefghijklmnopqrstuvwxyz)`")), f"{copy}: {anomaly}"
+
+
+def judge_and_drop_run(app_factory, app, run_lab: str) -> None:
+    """After an exercise's run: every anomaly it left says why, then its lab is dropped."""
+    run_app = app_factory(LAB_NAME=run_lab, DATABASE_URL=app.config["DATABASE_URL"],
+                          KAFKA_BOOTSTRAP_SERVERS=app.config["KAFKA_BOOTSTRAP_SERVERS"])
+    assert_every_anomaly_says_why(run_app)
+    drop_lab(run_app, run_lab)
 
 
 def assert_passed(run: Any) -> None:

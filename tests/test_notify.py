@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from support import ROOT, assert_passed, run_guided, service_env, stop_process
+from support import ROOT, assert_passed, judge_and_drop_run, run_guided, service_env, stop_process
 from webapp import strategies
 from webapp.store.connection import sqlalchemy_url
 from webapp.domain.vocabulary import CRASH_POINTS
@@ -255,6 +255,8 @@ EXERCISE = ROOT / "scenarios" / "13_external_notification_idempotency_key.yaml"
 
 def test_the_exercise_passes_in_guided_mode(app_factory, agent, lab_name):
     """Each click is a `scenario.step` command the real agent carries out (webapp/scenarios/guided.py)."""
-    run = run_guided(app_factory(LAB_NAME=lab_name), EXERCISE)
+    app = app_factory(LAB_NAME=lab_name)
+    run = run_guided(app, EXERCISE)
     assert_passed(run)
     assert {c["label"] for c in run.checks} >= {"acc-1 notifications duplicates", "acc-2 notifications replays"}
+    judge_and_drop_run(app_factory, app, run.lab)
