@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres, stop_process  # noqa: E402
-from webapp.migrations import upgrade  # noqa: E402
+from webapp.store.migrations import upgrade  # noqa: E402
 from webapp.domain.waits import free_port, port_open, wait_until  # noqa: E402
 
 EXERCISE = "01_naive_double_credit"

@@ -44,7 +44,7 @@ from webapp.store.connection import sqlalchemy_url  # noqa: E402
 from webapp.domain.chaos import ACTIONS  # noqa: E402
 from webapp.dev.embedded import LOOPBACK, EmbeddedBroker, EmbeddedPostgres, die_with_parent, stop_process  # noqa: E402
 from webapp.store.labs import Lab  # noqa: E402
-from webapp.migrations import upgrade  # noqa: E402
+from webapp.store.migrations import upgrade  # noqa: E402
 from webapp.domain.waits import free_port, port_open, wait_until  # noqa: E402
 
 STRATEGIES = ("none", "eventid-atomic", "insert-first", "business-key")

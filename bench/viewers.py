@@ -38,7 +38,7 @@ from webapp import ops
 from webapp.store.connection import sqlalchemy_url  # noqa: E402
 from webapp.dev.embedded import LOOPBACK, EmbeddedBroker, EmbeddedPostgres, die_with_parent, stop_process  # noqa: E402
 from webapp.store.labs import Lab  # noqa: E402
-from webapp.migrations import upgrade  # noqa: E402
+from webapp.store.migrations import upgrade  # noqa: E402
 from webapp.domain.waits import free_port, wait_until  # noqa: E402
 
 POLL_SECONDS = 1.0   # static/js/live.js POLL_MS

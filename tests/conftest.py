@@ -21,7 +21,7 @@ from webapp import create_app
 from webapp.settings import DEFAULTS
 from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres
 from webapp.store.labs import Lab
-from webapp.migrations import upgrade
+from webapp.store.migrations import upgrade
 from webapp.domain.waits import free_port
 
 

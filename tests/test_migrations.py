@@ -15,11 +15,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from webapp import migrations
+from webapp.store import migrations
 from webapp.store.connection import CONTROL_SCHEMA, sqlalchemy_url
 from webapp.web.db import db
 from webapp.store.labs import Lab, create_database_state, ensure_control_schema, ensure_schema
-from webapp.migrations.check import build_baseline, differences
+from webapp.store.migrations.check import build_baseline, differences
 from webapp.store.tables import Account, Command, Consumer, control_tables, lab_tables
 
 OLD_LAB = "lab_old"
@@ -211,7 +211,7 @@ def test_a_fresh_database_is_created_at_head_and_processes_starting_together_agr
 
 
 def test_the_migrations_reach_the_models(database):
-    """A model changed without a revision fails here: add one (``python -m webapp.migrations.check``
+    """A model changed without a revision fails here: add one (``python -m webapp.store.migrations.check``
     drafts it)."""
     build_previous_release(database)
     migrations.upgrade(database)

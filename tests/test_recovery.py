@@ -23,7 +23,7 @@ from webapp.web.db import db
 from webapp.domain.vocabulary import AGENT_FRESH_SECONDS
 from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres
 from webapp.store.labs import Lab
-from webapp.migrations import upgrade
+from webapp.store.migrations import upgrade
 from webapp.domain.waits import wait_until
 
 

@@ -1,7 +1,11 @@
-"""``python -m webapp.agent``: run a lab agent in the foreground (see loop.py)."""
+"""``python -m webapp.agent``: run a lab agent in the foreground (see loop.py).
+
+The entry point wires guided mode's clicks (``scenario.step``, scenarios/guided.py) into the
+agent's commands: the agent's own modules never import scenarios."""
 import sys
 
+from ..scenarios.guided import VERB, agent_handler
 from .loop import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main({VERB: agent_handler}))

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
@@ -39,9 +39,7 @@ from ..faultproxy import DEFAULT_NAME as FAULT_PROXY
 from ..store import chaos as sessions
 from ..store import consumers as consumer_rows
 from ..store import faultproxies, labdata, schema
-
-if TYPE_CHECKING:
-    from .loop import Agent
+from .context import AgentContext
 
 log = logging.getLogger("idempotency_lab.agent")
 
@@ -301,7 +299,7 @@ class ChaosRunner(threading.Thread):
 RUNNERS: dict[int, ChaosRunner] = {}
 
 
-def start(agent: Agent, lab: Lab, args: dict) -> dict:
+def start(agent: AgentContext, lab: Lab, args: dict) -> dict:
     """Handler of ``chaos.start``: record the session as this agent's and start its thread."""
     with agent.engine.begin() as conn:
         session = sessions.create(conn, lab.name, args["group_id"], int(args["seed"]), float(args["every_seconds"]),

@@ -8,7 +8,7 @@ that reason.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from confluent_kafka import KafkaException
 
@@ -23,11 +23,9 @@ from ..store import consumers as consumer_rows
 from . import chaos, setup
 from .load import RUNS as LOAD_RUNS, start_load
 from .periodic import snapshot_offsets
-from .prune import drop_lab
+from .prune import drop
 from .processes import STOP_TIMEOUT, NotRunning
-
-if TYPE_CHECKING:
-    from .loop import Agent
+from .context import AgentContext
 
 DEFAULT_PARTITIONS = 3
 GROUP_EMPTY_TIMEOUT = 20.0
@@ -37,7 +35,7 @@ class CommandRejected(ValueError):
     """A command with bad arguments; the message names the field."""
 
 
-Handler = Callable[["Agent", Lab, dict], dict]
+Handler = Callable[[AgentContext, Lab, dict], dict]
 
 
 def _partitions(args: dict) -> int:
@@ -47,7 +45,7 @@ def _partitions(args: dict) -> int:
         raise CommandRejected("partitions must be a whole number") from None
 
 
-def _own_consumer(agent: Agent, lab: Lab, args: dict) -> consumer_rows.Row:
+def _own_consumer(agent: AgentContext, lab: Lab, args: dict) -> consumer_rows.Row:
     consumer_id = args.get("consumer_id")
     if not isinstance(consumer_id, int) or isinstance(consumer_id, bool):
         raise CommandRejected("consumer_id must be a whole number")
@@ -60,26 +58,26 @@ def _own_consumer(agent: Agent, lab: Lab, args: dict) -> consumer_rows.Row:
     return row
 
 
-def _running(agent: Agent, consumer_id: int):
+def _running(agent: AgentContext, consumer_id: int):
     try:
         return agent.pool.running(consumer_id)
     except NotRunning as error:
         raise CommandRejected(str(error)) from None
 
 
-def _set_state(agent: Agent, consumer_id: int, state: str) -> None:
+def _set_state(agent: AgentContext, consumer_id: int, state: str) -> None:
     with agent.engine.begin() as conn:
         consumer_rows.set_state(conn, consumer_id, state)
 
 
 # --- the lab ------------------------------------------------------------------------------
 
-def ensure_lab(agent: Agent, lab: Lab, args: dict) -> dict:
+def ensure_lab(agent: AgentContext, lab: Lab, args: dict) -> dict:
     """Create the lab's schema, seed accounts, topics and default group if missing."""
     return setup.ensure(agent.engine, agent.admin, lab, _partitions(args))
 
 
-def quiesce(agent: Agent, lab: Lab) -> None:
+def quiesce(agent: AgentContext, lab: Lab) -> None:
     """Stop what writes into a lab's topic and tables before they are deleted: its consumers (on
     whichever agent runs them) and a running load (it would produce into the topic being deleted)."""
     with agent.engine.connect() as conn:
@@ -91,7 +89,7 @@ def quiesce(agent: Agent, lab: Lab) -> None:
     LOAD_RUNS.stop(lab)
 
 
-def reset_lab(agent: Agent, lab: Lab, args: dict) -> dict:
+def reset_lab(agent: AgentContext, lab: Lab, args: dict) -> dict:
     """Stop the lab's consumers, delete its topics and schemas, start it fresh."""
     partitions = _partitions(args)
     quiesce(agent, lab)
@@ -104,7 +102,18 @@ def reset_lab(agent: Agent, lab: Lab, args: dict) -> dict:
         agent.log_mirror.ensure(now=True)
 
 
-def publish(agent: Agent, lab: Lab, args: dict) -> dict:
+def drop_lab(agent: AgentContext, lab: Lab, args: dict) -> dict:
+    """The agent's ``lab.drop``: stop the lab's consumers and load, hold the log reader off, drop it."""
+    quiesce(agent, lab)
+    # librdkafka crashes a reader whose assigned topic is deleted (BROKER.md): hold it off meanwhile.
+    agent.log_mirror.stop()
+    try:
+        return drop(agent.engine, agent.admin, lab)
+    finally:
+        agent.log_mirror.ensure(now=True)
+
+
+def publish(agent: AgentContext, lab: Lab, args: dict) -> dict:
     with agent.in_lab(lab):
         try:
             result = producer.publish(agent.conn, agent.publisher, lab, args)
@@ -114,7 +123,7 @@ def publish(agent: Agent, lab: Lab, args: dict) -> dict:
     return result
 
 
-def produce_raw(agent: Agent, lab: Lab, args: dict) -> dict:
+def produce_raw(agent: AgentContext, lab: Lab, args: dict) -> dict:
     """One record exactly as typed, to the lab's topic, like any other Kafka client would write it."""
     config = kafka.producer_config(agent.producer_bootstrap_servers, bool(args.get("idempotent", True)))
     try:
@@ -128,7 +137,7 @@ def produce_raw(agent: Agent, lab: Lab, args: dict) -> dict:
     return {"topic": lab.topic, **record}
 
 
-def _wait_mirrored(agent: Agent, lab: Lab, records: list[dict]) -> None:
+def _wait_mirrored(agent: AgentContext, lab: Lab, records: list[dict]) -> None:
     # What the lab just wrote is on every panel when the request returns: wait (bounded) until the
     # log reader has mirrored it. A reader that is behind only delays this; nothing is lost.
     wait_mirrored(agent.conn, lab, [(r.get("partition"), r.get("offset")) for r in records], timeout=5)
@@ -136,7 +145,7 @@ def _wait_mirrored(agent: Agent, lab: Lab, records: list[dict]) -> None:
 
 # --- consumers ------------------------------------------------------------------------------
 
-def _ensure_group(agent: Agent, lab: Lab, group: str, strategy: str | None) -> str:
+def _ensure_group(agent: AgentContext, lab: Lab, group: str, strategy: str | None) -> str:
     """The group's id, created with ``strategy`` if new. An existing group keeps its strategy:
     switching it is its own, visible action (every member changes behaviour)."""
     group_id = lab.group_id(group)
@@ -151,7 +160,7 @@ def _ensure_group(agent: Agent, lab: Lab, group: str, strategy: str | None) -> s
     return group_id
 
 
-def start_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
+def start_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
     group = args.get("group") or DEFAULT_GROUP
     strategy = args.get("strategy")
     if strategy is not None:
@@ -168,7 +177,7 @@ def start_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
     return {"consumer_id": consumer_id, "name": name, "group_id": group_id, "pid": pid}
 
 
-def kill_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
+def kill_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
     row = _own_consumer(agent, lab, args)
     _running(agent, row.id)
     agent.pool.kill(row.id)  # SIGKILL: no commit, no group leave, even when frozen
@@ -176,7 +185,7 @@ def kill_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
     return {"consumer_id": row.id, "name": row.name, "state": "killed"}
 
 
-def _pause_or_resume(agent: Agent, lab: Lab, args: dict, frozen: bool) -> dict:
+def _pause_or_resume(agent: AgentContext, lab: Lab, args: dict, frozen: bool) -> dict:
     row = _own_consumer(agent, lab, args)
     _running(agent, row.id)
     if frozen:
@@ -190,22 +199,22 @@ def _pause_or_resume(agent: Agent, lab: Lab, args: dict, frozen: bool) -> dict:
     return {"consumer_id": row.id, "name": row.name, "state": state}
 
 
-def freeze_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
+def freeze_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
     return _pause_or_resume(agent, lab, args, frozen=True)
 
 
-def thaw_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
+def thaw_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
     return _pause_or_resume(agent, lab, args, frozen=False)
 
 
-def stop_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
+def stop_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
     row = _own_consumer(agent, lab, args)
     agent.pool.stop(row.id)
     agent.reap_children()
     return {"consumer_id": row.id, "name": row.name, "state": "stopped"}
 
 
-def restart_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
+def restart_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
     row = _own_consumer(agent, lab, args)
     agent.pool.stop(row.id)
     agent.reap_children()
@@ -214,7 +223,7 @@ def restart_consumer(agent: Agent, lab: Lab, args: dict) -> dict:
     return {"consumer_id": row.id, "name": row.name, "pid": pid}
 
 
-def on_own_or_remote(agent: Agent, lab: Lab, row: consumer_rows.Row, verb: str) -> None:
+def on_own_or_remote(agent: AgentContext, lab: Lab, row: consumer_rows.Row, verb: str) -> None:
     """Carry out a consumer command here, or through its owning agent and wait. A consumer of an
     agent that no longer beats is skipped: nothing can act on it (the reaper marks it gone)."""
     if row.agent_id == agent.id:
@@ -237,7 +246,7 @@ def _parse_time(value: Any) -> datetime | None:
         raise ValueError(f"timestamp must be ISO-8601, got {value!r}") from None
 
 
-def reset_group(agent: Agent, lab: Lab, args: dict) -> dict:
+def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
     """Stop the group's consumers, move its committed offsets, restart them."""
     group_id = lab.group_id(str(args.get("group") or ""))
     try:

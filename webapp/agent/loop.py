@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import psycopg
 from confluent_kafka import KafkaException
@@ -34,13 +34,13 @@ from ..store import schema
 from ..domain.waits import WaitTimeout
 from ..store import consumers as consumer_rows
 from . import chaos, queue
-from .handlers import HANDLERS, CommandRejected
+from .handlers import HANDLERS, CommandRejected, Handler
 from .dedup_sampler import DedupSampler
 from .load import RUNS as LOAD_RUNS
 from .periodic import Heartbeat, Housekeeping, SummaryFolder
 from .notify_service import URL_VARIABLE as NOTIFY_URL, notification_service
 from .processes import Pool, Sidecar, truthy
-from ..outbox.keeper import RelayKeeper
+from .relays import RelayKeeper
 
 log = logging.getLogger("idempotency_lab.agent")
 
@@ -246,23 +246,17 @@ class Agent:
             self.engine.dispose()
 
 
-def register_guided_steps() -> None:
-    """Guided mode's clicks may wait a minute: the agent runs them (issue 10), not a web request.
-    Wired here, in the agent's entry point, so that nothing inside the agent imports scenarios."""
-    from ..scenarios.guided import VERB, agent_handler
-    from .handlers import HANDLERS
-
-    HANDLERS.setdefault(VERB, agent_handler)
-
-
-def main() -> int:
+def main(extra_handlers: Mapping[str, Handler] | None = None) -> int:
+    """Run an agent until SIGTERM. ``extra_handlers``: verbs the entry point adds to HANDLERS (guided
+    mode's ``scenario.step``, wired by ``python -m webapp.agent``: the agent never imports scenarios)."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s agent[{os.getpid()}] %(levelname)s %(message)s")
     config = load_config()
     if not config["DATABASE_URL"] or not config["KAFKA_BOOTSTRAP_SERVERS"]:
         print("DATABASE_URL and KAFKA_BOOTSTRAP_SERVERS must be set (or a lab running in LAB_DATA_DIR)",
               file=sys.stderr)
         return 2
-    register_guided_steps()
+    for verb, handler in (extra_handlers or {}).items():
+        HANDLERS.setdefault(verb, handler)
     agent = Agent(config["DATABASE_URL"], config["KAFKA_BOOTSTRAP_SERVERS"],
                   config["KAFKA_PRODUCER_BOOTSTRAP_SERVERS"], config["LAB_DATA_DIR"],
                   log_to_stdout=truthy(os.environ.get("LAB_LOG_TO_STDOUT")))

@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..dev.embedded import LOOPBACK
-from ..domain.waits import free_port
+from ..domain.waits import LOOPBACK, free_port
 from .processes import Sidecar
 
 URL_VARIABLE = "LAB_NOTIFY_URL"

@@ -11,6 +11,7 @@ lab and name, so ``docker compose logs`` shows them all.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -21,11 +22,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from ..dev.embedded import die_with_parent, stop_process
-
 ROOT = Path(__file__).resolve().parent.parent.parent
 STOP_TIMEOUT = 15.0
 _stdout_lock = threading.Lock()
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """For ``preexec_fn``: ask Linux to SIGTERM this child when its parent dies, even by SIGKILL,
+    so a killed launcher or test run leaves no broker or database behind."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: the parent's own shutdown is all there is
+
+
+def stop_process(process: subprocess.Popen, stop_signal: int = signal.SIGTERM, timeout: float = 20) -> None:
+    """Stop a child we started, by its PID: ``stop_signal``, up to ``timeout`` s, then SIGKILL; always reap."""
+    if process.poll() is not None:
+        return
+    process.send_signal(stop_signal)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
 
 
 class NotRunning(ValueError):

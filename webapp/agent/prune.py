@@ -6,7 +6,7 @@ calls :func:`drop` itself with an admin client of its own.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -16,9 +16,6 @@ from ..store import classroom
 from .. import kafka
 from ..domain.lab import Lab
 from ..store.labs import drop_database_state, lab_schemas
-
-if TYPE_CHECKING:
-    from .loop import Agent
 
 
 def lab_topics(admin: AdminClient, lab: Lab) -> list[str]:
@@ -67,16 +64,3 @@ def drop(engine: Engine, admin: AdminClient, lab: Lab) -> dict[str, Any]:
         drop_database_state(conn, lab)
         classroom.forget_labs(conn, [lab.name])
     return {"lab": lab.name, "topics": topics, "schemas": schemas, "groups": deleted, "groups_kept": failed}
-
-
-def drop_lab(agent: Agent, lab: Lab, args: dict) -> dict:
-    """The agent's ``lab.drop``: stop the lab's consumers and load, hold the log reader off, drop it."""
-    from .handlers import quiesce
-
-    quiesce(agent, lab)
-    # librdkafka crashes a reader whose assigned topic is deleted (BROKER.md): hold it off meanwhile.
-    agent.log_mirror.stop()
-    try:
-        return drop(agent.engine, agent.admin, lab)
-    finally:
-        agent.log_mirror.ensure(now=True)

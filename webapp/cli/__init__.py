@@ -1,4 +1,5 @@
-"""``flask --app app lab ...``: the lab's controls from a terminal.
+"""``flask --app app lab ...`` and ``flask --app app scenario ...``: the lab from a terminal.
+May import every room below it (web's db, scenarios, ops, agent's setup, kafka, store, domain).
 
 One command per operation of the registry (``webapp/ops``), its options made from the
 operation's argument model, so the CLI takes the same fields, limits and choices as the API and
@@ -93,7 +94,8 @@ def init(partitions):
 def agent():
     """Run a lab agent in the foreground (the same as `python -m webapp.agent`)."""
     from ..agent import main
-    sys.exit(main())
+    from ..scenarios.guided import VERB, agent_handler
+    sys.exit(main({VERB: agent_handler}))
 
 
 # --- one command per operation ----------------------------------------------------------------
@@ -139,7 +141,7 @@ for _op in ops.OPERATIONS.values():
 
 def init_app(app: Flask) -> None:
     from .housekeeping import register
-    from ..scenarios.cli import scenario_cli
+    from .scenarios import scenario_cli
 
     register(lab_cli)  # lab list, lab prune
     app.cli.add_command(lab_cli)

@@ -15,7 +15,7 @@ the per-message path, where each gets its own outcome (absorbed, retried, dead-l
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psycopg
 from confluent_kafka import Message, TopicPartition
@@ -24,8 +24,31 @@ from ..domain import events
 from ..strategies.base import ABSORBED, APPLIED
 from ..strategies.batching import RECORD_DELIVERIES_BATCH, BatchRejected, Item
 
-if TYPE_CHECKING:
-    from .loop import ConsumerProcess
+
+class ConsumerProcess(Protocol):
+    """What the batch step uses of its consumer process (loop.ConsumerProcess is the one): the
+    loop imports this module, never the other way round."""
+    name: str
+    group_id: str
+    group: Any                   # the group's settings (batch size, wait)
+    consumer: Any                # confluent_kafka.Consumer
+    current: Message | None
+    report: Any                  # control.Report
+    retrying: dict[tuple[str, int], Any]
+    strategy_name: str
+    batch_span: str | None
+
+    def execute(self, statement: str, params: dict[str, Any]) -> psycopg.Cursor: ...
+    def transaction(self) -> Any: ...
+    def checkpoint(self, point: str) -> None: ...
+    def refresh_settings(self) -> None: ...
+    def process(self, message: Message) -> None: ...
+    def commit_offsets(self, offsets: list[TopicPartition]) -> None: ...
+    def dead_letter(self, message: Message, reason: str, event: events.PaymentEvent | None = None) -> None: ...
+    def _current_strategy(self) -> Any: ...
+    def _ensure_effects_conn(self) -> None: ...
+    def _on_error(self, error: Any) -> None: ...
+    def _say(self, kind: str, summary: str, **detail: Any) -> None: ...
 
 
 def span(messages: list[Message]) -> str:

@@ -1,3 +1,2 @@
 """Development and test bring-up: the embedded services (a private PostgreSQL, the Tansu broker)
-and the `make run` launcher. May import any room; nothing in the product imports it but the agent's
-process pool and notification service, for the binaries' paths."""
+and the `make run` launcher. May import any room; nothing in the product imports it."""

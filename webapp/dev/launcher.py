@@ -92,7 +92,7 @@ class Launcher:
 
     def prepare_lab(self, database_url: str, bootstrap: str, broker_is_fresh: bool) -> None:
         from ..agent.setup import ensure_lab, reset_lab
-        from ..migrations import upgrade
+        from ..store.migrations import upgrade
 
         upgrade(database_url)  # a data directory of an earlier release upgrades in place (Alembic)
         lab = Lab(self.config["LAB_NAME"])

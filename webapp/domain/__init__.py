@@ -1,1 +1,2 @@
-"""The lab's pure vocabulary: names, limits and the Lab namespace. Imports nothing of the project."""
+"""The lab's pure vocabulary: the Lab namespace (names both ways), events, states, limits, chaos plans, waits.
+Imports nothing of the project, nor Flask, SQLAlchemy, psycopg or Kafka: the standard library only."""

@@ -6,6 +6,8 @@ import time
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
+# The host every embedded service and sidecar listens on, unless told otherwise.
+LOOPBACK = "127.0.0.1"
 
 
 class WaitTimeout(TimeoutError):

@@ -1,4 +1,5 @@
 """The lost-ack fault proxy: a Kafka-aware TCP proxy between Kafka clients and the broker.
+May import store and domain (its control rows and migrations); ops imports its constants.
 
 ``python -m webapp.faultproxy --listen 127.0.0.1:P --upstream host:port``, its own process
 (never inside gunicorn). It forwards every byte unchanged in both directions and reads only
@@ -585,7 +586,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 def ensure_control_table(database_url: str) -> None:
     """Bring the control schema (this table included) to head when the proxy starts before the agent."""
-    from ..migrations import upgrade
+    from ..store.migrations import upgrade
 
     upgrade(database_url)
 

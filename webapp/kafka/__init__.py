@@ -1,4 +1,5 @@
 """Kafka clients for the lab: configs, topics, committed offsets and group offset resets.
+May import store and domain; imported by the agent, the consumers, the relay, never by web.
 
 Only the lab agent and the consumer processes create these clients; web processes ask the
 agent through PostgreSQL (see commands.py).

@@ -1,4 +1,5 @@
 """The log mirror: what each lab topic holds, whoever wrote it. The lab's ground truth.
+May import settings, store and domain; never web.
 
 For the agent::
 

@@ -37,8 +37,10 @@ from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer,
     Message, TopicPartition
 
 from ..domain import events
+from ..domain.waits import WaitTimeout, wait_until
 from ..store.connection import connect
 from ..store.labs import Lab
+from ..store.schema import quoted
 
 log = logging.getLogger("idempotency_lab.logreader")
 
@@ -259,7 +261,7 @@ class LogReader:
         self._last_refresh = time.monotonic()
 
     def _start(self, lab: Lab, oid: int, partitions: list[int]) -> None:
-        positions = dict(self._db().execute(POSITIONS_SQL.format(schema=_q(lab.schema))).fetchall())
+        positions = dict(self._db().execute(POSITIONS_SQL.format(schema=quoted(lab.schema))).fetchall())
         mirror = _Mirror(lab, oid, partitions, {p: int(positions.get(p, 0)) for p in partitions})
         self._kafka().incremental_assign([
             TopicPartition(lab.topic, p, mirror.positions[p] if p in positions else OFFSET_BEGINNING)
@@ -377,7 +379,7 @@ class LogReader:
                 return None
             self._mark_producer_highs(conn, mirror, rows)
             params = {column: [row[column] for row in rows] for column in COLUMNS}
-            written = conn.execute(INSERT_SQL.format(schema=_q(mirror.lab.schema)), params).rowcount
+            written = conn.execute(INSERT_SQL.format(schema=quoted(mirror.lab.schema)), params).rowcount
         for row in rows:
             mirror.positions[row["partition"]] = max(mirror.positions.get(row["partition"], 0), row["offset"] + 1)
         self.stats.records += written
@@ -391,7 +393,7 @@ class LogReader:
         pairs = sorted({(row["partition"], row["producer_id"]) for row in rows if row["producer_id"] is not None})
         highest: dict[tuple[int, str], int | None] = {}
         if pairs:
-            sql = PRODUCER_HIGHS_SQL.format(schema=_q(mirror.lab.schema))
+            sql = PRODUCER_HIGHS_SQL.format(schema=quoted(mirror.lab.schema))
             for partition, producer_id, high in conn.execute(sql, [[p for p, _ in pairs], [i for _, i in pairs]]):
                 highest[(partition, producer_id)] = high
         for row in rows:
@@ -517,10 +519,6 @@ class LogReader:
             self._conn = None
 
 
-def _q(schema: str) -> str:
-    return '"' + schema.replace('"', '""') + '"'
-
-
 def wait_mirrored(conn: psycopg.Connection, lab: Lab, positions: Iterable[tuple[int, int]],
                   timeout: float = 5.0, interval: float = 0.02) -> bool:
     """Wait until the reader has mirrored every ``(partition, offset)`` of ``lab``: for a caller
@@ -529,13 +527,11 @@ def wait_mirrored(conn: psycopg.Connection, lab: Lab, positions: Iterable[tuple[
     wanted = sorted({(int(p), int(o)) for p, o in positions if p is not None and o is not None})
     if not wanted:
         return True
-    sql = (f"SELECT count(*) FROM {_q(lab.schema)}.log_records "
+    sql = (f"SELECT count(*) FROM {quoted(lab.schema)}.log_records "
            'WHERE (partition, "offset") IN (SELECT * FROM unnest(%s::int[], %s::bigint[]))')
     params = [[p for p, _ in wanted], [o for _, o in wanted]]
-    deadline = time.monotonic() + timeout
-    while True:
-        if conn.execute(sql, params).fetchone()[0] >= len(wanted):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
+    try:
+        return wait_until(lambda: conn.execute(sql, params).fetchone()[0] >= len(wanted), timeout=timeout,
+                          message="", interval=interval)
+    except WaitTimeout:
+        return False

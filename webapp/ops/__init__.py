@@ -1,4 +1,5 @@
 """The operation registry and every operation of the lab (see registry.py).
+May import readmodel, strategies, faultproxy's constants, store and domain; never web, scenarios or agent.
 
 Importing this package declares them all; callers use ``ops.call(name, ctx, body)``."""
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from . import verdict as verdict_module
@@ -30,11 +30,9 @@ def holds(verdict: verdict_module.Verdict) -> bool:
     return verdict.status != "anomalies"
 
 
-def panel_data(session: Session, lab: Lab, engine: Engine) -> dict[str, Any]:
-    """The chaos panel's data; ``session`` works in the lab's schema and is left there."""
-    from .. import ops
-
-    sessions = ops.call("get_chaos", ops.Context(engine, lab), {})["sessions"]
+def panel_data(session: Session, lab: Lab, sessions: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chaos panel's data; ``session`` works in the lab's schema and is left there. ``sessions``:
+    what the ``get_chaos`` operation answers (the caller asks ops; a read model does not call up)."""
     shown = sessions[0] if sessions else None
     counts: list[dict[str, Any]] = []
     judged = None

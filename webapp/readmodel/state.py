@@ -27,11 +27,11 @@ from ..store.connection import CONTROL_SCHEMA
 from ..domain.vocabulary import AGENT_FRESH_SECONDS, DEDUP_TABLES, EXACT_COUNT_BELOW
 from ..store.labs import Lab
 from ..store import faultproxies
-from ..store.schema import enter
+from ..store.consumers import LIVE_STATES
+from ..store.schema import enter, quoted
 
 STRIP_LENGTH = 24
 C = CONTROL_SCHEMA
-LIVE_STATES = ("starting", "running", "frozen", "stepping")
 
 
 def settings(session: Session) -> dict[str, Any]:
@@ -397,10 +397,6 @@ def effects_schemas(session: Session, lab: Lab) -> list[str]:
     return [lab.schema] + sorted(s for s in rows if s != lab.schema and lab.owns_schema(s))
 
 
-def _q(schema: str) -> str:
-    return '"' + schema.replace('"', '""') + '"'
-
-
 FINGERPRINT_SQL = """
 SELECT
   (SELECT oid::text FROM pg_namespace WHERE nspname = current_schema()) AS schema,
@@ -459,7 +455,7 @@ def fingerprint_parts(session: Session, lab: Lab) -> dict[str, Any]:
     parts["agent"] = (bool(agent) and agent["age"] is not None and float(agent["age"]) < AGENT_STALE_SECONDS,
                       agent.get("kafka_ok"), agent.get("kafka_error"))
     parts["effects"] = ";".join(
-        session.execute(text(EFFECTS_FINGERPRINT_SQL.format(s=_q(schema)))).scalar_one() or ""
+        session.execute(text(EFFECTS_FINGERPRINT_SQL.format(s=quoted(schema)))).scalar_one() or ""
         for schema in effects_schemas(session, lab))
     oldest_age = session.execute(text(OLDEST_KEY_AGE_SQL)).scalar_one()
     parts["oldest_key_age"] = float(oldest_age) if oldest_age is not None else None
@@ -495,8 +491,8 @@ def lanes(session: Session, lab: Lab, exact: bool = False) -> list[Lane]:
     try:
         for schema in schemas:
             balances = dict(session.execute(text(
-                f"SELECT a.id, (a.balance + coalesce((SELECT sum(amount_cents) FROM {_q(schema)}.ledger l "
-                f"WHERE l.account_id = a.id), 0))::bigint FROM {_q(schema)}.accounts a ORDER BY a.id")).all())
+                f"SELECT a.id, (a.balance + coalesce((SELECT sum(amount_cents) FROM {quoted(schema)}.ledger l "
+                f"WHERE l.account_id = a.id), 0))::bigint FROM {quoted(schema)}.accounts a ORDER BY a.id")).all())
             enter(connection, schema)  # the copy's own effects and summary
             first = verdict_summary.first_divergence(session, lab.schema, exact=not summarized)
             name = "lab" if schema == lab.schema else lab.lane_of(schema)
@@ -534,8 +530,8 @@ SELECT extract(epoch FROM least((SELECT min(read_at) FROM log_records){lanes_min
 def chart_series(session: Session, lab: Lab, exact: bool = False) -> dict[str, Any]:
     """Expected (exactly-once) vs actual credited total over time, one actual line per copy."""
     schemas = effects_schemas(session, lab)
-    lanes_min = "".join(f", (SELECT applied_at FROM {_q(s)}.payments ORDER BY id LIMIT 1)" for s in schemas)
-    lanes_max = "".join(f", (SELECT applied_at FROM {_q(s)}.payments ORDER BY id DESC LIMIT 1)" for s in schemas)
+    lanes_min = "".join(f", (SELECT applied_at FROM {quoted(s)}.payments ORDER BY id LIMIT 1)" for s in schemas)
+    lanes_max = "".join(f", (SELECT applied_at FROM {quoted(s)}.payments ORDER BY id DESC LIMIT 1)" for s in schemas)
     low, high = session.execute(text(CHART_SPAN_SQL.format(lanes_min=lanes_min, lanes_max=lanes_max))).one()
     if low is None:
         return {"x": [], "series": []}
@@ -548,10 +544,10 @@ def chart_series(session: Session, lab: Lab, exact: bool = False) -> dict[str, A
         width = float(math.ceil(width))
         if not exact and verdict_summary.ready(session, lab.schema, schemas):
             truth_sql, effects_sql = verdict_summary.CHART_TRUTH_SQL, verdict_summary.CHART_EFFECTS_SQL
-    steps = {"expected": dict(session.execute(text(truth_sql.format(journal=_q(lab.schema))), {"width": width}).all())}
+    steps = {"expected": dict(session.execute(text(truth_sql.format(journal=quoted(lab.schema))), {"width": width}).all())}
     for schema in schemas:
         label = "actual" if schema == lab.schema else f"actual · lane {lab.lane_of(schema)}"
-        steps[label] = dict(session.execute(text(effects_sql.format(s=_q(schema))), {"width": width}).all())
+        steps[label] = dict(session.execute(text(effects_sql.format(s=quoted(schema))), {"width": width}).all())
     times = sorted({float(t) for amounts in steps.values() for t in amounts})
     if not times:  # records, but no credit and no effect yet: nothing to draw
         return {"x": [], "series": []}
@@ -596,22 +592,22 @@ def event_drilldown(session: Session, lab: Lab, event_id: str | None = None,
         where = "event_id = CAST(:event AS uuid)" if event_id else 'partition = :partition AND "offset" = :offset'
         deliveries += [{"lane": copy, **r} for r in session.execute(text(
             f'SELECT id, group_id, consumer, partition, "offset", generation, attempt, strategy, outcome, reason, '
-            f"delivered_at FROM {_q(schema)}.deliveries WHERE {where} ORDER BY delivered_at, id"), params).mappings()]
+            f"delivered_at FROM {quoted(schema)}.deliveries WHERE {where} ORDER BY delivered_at, id"), params).mappings()]
         if transaction_ids:
             effects += [{"lane": copy, "table": "payments", **r} for r in session.execute(text(
                 f"SELECT id::text AS id, event_id::text AS event_id, transaction_id, account_id, amount_cents, "
-                f"applied_at AS at FROM {_q(schema)}.payments WHERE transaction_id = ANY(:tx) ORDER BY applied_at"),
+                f"applied_at AS at FROM {quoted(schema)}.payments WHERE transaction_id = ANY(:tx) ORDER BY applied_at"),
                 {"tx": transaction_ids}).mappings()]
             keys += [{"lane": copy, "table": "processed_transactions", "key": k, "at": at} for k, at in session.execute(
-                text(f"SELECT transaction_id, processed_at FROM {_q(schema)}.processed_transactions "
+                text(f"SELECT transaction_id, processed_at FROM {quoted(schema)}.processed_transactions "
                      "WHERE transaction_id = ANY(:tx)"), {"tx": transaction_ids})]
         if event_id:
             effects += [{"lane": copy, "table": "ledger", "id": "–", "transaction_id": None, **r} for r in session.execute(
                 text(f"SELECT event_id::text AS event_id, account_id, amount_cents, recorded_at AS at "
-                     f"FROM {_q(schema)}.ledger WHERE event_id = CAST(:event AS uuid)"), params).mappings()]
+                     f"FROM {quoted(schema)}.ledger WHERE event_id = CAST(:event AS uuid)"), params).mappings()]
             for table in ("processed_events", "seen_events"):  # the unique key table, and check-then-act's
                 keys += [{"lane": copy, "table": table, "key": k, "at": at} for k, at in session.execute(
-                    text(f"SELECT event_id::text, processed_at FROM {_q(schema)}.{table} "
+                    text(f"SELECT event_id::text, processed_at FROM {quoted(schema)}.{table} "
                          "WHERE event_id = CAST(:event AS uuid)"), params)]
         # Why, for an anomaly of this transaction in this copy: read from its ledger and the timeline.
         enter(session.connection(), schema)

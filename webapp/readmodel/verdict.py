@@ -20,6 +20,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from ..summary import verdict_summary as summary
+from ..store.schema import quoted
+from .accounts import AccountLine, accounts, accounts_sql  # noqa: F401  (AccountLine, accounts: re-exported)
+from .why import explain as explain_anomalies
 
 SET_TYPES = ("set_status", "set_balance", "set_score")
 
@@ -33,51 +36,6 @@ firsts AS (
 
 # Kept for readers of the old name: the truth is the log's first records, one per transaction.
 TRUTH = FIRSTS
-
-EXPECTED = """
-latest_set AS (
-    -- per account and kind of set: the latest distinct transaction (where its first record is),
-    -- so re-sending or re-delivering an old one does not move it
-    SELECT DISTINCT ON (account_id, type) account_id, type, status, balance_cents, score, partition, "offset"
-    FROM {journal}.log_records WHERE first_of_transaction AND type IN ('set_status', 'set_balance', 'set_score')
-    ORDER BY account_id, type, partition DESC, "offset" DESC
-),
-{credited}
-overwritten AS (
-    -- an absolute set of the balance replaces what was credited before it (few accounts have one)
-    SELECT b.account_id, sum(f.amount_cents) AS cents
-    FROM latest_set b JOIN {journal}.log_records f ON f.account_id = b.account_id AND f.first_of_transaction
-         AND f.type = 'credit' AND (f.partition, f."offset") < (b.partition, b."offset")
-    WHERE b.type = 'set_balance' GROUP BY b.account_id
-),
-expected AS (
-    SELECT c.account_id, c.cents - coalesce(o.cents, 0) AS cents
-    FROM credited c LEFT JOIN overwritten o ON o.account_id = c.account_id
-)"""
-
-# One credit per transaction (read from the index of first records, in account order), and the
-# natural strategy's ledger per account: aggregated here; kept running by verdict_summary.
-CREDITED = """
-credited AS (
-    SELECT account_id, sum(amount_cents) AS cents FROM {journal}.log_records
-    WHERE first_of_transaction AND type = 'credit' GROUP BY account_id
-),
-ledger_sum AS (SELECT account_id, sum(amount_cents) AS cents FROM ledger GROUP BY account_id),"""
-
-ACCOUNTS_SQL = f"""
-WITH {EXPECTED}
-SELECT a.id, a.owner, (a.balance + coalesce(l.cents, 0))::bigint AS actual,
-       (coalesce(sb.balance_cents, 0) + coalesce(e.cents, 0))::bigint AS expected,
-       a.status, coalesce(ss.status, 'ACTIVE') AS expected_status,
-       {{score}} AS score, sc.score AS expected_score
-FROM accounts a
-LEFT JOIN expected e ON e.account_id = a.id
-LEFT JOIN ledger_sum l ON l.account_id = a.id
-LEFT JOIN latest_set ss ON ss.account_id = a.id AND ss.type = 'set_status'
-LEFT JOIN latest_set sb ON sb.account_id = a.id AND sb.type = 'set_balance'
-LEFT JOIN latest_set sc ON sc.account_id = a.id AND sc.type = 'set_score'
-ORDER BY a.id
-"""
 
 # One hash aggregation per transaction over the log's records and the effects together (no
 # DISTINCT, no sort, no join of two big aggregates). A record is consumed once a group applying
@@ -235,47 +193,8 @@ class Verdict:
         return {**data, "exactly_once": self.exactly_once, "status": self.status, "pending": self.pending}
 
 
-@dataclass(frozen=True)
-class AccountLine:
-    id: str
-    owner: str
-    actual: int
-    expected: int
-    status: str
-    expected_status: str
-    score: int | None = None
-    expected_score: int | None = None
-
-    @property
-    def difference(self) -> int:
-        return self.actual - self.expected
-
-    @property
-    def ok(self) -> bool:
-        return (self.difference == 0 and self.status == self.expected_status
-                and (self.expected_score is None or self.score == self.expected_score))
-
-
 def _journal(journal_schema: str) -> str:
-    return '"' + journal_schema.replace('"', '""') + '"'
-
-
-def _accounts_sql(session: Session, journal_schema: str, exact: bool = False) -> str:
-    """The accounts' query: with the running sums (verdict_summary) when they can be read, else
-    aggregated from the log and the ledger."""
-    journal = _journal(journal_schema)
-    # The score is a set_score's upsert into ``scores`` (a table of its own, one row per account).
-    has_scores = session.execute(text("SELECT to_regclass('scores') IS NOT NULL")).scalar()
-    score = "(SELECT s.score FROM scores s WHERE s.account_id = a.id)::bigint" if has_scores else "NULL::bigint"
-    credited = CREDITED
-    if not exact and session.execute(text(summary.ACCOUNTS_READY_SQL.format(journal=journal))).scalar():
-        credited = summary.CREDITED_SQL + ","
-    return ACCOUNTS_SQL.format(journal=journal, score=score, credited=credited.format(journal=journal))
-
-
-def accounts(session: Session, journal_schema: str, exact: bool = False) -> list[AccountLine]:
-    rows = session.execute(text(_accounts_sql(session, journal_schema, exact))).all()
-    return [AccountLine(*row) for row in rows]
+    return quoted(journal_schema)
 
 
 def verdict(session: Session, journal_schema: str, explain: bool = True, exact: bool = False) -> Verdict:
@@ -290,11 +209,10 @@ def verdict(session: Session, journal_schema: str, explain: bool = True, exact: 
         row = session.execute(text(VERDICT_SQL.format(journal=_journal(journal_schema)))).mappings().one()
         values = {key: int(value or 0) for key, value in row.items()}
     mismatch = session.execute(text(MISMATCHES_SQL.format(
-        accounts=_accounts_sql(session, journal_schema, exact)))).one()
+        accounts=accounts_sql(session, journal_schema, exact)))).one()
     values["balances_mismatched"], values["statuses_mismatched"] = int(mismatch[0]), int(mismatch[1])
     result = Verdict(**values)
     if explain and (result.status == "anomalies" or result.sets_reapplied):
-        from .why import explain as explain_anomalies
         anomalies = explain_anomalies(session, journal_schema, result, summarized=summarized)
         result = Verdict(**values, anomalies=tuple(anomalies))
     return result

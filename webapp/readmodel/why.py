@@ -13,7 +13,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from ..summary.verdict_summary import APPLIED_TWICE_SQL
+from .accounts import accounts
 from .outbox import republish_origin
+from ..store.schema import quoted
 
 LIMIT = 10
 
@@ -304,7 +306,7 @@ def why_reapplied(ctx: _Context, transaction_id: str, applied: int) -> dict[str,
 def explain(session: Session, journal_schema: str, verdict, summarized: bool = False) -> list[dict[str, Any]]:
     """The anomalies of ``verdict`` (first few of each kind), each with its one-sentence ``why``;
     ``summarized``: the verdict was read from the running summaries, which can name them too."""
-    journal = '"' + journal_schema.replace('"', '""') + '"'
+    journal = quoted(journal_schema)
     fmt = {"journal": journal}
     doubled_sql = APPLIED_TWICE_SQL if summarized else DOUBLED_SQL
     doubled = [] if not verdict.duplicates_applied else \
@@ -331,7 +333,6 @@ def explain(session: Session, journal_schema: str, verdict, summarized: bool = F
                            "why": (f"{_at(row['partition'], row['offset'])} is invalid ({row['invalid_reason']}) and "
                                    f"{row['consumer']} {row['outcome']} it instead of sending it to the DLQ")})
     if verdict.statuses_mismatched and not verdict.pending:
-        from .verdict import accounts
         for line in accounts(session, journal_schema):
             if line.status == line.expected_status:
                 continue
@@ -358,7 +359,7 @@ SELECT (SELECT count(*) FROM payments WHERE transaction_id = :tx)
 
 def explain_transaction(session: Session, journal_schema: str, transaction_id: str) -> list[dict[str, Any]]:
     """The anomaly of one transaction in the session's current effects schema, if it has one."""
-    journal = '"' + journal_schema.replace('"', '""') + '"'
+    journal = quoted(journal_schema)
     ctx = _Context(session, journal, [transaction_id])
     records, deliveries = ctx.of(transaction_id)
     if not records:

@@ -1,4 +1,5 @@
 """Scenarios: the event-replay simulator's exercises, run headless or guided, and recorded sessions.
+May import ops, readmodel, strategies, store and domain: a scenario drives the lab only through ops.
 
 - ``marks``: YAML with the line of every key and item, and ``file:line:`` errors;
 - ``loader``: the format: steps are operations of the registry (``webapp.ops``), checked by their
@@ -8,7 +9,8 @@
 - ``journal``: record (a registry hook: every operation appended to the lab's session log) and
   replay (the log exported as a scenario);
 - ``guided``: one click of the guided mode, carried out by a lab agent (``scenario.step``);
-- ``cli``: ``flask --app app scenario list|run|export|replay``.
+- their terminal commands, ``flask --app app scenario list|run|export|replay``, are the cli room's
+  (``webapp/cli/scenarios.py``).
 """
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ from ..domain.lab import Lab
 from ..domain.vocabulary import LIVE_STATES
 from ..store.labdata import say
 from ..store.schema import begin_in
+from ..domain.waits import WaitTimeout, wait_until
 from .conditions import Expectation, compare, describe_condition, format_comparison
 from .loader import CAPABILITIES, Scenario, Step
 from .observe import Snapshot, observe
@@ -414,17 +415,20 @@ class Runner:
 
     def wait(self, step: Step) -> str:
         condition = {k: v for k, v in step.args.items() if k != "timeout"}
-        deadline = time.monotonic() + step.args["timeout"]
         started = time.monotonic()
-        while True:
-            snap = observe(self.engine, self.lab)
-            ok, seen = evaluate(condition, snap, self.run)
-            if ok:
-                return f"after {time.monotonic() - started:.1f} s: {seen}"
-            if time.monotonic() >= deadline:
-                raise StepFailed(f"not within {step.args['timeout']:g} s: wanted {describe_condition(condition)}; "
-                                 f"observed {seen}")
-            time.sleep(POLL_INTERVAL)
+        seen = ""
+
+        def holds() -> bool:
+            nonlocal seen
+            ok, seen = evaluate(condition, observe(self.engine, self.lab), self.run)
+            return ok
+
+        try:
+            wait_until(holds, timeout=step.args["timeout"], message="", interval=POLL_INTERVAL)
+        except WaitTimeout:
+            raise StepFailed(f"not within {step.args['timeout']:g} s: wanted {describe_condition(condition)}; "
+                             f"observed {seen}") from None
+        return f"after {time.monotonic() - started:.1f} s: {seen}"
 
     def _say(self, summary: str) -> None:
         try:

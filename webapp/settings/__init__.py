@@ -1,4 +1,5 @@
 """Settings: defaults, then the environment (and a .env file), then a test dict.
+Imports nothing of the project; web, cli, agent, launcher and sidecars read it.
 
 ``load_config`` is pure apart from reading the environment and the data dir, so the rules
 (loopback unless a token is set, a SECRET_KEY kept across restarts) are tested directly.

@@ -1,2 +1,2 @@
-"""The control plane's statements, one module per group of tables (SQLAlchemy Core on the declared
-Tables), and the one way to enter a lab schema (schema.py)."""
+"""Every table (SQLAlchemy Core, no Flask), every statement on them by group of tables, the one way to
+enter a lab schema (schema.py) and the Alembic migrations (migrations/). May import domain only."""

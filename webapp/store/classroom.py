@@ -22,7 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from .connection import CONTROL_SCHEMA
 from ..domain.lab import NAME, Lab
 from ..domain.vocabulary import LIVE_STATES
-from ..migrations import all_lab_schemas
+from .schema import all_lab_schemas
 
 C = CONTROL_SCHEMA
 NAME_LENGTH = 40        # an attendee's name as typed (collapsed spaces)

@@ -40,7 +40,7 @@ def advance_step(conn: Connection, consumer_id: int) -> int:
 
 # --- the agent's statements: the rows of the processes it owns ------------------------------
 
-LIVE_STATES = [str(state) for state in _LIVE]
+LIVE_STATES = tuple(str(state) for state in _LIVE)
 # Ending in one of these drops the partitions a consumer last reported.
 NO_ASSIGNMENT = (ConsumerState.KILLED, ConsumerState.STOPPED, ConsumerState.CRASHED, ConsumerState.FAILED,
                  ConsumerState.GONE)

@@ -9,7 +9,7 @@ from sqlalchemy import Connection, text
 
 from .connection import CONTROL_SCHEMA
 from ..domain.lab import Lab
-from ..migrations import create_lab_schema, upgrade_connection
+from .migrations import create_lab_schema, upgrade_connection
 from . import faultproxies
 from .schema import enter
 

@@ -71,7 +71,7 @@ PLAN = (
 
 # --- the relay's row ---------------------------------------------------------------------
 
-# Asking for a relay: a row the agents look for (webapp/outbox/keeper.py).
+# Asking for a relay: a row the agents look for (webapp/agent/relays.py).
 WANT_RELAY = "INSERT INTO relay_state (id) VALUES (1) ON CONFLICT (id) DO NOTHING"
 
 ARM = """INSERT INTO relay_state (id, armed_point, armed_always) VALUES (1, %(point)s, %(always)s)

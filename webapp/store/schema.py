@@ -13,9 +13,16 @@ from typing import Any, Iterator
 from sqlalchemy import Connection, Engine, event, text
 from sqlalchemy.orm import Session
 
+from .connection import CONTROL_SCHEMA
+
 SET_PATH = "SELECT set_config('search_path', :schema, true)"
 # The same statement for plain psycopg connections (the agent, the consumers, the fault proxy).
 SET_PATH_PSYCOPG = "SELECT set_config('search_path', %s, true)"
+
+
+def quoted(name: str) -> str:
+    """``name`` as a double-quoted PostgreSQL identifier, for the literal SQL that names a schema."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def enter(conn: Connection, schema: str) -> Connection:
@@ -56,3 +63,12 @@ def session_in(engine: Engine, schema: str) -> Iterator[Session]:
         yield session
     finally:
         session.close()
+
+
+def all_lab_schemas(conn: Connection) -> list[str]:
+    """Every lab and lane schema of the database: ``lab_*`` schemas but the control one, that hold
+    lab tables."""
+    rows = conn.execute(text(
+        "SELECT schemaname FROM pg_tables WHERE tablename = 'accounts' AND schemaname LIKE 'lab\\_%' "
+        "AND schemaname <> :control ORDER BY schemaname"), {"control": CONTROL_SCHEMA}).scalars()
+    return list(rows)

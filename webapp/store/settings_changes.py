@@ -26,6 +26,7 @@ from sqlalchemy import Engine, text
 from .connection import CONTROL_SCHEMA
 from ..domain.lab import Lab
 from ..domain.waits import WaitTimeout, wait_until
+from .schema import quoted
 
 CHANNEL = "lab_settings"
 # What an operation waits at most for the running consumers' acknowledgements: a consumer idle in
@@ -35,10 +36,6 @@ SETTLE_SECONDS = 2.0
 # The columns of a consumer's control row that it applies (the rest is its report, or the step
 # counter it waits on by itself).
 CONTROL_COLUMNS = ("armed_point", "armed_action", "armed_always", "step_mode")
-
-
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def control_trigger_ddl() -> list[str]:
@@ -63,7 +60,7 @@ END $fn$""",
 def lab_trigger_ddl(schema: str) -> list[str]:
     """The triggers on a lab schema's ``consumer_groups`` and ``settings``; idempotent. (A lane's
     schema has the tables too, unused: its triggers name the lab, which is harmless.)"""
-    s = _q(schema)
+    s = quoted(schema)
     lab_name = Lab.of_schema(schema).name.replace("'", "''")
     statements = [f"""CREATE OR REPLACE FUNCTION {s}.settings_changed() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN

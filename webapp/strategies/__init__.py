@@ -1,4 +1,5 @@
-"""The deduplication strategies, by name. Each module holds its SQL text and ``apply``."""
+"""The deduplication strategies, by name: each module holds its SQL text and ``apply``.
+May import domain and notify's protocol; nothing of Flask or Kafka."""
 from __future__ import annotations
 
 from . import business_key, check_then_act, eventid_atomic, eventid_split, insert_first, natural, none, payload_hash

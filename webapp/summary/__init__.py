@@ -1,2 +1,2 @@
-"""The running summaries of the verdict and of the accounts' expected balances: the triggers that
-queue changes, the fold that folds them, the reads. Imports store and domain only."""
+"""The running summaries of the verdict and of the accounts' expected balances: the fold of what the
+triggers queue (their DDL: store/verdict_changes.py), the reads, the upkeep. May import store and domain only."""

@@ -48,81 +48,10 @@ from typing import Any
 import psycopg
 from sqlalchemy import text
 from sqlalchemy.orm import Session
-
-
-def _q(schema: str) -> str:
-    return '"' + schema.replace('"', '""') + '"'
-
-
-# --- the triggers: every changed row's keys into verdict_changes, in the writer's transaction ---
-
-# What each table's changed rows say: the key of the transaction (or invalid record) they belong
-# to, their event (which other keys it touches: a payment's orphan check, a ledger row's key), the
-# record they are about, a delivery's outcome, and the cents an account's sums move by.
-# The chart's cents and second: a first credit's when the reader saw it, an effect's when applied.
-CHANGE_COLUMNS = "log, key, event_id, partition, \"offset\", outcome, account_id, cents, chart_cents, second, sign"
-FIRST_CREDIT = "CASE WHEN first_of_transaction AND type = 'credit' AND invalid_reason IS NULL THEN amount_cents END"
-CHANGED_ROWS = {
-    "log_records": ("true, CASE WHEN invalid_reason IS NULL THEN transaction_id "
-                    "ELSE 'record:' || partition || ':' || \"offset\" END, event_id, partition, \"offset\", NULL, "
-                    f"account_id, {FIRST_CREDIT}, {FIRST_CREDIT}, floor(extract(epoch FROM read_at))"),
-    "deliveries": ("false, coalesce(transaction_id, 'record:' || partition || ':' || \"offset\"), event_id, "
-                   "partition, \"offset\", outcome, NULL, NULL, NULL, NULL"),
-    "payments": ("false, transaction_id, event_id, NULL, NULL, NULL, NULL, NULL, amount_cents, "
-                 "floor(extract(epoch FROM applied_at))"),
-    "ledger": ("false, NULL, event_id, NULL, NULL, NULL, account_id, amount_cents, amount_cents, "
-               "floor(extract(epoch FROM recorded_at))"),
-}
-
-
-def trigger_ddl(schema: str) -> list[str]:
-    """The change triggers of one lab (or lane) schema; idempotent."""
-    s = _q(schema)
-    statements = []
-    for table, columns in CHANGED_ROWS.items():
-        log = "true" if table == "log_records" else "false"
-        function = f"{s}.verdict_changes_of_{table}"
-        statements.append(f"""
-CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
-BEGIN
-    IF TG_OP = 'TRUNCATE' THEN
-        INSERT INTO {s}.verdict_changes (log, rebuild) VALUES ({log}, true);
-        RETURN NULL;
-    END IF;
-    IF TG_OP IN ('UPDATE', 'DELETE') THEN
-        INSERT INTO {s}.verdict_changes ({CHANGE_COLUMNS}) SELECT {columns}, -1 FROM old_rows;
-    END IF;
-    IF TG_OP IN ('UPDATE', 'INSERT') THEN
-        INSERT INTO {s}.verdict_changes ({CHANGE_COLUMNS}) SELECT {columns}, 1 FROM new_rows;
-    END IF;
-    RETURN NULL;
-END $fn$""")
-        for event, referencing in (("INSERT", "NEW TABLE AS new_rows"),
-                                   ("UPDATE", "OLD TABLE AS old_rows NEW TABLE AS new_rows"),
-                                   ("DELETE", "OLD TABLE AS old_rows")):
-            name = f"verdict_changes_{event.lower()}"
-            statements.append(f"DROP TRIGGER IF EXISTS {name} ON {s}.{table}")
-            statements.append(f"CREATE TRIGGER {name} AFTER {event} ON {s}.{table} REFERENCING {referencing} "
-                              f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()")
-        statements.append(f"DROP TRIGGER IF EXISTS verdict_changes_truncate ON {s}.{table}")
-        statements.append(f"CREATE TRIGGER verdict_changes_truncate AFTER TRUNCATE ON {s}.{table} "
-                          f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()")
-    # Committed offsets (and the groups that say which schema they apply to) carry no key: a bare
-    # mark tells the folder to look (a read compares the offsets itself, mark or not).
-    statements.append(f"""
-CREATE OR REPLACE FUNCTION {s}.verdict_changes_mark() RETURNS trigger LANGUAGE plpgsql AS $fn$
-BEGIN
-    INSERT INTO {s}.verdict_changes (log) VALUES (true);
-    RETURN NULL;
-END $fn$""")
-    for table, event in (("group_offsets", "INSERT OR DELETE OR TRUNCATE"), ("consumer_groups", "INSERT OR UPDATE OR DELETE")):
-        statements.append(f"DROP TRIGGER IF EXISTS verdict_changes_mark ON {s}.{table}")
-        statements.append(f"CREATE TRIGGER verdict_changes_mark AFTER {event} ON {s}.{table} "
-                          f"FOR EACH STATEMENT EXECUTE FUNCTION {s}.verdict_changes_mark()")
-    statements.append(f"DROP TRIGGER IF EXISTS verdict_changes_moved ON {s}.group_offsets")
-    statements.append(f"CREATE TRIGGER verdict_changes_moved AFTER UPDATE ON {s}.group_offsets FOR EACH ROW "
-                      f"WHEN (OLD.committed IS DISTINCT FROM NEW.committed) EXECUTE FUNCTION {s}.verdict_changes_mark()")
-    return statements
+from ..store.schema import quoted
+# The triggers that queue every changed row's keys into verdict_changes are the store's DDL: a lab
+# schema is created with them (store/verdict_changes.py).
+from ..store.verdict_changes import trigger_ddl  # noqa: F401  (re-exported)
 
 
 # --- what changed since the last fold: keys -------------------------------------------------
@@ -341,7 +270,7 @@ FROM verdict_totals t, plus, minus, queued""")
 def verdict_values(session: Session, journal_schema: str) -> dict[str, int] | None:
     """The verdict's counts from the running summaries of the current schema, as of this
     statement's snapshot; None when there are none to read (then VERDICT_SQL judges)."""
-    row = session.execute(text(VERDICT_READ_SQL.format(journal=_q(journal_schema)))).mappings().first()
+    row = session.execute(text(VERDICT_READ_SQL.format(journal=quoted(journal_schema)))).mappings().first()
     if row is None or row["rebuild"]:
         return None
     return {name: int(row[name]) for name in TOTALS}
@@ -407,7 +336,7 @@ def first_divergence(session: Session, journal_schema: str, exact: bool = False)
     transaction and event, what ('applied twice' or 'effect lost'), and the event's last delivery.
 
     From the summary unless ``exact`` (the caller checks that it is ready: ``ready``)."""
-    journal = _q(journal_schema)
+    journal = quoted(journal_schema)
     row = session.execute(text((FIRST_DIVERGENCE_SQL if exact else FIRST_DIVERGENCE_READ_SQL).format(
         journal=journal))).first()
     if row is None:
@@ -501,9 +430,9 @@ SELECT floor(second / :width) * :width AS t, sum(cents) FROM (
 
 def ready(session: Session, journal_schema: str, schemas: list[str]) -> bool:
     """Whether the journal's summaries and those of every schema in ``schemas`` can be read."""
-    checks = [f"EXISTS (SELECT 1 FROM {_q(journal_schema)}.verdict_changes WHERE log AND rebuild)"]
-    checks += [f"NOT EXISTS (SELECT 1 FROM {_q(schema)}.verdict_totals) OR EXISTS "
-               f"(SELECT 1 FROM {_q(schema)}.verdict_changes WHERE NOT log AND rebuild)"
+    checks = [f"EXISTS (SELECT 1 FROM {quoted(journal_schema)}.verdict_changes WHERE log AND rebuild)"]
+    checks += [f"NOT EXISTS (SELECT 1 FROM {quoted(schema)}.verdict_totals) OR EXISTS "
+               f"(SELECT 1 FROM {quoted(schema)}.verdict_changes WHERE NOT log AND rebuild)"
                for schema in {journal_schema, *schemas}]
     return not session.execute(text("SELECT " + " OR ".join(f"({check})" for check in checks))).scalar()
 
@@ -552,8 +481,8 @@ def labs_to_fold(conn: psycopg.Connection) -> list[str]:
     if not schemas:
         return []
     looks = " UNION ALL ".join(
-        f"SELECT %s WHERE EXISTS (SELECT 1 FROM {_q(schema)}.verdict_changes) "
-        f"OR NOT EXISTS (SELECT 1 FROM {_q(schema)}.verdict_totals)" for schema in schemas)
+        f"SELECT %s WHERE EXISTS (SELECT 1 FROM {quoted(schema)}.verdict_changes) "
+        f"OR NOT EXISTS (SELECT 1 FROM {quoted(schema)}.verdict_totals)" for schema in schemas)
     waiting = [name for (name,) in conn.execute(looks, [schema.split("__", 1)[0] for schema in schemas])]
     return sorted(set(waiting))
 
@@ -604,7 +533,7 @@ def vacuum_queues(conn: psycopg.Connection, schemas: list[str], thorough: bool =
         # SKIP_LOCKED: a queue locked by a reset, by hand, or by the other kind of vacuum is
         # vacuumed another time.
         options = "SKIP_LOCKED" if thorough else "SKIP_LOCKED, INDEX_CLEANUP OFF, TRUNCATE false"
-        conn.execute(f"VACUUM ({options}) " + ", ".join(f"{_q(schema)}.verdict_changes" for schema in schemas))
+        conn.execute(f"VACUUM ({options}) " + ", ".join(f"{quoted(schema)}.verdict_changes" for schema in schemas))
 
 
 # The tables of ``schemas`` whose rows changed by more than the count their statistics hold, and
@@ -630,7 +559,7 @@ def analyze_grown_tables(conn: psycopg.Connection, schemas: list[str]) -> list[s
 
 
 def _fold(conn: psycopg.Connection, lab_schema: str) -> dict[str, str]:
-    journal = _q(lab_schema)
+    journal = quoted(lab_schema)
     schemas = [name for (name,) in conn.execute(LANES_SQL, [lab_schema, lab_schema.replace("_", "\\_") + "\\_\\_%",
                                                             lab_schema])]
     if lab_schema not in schemas:

@@ -1,32 +1,12 @@
-"""The web layer: one blueprint per feature area. Web processes read PostgreSQL and write
-commands; they hold no Kafka client."""
+"""The web layer: one blueprint per feature area, the request's lab (access.py), security, markdown.
+May import scenarios, ops, readmodel, strategies, store and domain; never kafka, consumer or agent."""
 from __future__ import annotations
-
-from contextlib import contextmanager
-from typing import Iterator
 
 from flask import Flask, current_app
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session
 
-from .db import lab_session
 from ..domain.lab import local_group
-from ..store.labs import Lab
-
-
-def current_lab() -> Lab:
-    """The lab this request works in: in classroom mode the session's own lab (or the one it views
-    read-only, see classroom.request_lab), else LAB_NAME. Every blueprint resolves it here."""
-    from .classroom import request_lab
-    return request_lab()
-
-
-@contextmanager
-def lab_db() -> Iterator[tuple[Lab, Session]]:
-    """The current lab and a session working in its schema."""
-    lab = current_lab()
-    with lab_session(lab.schema) as session:
-        yield lab, session
+from .access import current_lab, lab_db  # noqa: F401  (the request's lab, for every blueprint: access.py)
 
 
 def register_blueprints(app: Flask) -> None:
@@ -43,6 +23,13 @@ def register_blueprints(app: Flask) -> None:
     csrf.exempt(api.bp)
     register_error_pages(app)
     app.add_template_filter(local_group)
+
+
+def record_operations() -> None:
+    """Record every state-changing operation this app runs (forms, API, ``flask lab``) in its lab's
+    session log: the scenarios' journal, as a hook of the operation registry (once per process)."""
+    from ..scenarios import journal
+    journal.install()
 
 
 def register_error_pages(app: Flask) -> None:

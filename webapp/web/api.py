@@ -14,7 +14,7 @@ from markupsafe import Markup, escape
 
 from .. import ops
 from .db import db
-from . import current_lab
+from .access import current_lab
 from .openapi import openapi_document
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")

@@ -23,7 +23,8 @@ from .. import ops, strategies
 from ..readmodel import state
 from ..domain.vocabulary import Limits
 from ..ops.publishing import template_event
-from . import current_lab, dashboard, lab_db
+from . import dashboard
+from .access import current_lab, lab_db
 from .api import ops_context
 
 bp = Blueprint("controls", __name__, url_prefix="/controls")

@@ -29,7 +29,7 @@ from ..domain.vocabulary import EXACT_COUNT_BELOW
 from ..readmodel import notifications as notifications_readmodel
 from ..strategies.base import SESSION_SETTINGS
 from ..strategies.notification import strategy_with
-from . import current_lab, lab_db
+from .access import current_lab, lab_db
 from .singleflight import SingleFlight
 
 bp = Blueprint("dashboard", __name__)
@@ -196,7 +196,8 @@ def status_panel(lab, session, args) -> dict[str, Any]:
 def chaos_panel(lab, session, args) -> dict[str, Any]:
     """Chaos mode (issue 15): the sessions, the actions so far, and whether the verdict holds."""
     from ..readmodel.chaos import panel_data
-    return panel_data(session, lab, db.engine)
+    sessions = ops.call("get_chaos", ops.Context(db.engine, lab), {})["sessions"]
+    return panel_data(session, lab, sessions)
 
 
 @panel("notifications", depends=("notifications",))

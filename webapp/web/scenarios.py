@@ -31,7 +31,8 @@ from ..scenarios import ScenarioError, built_in, guided, load
 from ..scenarios.loader import SEEDS, Scenario
 from ..scenarios.observe import observe
 from ..scenarios.runner import RunState, check_expectations, fresh_lab_name
-from . import classroom
+from .access import guided_run_lab, require_drivable
+from .markdown import markdown
 
 log = logging.getLogger("idempotency_lab.web")
 # How long a click waits for an agent to take the step (it answers at once and runs it on a thread).
@@ -39,14 +40,6 @@ HAND_OVER_SECONDS = 10.0
 
 bp = Blueprint("scenarios", __name__, url_prefix="/scenarios")
 C = CONTROL_SCHEMA
-# CommonMark with raw HTML off: a scenario's narrative can format text, never inject markup.
-_markdown = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
-
-
-def markdown(source: str) -> Markup:
-    return Markup(_markdown.render(source or ""))  # noqa: S704 - markdown-it escapes raw HTML (html=False)
-
-
 CLAIMS_HEADING = "## What the seeds claim, and where the lab shows it"
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -104,7 +97,7 @@ def index():
 @bp.post("/<name>/runs")
 def start(name: str):
     scenario = _scenario(name)
-    lab = classroom.guided_run_lab()
+    lab = guided_run_lab()
     if lab is None:  # a fresh lab of its own: one more on this server
         with db.engine.connect() as conn:
             refused = lab_count_limit_reached(conn, current_app.config)
@@ -145,7 +138,7 @@ def guide(run_id: int):
 @bp.post("/runs/<int:run_id>/next")
 def next_step(run_id: int):
     row = _run_row(run_id)
-    classroom.require_drivable(row["lab"])
+    require_drivable(row["lab"])
     if not guided.claim(db.engine, run_id):
         return _respond(run_id, error="A step of this run is already running; wait for it."), 409
     if not command_channel.live_agents(db.engine):

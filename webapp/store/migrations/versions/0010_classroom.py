@@ -10,7 +10,7 @@ No lab-schema change: an attendee's lab is an ordinary lab.
 """
 from alembic import op
 
-from webapp.migrations import run_control
+from webapp.store.migrations import run_control
 
 revision = "0010"
 down_revision = "0009"

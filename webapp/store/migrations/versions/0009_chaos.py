@@ -13,7 +13,7 @@ Frozen: a later model change gets a revision of its own.
 """
 from alembic import op
 
-from webapp.migrations import run_control
+from webapp.store.migrations import run_control
 
 revision = "0009"
 down_revision = "0008"

@@ -19,7 +19,7 @@ Frozen: a later model change gets a revision of its own.
 """
 from alembic import op
 
-from webapp.migrations import all_lab_schemas
+from webapp.store.migrations import all_lab_schemas
 
 revision = "0012"
 down_revision = "0011"
@@ -56,7 +56,7 @@ TABLES = [
 
 
 def upgrade() -> None:
-    from webapp.summary.verdict_summary import trigger_ddl
+    from webapp.store.verdict_changes import trigger_ddl
 
     conn = op.get_bind()
     for schema in all_lab_schemas(conn):

@@ -14,7 +14,7 @@ at the current head (:func:`create_lab_schema`).
   the baseline, then upgraded;
 - otherwise: upgraded to head (nothing to do when it is there already).
 
-Changing a model: add a revision under ``versions/``; ``python -m webapp.migrations.check
+Changing a model: add a revision under ``versions/``; ``python -m webapp.store.migrations.check
 DATABASE_URL`` prints the DDL the models have and a migrated database lacks, and
 ``tests/test_migrations.py`` fails while any difference remains.
 """
@@ -28,7 +28,8 @@ from typing import Iterable
 from sqlalchemy import Connection, create_engine, text
 from sqlalchemy.pool import NullPool
 
-from ..store.connection import CONTROL_SCHEMA, sqlalchemy_url
+from ..connection import CONTROL_SCHEMA, sqlalchemy_url
+from ..schema import all_lab_schemas
 
 HERE = Path(__file__).resolve().parent
 # Alembic says at INFO what plugins it loads on every start: noise in the agent's and launcher's output.
@@ -120,12 +121,12 @@ def upgrade(database_url: str) -> str:
 
 
 def _create_control_schema(conn: Connection) -> None:
-    from ..store.tables import control_tables
+    from ..tables import control_tables
 
     conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{CONTROL_SCHEMA}"'))
     for table in control_tables():
         table.create(conn, checkfirst=True)
-    from ..store.settings_changes import control_trigger_ddl
+    from ..settings_changes import control_trigger_ddl
 
     for statement in control_trigger_ddl():  # every change of what a consumer applies is notified
         conn.exec_driver_sql(statement)
@@ -136,7 +137,7 @@ def create_lab_schema(conn: Connection, schema: str) -> bool:
 
     True when the schema was created. Leaves the transaction's search_path on ``schema``.
     """
-    from ..store.tables import lab_tables
+    from ..tables import lab_tables
 
     exists = conn.execute(text("SELECT 1 FROM information_schema.schemata WHERE schema_name = :s"),
                           {"s": schema}).first()
@@ -144,23 +145,14 @@ def create_lab_schema(conn: Connection, schema: str) -> bool:
     conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": schema})
     for table in lab_tables():
         table.create(conn, checkfirst=True)
-    from ..store.settings_changes import lab_trigger_ddl
-    from ..summary.verdict_summary import trigger_ddl
+    from ..settings_changes import lab_trigger_ddl
+    from ..verdict_changes import trigger_ddl
 
     for statement in trigger_ddl(schema):  # the running summaries' change triggers
         conn.exec_driver_sql(statement)
     for statement in lab_trigger_ddl(schema):  # changes of the groups' settings are notified
         conn.exec_driver_sql(statement)
     return exists is None
-
-
-def all_lab_schemas(conn: Connection) -> list[str]:
-    """Every lab and lane schema of the database: ``lab_*`` schemas but the control one, that hold
-    lab tables."""
-    rows = conn.execute(text(
-        "SELECT schemaname FROM pg_tables WHERE tablename = 'accounts' AND schemaname LIKE 'lab\\_%' "
-        "AND schemaname <> :control ORDER BY schemaname"), {"control": CONTROL_SCHEMA}).scalars()
-    return list(rows)
 
 
 def for_each_lab_schema(conn: Connection, statements: Iterable[str]) -> list[str]:

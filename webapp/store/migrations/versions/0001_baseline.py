@@ -11,7 +11,7 @@ statements are frozen: never regenerate them from the models.
 """
 from alembic import op
 
-from webapp.migrations import for_each_lab_schema, run_control
+from webapp.store.migrations import for_each_lab_schema, run_control
 
 revision = "0001"
 down_revision = None

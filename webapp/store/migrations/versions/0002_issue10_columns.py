@@ -12,12 +12,12 @@ Create Date: 2026-12-01
 - every lab schema: seen_events: new table
 - every lab schema: scores: new table
 
-Written from `python -m webapp.migrations.check DATABASE_URL` (a baseline database upgraded
+Written from `python -m webapp.store.migrations.check DATABASE_URL` (a baseline database upgraded
 to 0001 against the models); frozen now: a later model change gets a revision of its own.
 """
 from alembic import op
 
-from webapp.migrations import for_each_lab_schema, run_control
+from webapp.store.migrations import for_each_lab_schema, run_control
 
 revision = "0002"
 down_revision = "0001"

@@ -7,12 +7,12 @@ Create Date: 2026-12-01
 - every lab schema: consumer_groups: new columns batch_size (1: per-message mode),
   batch_max_wait_ms, commit_mode (sync | async), static_membership
 
-Written from `python -m webapp.migrations.check DATABASE_URL`; frozen: a later model change gets
+Written from `python -m webapp.store.migrations.check DATABASE_URL`; frozen: a later model change gets
 a revision of its own.
 """
 from alembic import op
 
-from webapp.migrations import for_each_lab_schema
+from webapp.store.migrations import for_each_lab_schema
 
 revision = "0007"
 down_revision = "0006"

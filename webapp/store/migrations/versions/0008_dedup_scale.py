@@ -13,7 +13,7 @@ converts the table when asked (webapp/strategies/dedup_layout.py); every schema 
 """
 from alembic import op
 
-from webapp.migrations import for_each_lab_schema
+from webapp.store.migrations import for_each_lab_schema
 
 revision = "0008"
 down_revision = "0007"

@@ -13,7 +13,7 @@ Frozen: a later model change gets a revision of its own.
 """
 from alembic import op
 
-from webapp.migrations import for_each_lab_schema
+from webapp.store.migrations import for_each_lab_schema
 
 revision = "0004"
 down_revision = "0003"

@@ -16,7 +16,7 @@ Frozen: a later model change gets a revision of its own.
 """
 from alembic import op
 
-from webapp.migrations import all_lab_schemas
+from webapp.store.migrations import all_lab_schemas
 
 revision = "0013"
 down_revision = "0012"

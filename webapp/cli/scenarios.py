@@ -18,9 +18,9 @@ from flask.cli import AppGroup
 from ..store import command_channel
 from ..store.classroom import lab_count_limit_reached
 from ..domain.lab import Lab
-from . import built_in, find, journal
-from .loader import ScenarioError, load
-from .runner import RunState, Runner, broker_kind, fresh_lab_name
+from ..scenarios import built_in, find, journal
+from ..scenarios.loader import ScenarioError, load
+from ..scenarios.runner import RunState, Runner, broker_kind, fresh_lab_name
 
 scenario_cli = AppGroup("scenario", help="Run the lab's exercises and replay recorded sessions.")
 

@@ -1,4 +1,4 @@
-"""Alembic's environment: online only, on the connection ``webapp.migrations`` hands over (or
+"""Alembic's environment: online only, on the connection ``webapp.store.migrations`` hands over (or
 on ``sqlalchemy.url``/``DATABASE_URL`` when run from the ``alembic`` command line)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from sqlalchemy.pool import NullPool
 
 from webapp.store.connection import CONTROL_SCHEMA, sqlalchemy_url
 from webapp.store.tables import metadata
-from webapp.migrations import VERSION_TABLE
+from webapp.store.migrations import VERSION_TABLE
 
 config = context.config
 

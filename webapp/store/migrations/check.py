@@ -4,7 +4,7 @@
 the baseline, every table of ``lab_control`` and of a lab schema has the models' columns (type,
 nullability, whether it has a default), indexes and unique constraints, and no others.
 
-``python -m webapp.migrations.check DATABASE_URL`` builds a database of the baseline (one lab
+``python -m webapp.store.migrations.check DATABASE_URL`` builds a database of the baseline (one lab
 schema with a row) in a scratch database on that server, upgrades it to head, and prints the
 statements a new revision needs for what the models have and it lacks (``IF NOT EXISTS`` where
 PostgreSQL has it); what cannot be drafted (a changed type, a dropped column) is printed as a
@@ -23,7 +23,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable
 
-from ..store.connection import CONTROL_SCHEMA, sqlalchemy_url
+from ..connection import CONTROL_SCHEMA, sqlalchemy_url
 from . import BASELINE, VERSION_TABLE, alembic_config, upgrade_connection
 
 DIALECT = postgresql.dialect()
@@ -171,7 +171,7 @@ def _format(name: str, statements: list[str]) -> str:
 def migrated_differences(url: str) -> tuple[list, list]:
     """(control, lab) differences of a baseline database upgraded to head from the models, in a
     scratch database on the server of ``url``."""
-    from ..store.tables import control_tables, lab_tables
+    from ..tables import control_tables, lab_tables
 
     server = make_url(sqlalchemy_url(url))
     scratch = f"lab_migrations_draft_{uuid.uuid4().hex[:8]}"
@@ -194,11 +194,11 @@ def migrated_differences(url: str) -> tuple[list, list]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..store.tables import control_tables, lab_tables
+    from ..tables import control_tables, lab_tables
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m webapp.migrations.check DATABASE_URL  (any database on the server)", file=sys.stderr)
+        print("usage: python -m webapp.store.migrations.check DATABASE_URL  (any database on the server)", file=sys.stderr)
         return 2
     control, lab = migrated_differences(args[0])
     if not control and not lab:

@@ -16,7 +16,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..store import agents as agent_rows
 from ..store import outbox as sql
-from ..agent.processes import Sidecar
+from ..store.schema import quoted
+from .processes import Sidecar
 
 log = logging.getLogger("idempotency_lab.agent")
 
@@ -35,8 +36,7 @@ class RelayKeeper:
         with self.engine.begin() as conn:
             live = agent_rows.live_ids(conn)
             for (schema,) in conn.execute(text(sql.LABS_WANTING_A_RELAY)).all():
-                quoted = '"' + schema.replace('"', '""') + '"'
-                ours = conn.exec_driver_sql(sql.CLAIM_RELAY.format(schema=quoted),
+                ours = conn.exec_driver_sql(sql.CLAIM_RELAY.format(schema=quoted(schema)),
                                             {"agent": self.agent_id, "live": live}).scalar()
                 if ours:
                     claimed.append(schema.removeprefix("lab_"))
