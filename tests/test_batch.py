@@ -6,6 +6,7 @@ import pytest
 from markupsafe import escape
 
 from webapp import strategies
+from webapp.kafka import GROUP_TIMEOUTS
 from webapp.store.connection import connect
 from webapp.strategies.batching import RECORD_DELIVERIES_BATCH
 
@@ -140,10 +141,13 @@ def test_async_commits_apply_and_commit_everything(services, lab):
 def time_to_redelivery(services, lab, consumer: int, record_count: int) -> dict[str, float]:
     """Crash ``consumer`` after a record's effect, restart it, and time (in the database's clock)
     each phase until the redelivery is absorbed: the new process joined the group (its "started"
-    entry, after subscribe), it was assigned the partition, the record came back."""
+    entry, after subscribe), it was assigned the partition, the record came back. The record
+    redelivered must be the one whose offset the crash left uncommitted (its second delivery)."""
     lab.post(f"/consumers/{consumer}/arm", {"point": "after-effect-before-commit", "action": "crash"})
-    lab.credit("acc-1", 100)
-    lab.wait_consumer(consumer, lambda c: c["state"] == "crashed" and c["exit_code"] is not None, "did not crash")
+    record = lab.credit("acc-1", 100)
+    crashed = lab.wait_consumer(consumer, lambda c: c["state"] == "crashed" and c["exit_code"] is not None,
+                                "did not crash")
+    assert crashed["step_at"] == "after-effect-before-commit" and crashed["exit_code"] == -9, crashed
     [(restarted,)] = query(services, lab, "SELECT localtimestamp")
     lab.post(f"/consumers/{consumer}/restart")
     lab.wait(lambda s: s["verdict"]["redeliveries_absorbed"] >= record_count,
@@ -153,6 +157,13 @@ def time_to_redelivery(services, lab, consumer: int, record_count: int) -> dict[
                (SELECT min(at) FROM timeline WHERE kind = 'rebalanced' AND summary LIKE '%%assigned partitions [%%' AND at >= %s),
                (SELECT min(delivered_at) FROM deliveries WHERE outcome = 'absorbed' AND delivered_at >= %s)""",
                                                         restarted, restarted, restarted)
+    # What came back is exactly the uncommitted record: applied before the crash, absorbed after it.
+    absorbed = query(services, lab, "SELECT partition, \"offset\", attempt FROM deliveries "
+                                    "WHERE outcome = 'absorbed' AND delivered_at >= %s", restarted)
+    assert absorbed == [(record["partition"], record["offset"], 2)], (record, absorbed)
+    assert query(services, lab, "SELECT outcome, attempt FROM deliveries WHERE partition = %s AND \"offset\" = %s "
+                                "ORDER BY attempt", record["partition"], record["offset"]) == \
+        [("applied", 1), ("absorbed", 2)]
     return {"process started": (started - restarted).total_seconds(),
             "assigned": (assigned - restarted).total_seconds(),
             "redelivered": (redelivered - restarted).total_seconds()}
@@ -160,8 +171,12 @@ def time_to_redelivery(services, lab, consumer: int, record_count: int) -> dict[
 
 def test_static_membership_time_to_redelivery_is_measured_on_this_broker(services, lab, capsys):
     """The time from a restart to the redelivered record, without and with a group.instance.id.
-    Both must work; the figures are printed (the report quotes them), not asserted against each
-    other: on a broker that does not honour KIP-345 the static member rejoins like a dynamic one."""
+    Both must work; the figures are printed (the report quotes them). On Apache Kafka (KIP-345) a
+    static member that returns within its session timeout takes its partitions back at once; the
+    embedded broker (Tansu) does not honour group.instance.id (nor list it: it describes no
+    members), so the returning static member waits for the session timeout like a dynamic one
+    (README, "static_membership"): that bound is what is asserted here, with the redelivered
+    record being the one the crash left uncommitted (time_to_redelivery)."""
     lab.post("/groups/payments/strategy", {"strategy": "eventid-atomic"})
     consumer = lab.start_consumer(name="c1")["consumer_id"]
     lab.wait_assigned(consumer)
@@ -173,5 +188,16 @@ def test_static_membership_time_to_redelivery_is_measured_on_this_broker(service
     with capsys.disabled():
         for name, phases in (("dynamic member", dynamic), ("static member (group.instance.id)", static)):
             print(f"\n{name}: seconds after the restart: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
-    assert all(0 <= v < 60 for v in (*dynamic.values(), *static.values())), (dynamic, static)
-    assert lab.verdict()["duplicates_applied"] == 0
+    session_timeout = GROUP_TIMEOUTS["session.timeout.ms"] / 1000
+    for name, phases in (("dynamic", dynamic), ("static", static)):
+        # In order: the process joins, then is assigned the partition, then the record comes back.
+        assert 0 <= phases["process started"] <= phases["assigned"] <= phases["redelivered"], (name, phases)
+        # Not before the session timeout (1 s tolerance for the clocks' granularity): the broker
+        # hands the partition over only once the killed member's session has expired, even to a
+        # static member returning under its old group.instance.id ...
+        assert phases["assigned"] >= session_timeout - 1, (name, phases)
+        # ... and within a few session timeouts (a rebalance or two), not whenever.
+        assert phases["redelivered"] < 4 * session_timeout, (name, phases)
+    verdict = lab.verdict()
+    assert verdict["duplicates_applied"] == 0 and verdict["redeliveries_absorbed"] == 2, verdict
+    assert lab.account("acc-1")["actual"] == 200

@@ -4,12 +4,14 @@ processes (SIGKILL, SIGSTOP/SIGCONT, restart, pg_terminate_backend), each action
 with its seed and index; a stop undoes what chaos held down; the panel and the export say so."""
 from __future__ import annotations
 
+import psutil
 import pytest
 import yaml
 from sqlalchemy import text
 
 from webapp.web.db import db, lab_session
 from webapp.domain.chaos import ACTIONS, ChaosPlan, plan
+from webapp.domain.waits import wait_until
 from webapp.scenarios import journal
 
 
@@ -110,10 +112,27 @@ def test_chaos_kills_freezes_and_restarts_as_its_seed_says_and_leaves_the_group_
 def test_stopping_chaos_thaws_the_consumer_it_froze(lab):
     consumer_id = start(lab, "c1")
     session = lab.post("/chaos", {"seed": 1, "every_seconds": 0.2, "down_seconds": 600, "actions": ["freeze"]})
-    lab.wait_state(consumer_id, "frozen")
+    frozen = lab.wait_state(consumer_id, "frozen")
+    process = psutil.Process(frozen["pid"])
+    # The freeze is real: the kernel holds the process stopped (SIGSTOP), not just its row.
+    wait_until(lambda: process.status() == psutil.STATUS_STOPPED, timeout=10,
+               message=lambda: f"consumer pid {frozen['pid']} was reported frozen but is {process.status()}")
     stopped = lab.post("/chaos/stop", {"group": "payments"})
     assert stopped["stopped"] == [session["id"]]
     assert lab.consumer(consumer_id)["state"] == "running"
+    # The thaw is real: the same process runs again (SIGCONT) ...
+    assert lab.consumer(consumer_id)["pid"] == frozen["pid"]
+    wait_until(lambda: process.status() != psutil.STATUS_STOPPED, timeout=10,
+               message=lambda: f"consumer pid {frozen['pid']} is still stopped after the chaos stop")
+    # ... and consumes: a credit published after the thaw is applied by it, and its offset committed.
+    applied_before = lab.consumer(consumer_id)["applied"]
+    lab.credit("acc-1", 100)
+    lab.wait_consumer(consumer_id, lambda c: c["applied"] == applied_before + 1,
+                      "did not apply the credit published after the thaw", timeout=60)
+    lab.wait_caught_up(timeout=60)
+    account = lab.account("acc-1")
+    assert account["actual"] == account["expected"], account
+    assert lab.consumer(consumer_id)["pid"] == frozen["pid"], "the consumer was replaced, not thawed"
 
 
 def test_terminating_the_effects_session_is_survived_and_a_cut_without_a_proxy_says_so(app, lab):

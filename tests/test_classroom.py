@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import text
 
 from webapp.store import classroom, command_channel
-from webapp import kafka
+from webapp import kafka, ops
 from webapp.web.db import db
 from webapp.domain.lab import Lab
 from webapp.cli.housekeeping import parse_duration, prunable, LabInfo
@@ -143,7 +143,8 @@ def test_an_attendee_cannot_drive_another_attendees_lab(class_app, class_code):
     bruno, bruno_lab = join(class_app, "Bruno", class_code)
     assert ana_lab != bruno_lab
 
-    # Naming Bruno's lab in a change: refused, whatever the route.
+    # Naming Bruno's lab in a change: refused (every route of the registry:
+    # test_naming_another_attendees_lab_in_a_change_is_refused_whatever_the_route).
     refused = ana.post(f"/api/v1/publish?lab={bruno_lab}", json={"account_id": "acc-1", "amount_cents": 100})
     assert refused.status_code == 403 and "not yours" in refused.get_json()["error"]
     # Bruno's guided run: Ana cannot step it.
@@ -177,12 +178,63 @@ def test_an_attendee_cannot_drive_another_attendees_lab(class_app, class_code):
     assert class_app.test_client().post("/api/v1/publish", json={}).status_code == 401
 
 
+# Every change the registry declares (webapp/ops/registry.py: POST under /api/v1), its path
+# parameters filled in; the refusal must come before the operation looks at them or its body.
+CHANGES = sorted((op for op in ops.OPERATIONS.values() if op.changes_state), key=lambda op: op.name)
+
+
+def api_path(op) -> str:
+    path = op.path.replace("<int:consumer_id>", "1").replace("<group>", "payments")
+    assert "<" not in path, f"{op.name}: fill in its path parameter here: {op.path}"
+    return f"/api/v1{path}"
+
+
+def lab_control_rows(app, lab: str) -> dict:
+    """What a change to ``lab`` would leave in the control tables: its commands and consumers."""
+    with app.app_context(), db.engine.connect() as conn:
+        return {"commands": conn.execute(text("SELECT id, verb, status FROM lab_control.commands WHERE lab = :lab "
+                                              "ORDER BY id"), {"lab": lab}).all(),
+                "consumers": conn.execute(text("SELECT id, state FROM lab_control.consumers WHERE lab = :lab "
+                                               "ORDER BY id"), {"lab": lab}).all()}
+
+
+@pytest.mark.parametrize("op", CHANGES, ids=lambda op: op.name)
+def test_naming_another_attendees_lab_in_a_change_is_refused_whatever_the_route(class_app, class_code, op):
+    ana, ana_lab = join(class_app, "Ana", class_code)
+    bruno, bruno_lab = join(class_app, "Bruno", class_code)
+    before_rows, before_state = lab_control_rows(class_app, bruno_lab), bruno.get("/api/v1/state").get_json()
+    refused = ana.post(f"{api_path(op)}?lab={bruno_lab}", json={})
+    assert refused.status_code == 403, (op.name, refused.status_code, refused.get_data(as_text=True)[:300])
+    assert f"lab {bruno_lab} is not yours" in refused.get_json()["error"], (op.name, refused.get_json())
+    # Nothing reached Bruno's lab: no command for its agent, its consumers, groups and log as they were.
+    assert lab_control_rows(class_app, bruno_lab) == before_rows, op.name
+    after_state = bruno.get("/api/v1/state").get_json()
+    for key in ("consumers", "groups", "partitions", "accounts"):
+        assert after_state[key] == before_state[key], (op.name, key)
+
+
 def test_attendees_may_view_each_other_when_the_instructor_allows_it(app_factory, agent, lab_name, class_code):
     app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=class_code, LAB_CLASS_VIEW_OTHERS=1)
     try:
-        ana, _ = join(app, "Ana", class_code)
-        _, bruno_lab = join(app, "Bruno", class_code)
-        assert ana.get(f"/api/v1/state?lab={bruno_lab}").status_code == 200
+        ana, ana_lab = join(app, "Ana", class_code)
+        bruno, bruno_lab = join(app, "Bruno", class_code)
+        # Something only Bruno's lab has: his credit of 7.00 to acc-2.
+        assert bruno.post("/api/v1/publish", json={"account_id": "acc-2", "amount_cents": 700}).status_code == 201
+        viewed = ana.get(f"/api/v1/state?lab={bruno_lab}")
+        assert viewed.status_code == 200
+        body = viewed.get_json()
+        assert (body["lab"], body["topic"]) == (bruno_lab, Lab(bruno_lab).topic), (body["lab"], body["topic"])
+        assert next(a for a in body["accounts"] if a["id"] == "acc-2")["expected"] == 700
+        # ... not Ana's own lab, which has no such credit.
+        own = ana.get("/api/v1/state").get_json()
+        assert own["lab"] == ana_lab != bruno_lab
+        assert next(a for a in own["accounts"] if a["id"] == "acc-2")["expected"] == 0
+        # The dashboard's read-only view of Bruno's lab names his lab, not hers.
+        assert ana.post(f"/labs/{bruno_lab}/view").status_code == 303
+        page = ana.get("/").get_data(as_text=True)
+        assert f"<strong>{bruno_lab}</strong>" in page and "read-only" in page
+        assert f"<strong>{ana_lab}</strong>" not in page
+        assert ana.post("/labs/view/leave").status_code == 303
         assert ana.post(f"/api/v1/publish?lab={bruno_lab}", json={"account_id": "acc-1"}).status_code == 403
     finally:
         with app.app_context():

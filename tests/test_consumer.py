@@ -73,6 +73,18 @@ def crash_then_recover(lab, consumer_id: int, point: str) -> dict:
     # The key committed in its own transaction, the crash before the effect: the effect is lost.
     ("eventid-split", "between-key-and-effect", 0,
      {"effects_lost": 1, "exactly_once": False}, ["absorbed"]),
+    # The other keys, claimed in the effect's transaction (test_strategies.py checks the same with a
+    # raised exception): after a real SIGKILL past the effect the redelivery is absorbed by the
+    # transaction id or the payload's hash ...
+    ("business-key", "after-effect-before-commit", 1000,
+     {"duplicates_applied": 0, "redeliveries_absorbed": 1, "exactly_once": True}, ["applied", "absorbed"]),
+    ("payload-hash", "after-effect-before-commit", 1000,
+     {"duplicates_applied": 0, "redeliveries_absorbed": 1, "exactly_once": True}, ["applied", "absorbed"]),
+    # ... and killed between the key and the effect, both are rolled back: the redelivery applies it, once.
+    ("business-key", "between-key-and-effect", 1000,
+     {"duplicates_applied": 0, "effects_lost": 0, "exactly_once": True}, ["applied"]),
+    ("payload-hash", "between-key-and-effect", 1000,
+     {"duplicates_applied": 0, "effects_lost": 0, "exactly_once": True}, ["applied"]),
 ])
 def test_crash_then_redelivery(app, lab, strategy, point, actual, verdict, outcomes):
     if strategy != "none":

@@ -12,12 +12,33 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from webapp.store import consumers
 from webapp.store.connection import sqlalchemy_url
 from webapp.store.labs import Lab, create_database_state, ensure_control_schema
 
 
 def journal_count(lab) -> int:
     return sum(p["log_end"] for p in lab.state()["partitions"])
+
+
+def lab_commands(app, lab) -> list[tuple]:
+    """Every command the web side queued for this lab's agent, as (id, verb, status)."""
+    from webapp.web.db import db
+    with app.app_context(), db.engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(text(
+            "SELECT id, verb, status FROM lab_control.commands WHERE lab = :lab ORDER BY id"), {"lab": lab.lab.name})]
+
+
+def control_rows(engine, lab_name: str) -> dict[str, list]:
+    """The control rows an operation could change: fault proxies, the lab's commands and consumers."""
+    with engine.connect() as conn:
+        return {"fault_proxies": [tuple(r) for r in conn.execute(text(
+                    "SELECT name, lab, version, blocked_commits FROM lab_control.fault_proxies ORDER BY name"))],
+                "commands": [tuple(r) for r in conn.execute(text(
+                    "SELECT id, verb, status FROM lab_control.commands WHERE lab = :lab ORDER BY id"), {"lab": lab_name})],
+                "consumers": [tuple(r) for r in conn.execute(text(
+                    "SELECT id, name, state, pid, positions, assigned FROM lab_control.consumers WHERE lab = :lab "
+                    "ORDER BY id"), {"lab": lab_name})]}
 
 
 def test_publish_form_publishes_and_says_where(client, lab):
@@ -82,14 +103,31 @@ def test_consumer_form_and_buttons_drive_a_real_process(client, lab):
     lab.wait_state(consumer["id"], "stopped")
 
 
-def test_blocking_commits_without_a_fault_proxy_says_so_and_changes_nothing(client, lab):
-    if client.get("/api/v1/fault-proxy").get_json()["running"]:
-        pytest.skip("a fault proxy is running against this database")
-    consumer = lab.start_consumer(strategy="none")
-    response = client.post(f"/controls/consumers/{consumer['consumer_id']}/commits-blocked", data={"blocked": "true"})
-    assert response.status_code == 503
-    assert "no fault proxy is running" in response.get_data(as_text=True)
-    assert client.get("/api/v1/fault-proxy").get_json()["commits_blocked_of"] == {}
+def test_blocking_commits_without_a_fault_proxy_says_so_and_changes_nothing(agentless_database, app_factory,
+                                                                             lab_name):
+    """In a database of its own, where no fault proxy ever reported (the session's database may
+    hold a fresh report of test_faultproxy.py's proxy, depending on the order the tests run)."""
+    app = app_factory(LAB_NAME=lab_name, DATABASE_URL=agentless_database)
+    client = app.test_client()
+    engine = create_engine(agentless_database, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:  # the control row a started consumer has; its process plays no part here
+            consumer_id = consumers.create(conn, lab_name, "c1", Lab(lab_name).group_id("payments"), "no-agent")
+        assert client.get("/api/v1/fault-proxy").get_json()["running"] is False
+        before = control_rows(engine, lab_name)
+        response = client.post(f"/controls/consumers/{consumer_id}/commits-blocked", data={"blocked": "true"})
+        assert response.status_code == 503
+        assert "no fault proxy is running" in response.get_data(as_text=True)
+        assert client.get("/api/v1/fault-proxy").get_json()["commits_blocked_of"] == {}
+        # Nothing changed: no fault proxy row (no block recorded), no command, the consumer's row as
+        # it was, no fault on the timeline.
+        assert control_rows(engine, lab_name) == before
+        assert before["fault_proxies"] == [] and before["commands"] == []
+        with engine.connect() as conn:
+            assert conn.execute(text(f'SELECT count(*) FROM "{Lab(lab_name).schema}".timeline '
+                                     "WHERE kind = 'fault'")).scalar_one() == 0
+    finally:
+        engine.dispose()
 
 
 def test_unknown_consumer_is_a_404_notice(client, lab):
@@ -119,13 +157,30 @@ def test_strategy_switch_and_unknown_group(client, lab):
     assert lab.state()["groups"][0]["strategy"] == "eventid-atomic"
 
 
-def test_offset_reset_form_validates_before_acting(client, lab):
+def test_offset_reset_form_validates_before_acting(app, client, lab):
+    # Committed offsets to keep: three credits applied and committed, then the consumer stopped.
+    records = [lab.credit("acc-1", 100) for _ in range(3)]
+    consumer_id = lab.start_consumer(strategy="none")["consumer_id"]
+    lab.wait_caught_up()
+    lab.post(f"/consumers/{consumer_id}/stop")
+    lab.wait_state(consumer_id, "stopped")
+    before = lab.state()
+    committed = {p["partition"]: p["committed"] for p in before["partitions"]}
+    assert sum(o or 0 for c in committed.values() if c for o in c.values()) == len(records), committed
+    commands_before = lab_commands(app, lab)
     for form, field in (({"group": "payments", "mode": "back", "back": "0"}, "back"),
                         ({"group": "payments", "mode": "offset", "offsets": "0:x"}, "offsets"),
                         ({"group": "payments", "mode": "timestamp", "timestamp": "yesterday"}, "timestamp")):
         response = client.post("/controls/groups/reset-offsets", data=form)
         assert response.status_code == 422, form
         assert f'id="offsets-{field}-error"' in response.get_data(as_text=True)
+    # Refused before acting: no command reached the agent, the group's committed offsets and its
+    # consumers are as they were.
+    assert lab_commands(app, lab) == commands_before
+    after = lab.state()
+    assert {p["partition"]: p["committed"] for p in after["partitions"]} == committed
+    assert [(c["id"], c["state"], c["positions"]) for c in after["consumers"]] == \
+        [(c["id"], c["state"], c["positions"]) for c in before["consumers"]]
 
 
 def test_a_lane_gets_its_own_group_accounts_and_consumer(client, lab):
@@ -228,9 +283,24 @@ def agentless_database(services, lab_name):
 def test_no_agent_shows_a_banner_and_changes_nothing(agentless_database, app_factory, lab_name):
     app = app_factory(LAB_NAME=lab_name, DATABASE_URL=agentless_database)
     client = app.test_client()
-    response = client.post("/controls/publish", data={"account_id": "acc-1", "amount": "1"})
-    assert response.status_code == 503
-    assert "No lab agent is running" in response.get_data(as_text=True)
-    response = client.post("/controls/consumers", data={"group": "payments"})
-    assert response.status_code == 503
-    assert "no lab agent" in client.get("/panels/status").get_data(as_text=True)
+    engine = create_engine(agentless_database, poolclass=NullPool)
+    try:
+        before_rows, before_state = control_rows(engine, lab_name), client.get("/api/v1/state").get_json()
+        response = client.post("/controls/publish", data={"account_id": "acc-1", "amount": "1"})
+        assert response.status_code == 503
+        assert "No lab agent is running" in response.get_data(as_text=True)
+        response = client.post("/controls/consumers", data={"group": "payments"})
+        assert response.status_code == 503
+        assert "no lab agent" in client.get("/panels/status").get_data(as_text=True)
+        # Nothing changed: no command left queued for an agent that is not there, no consumer row,
+        # nothing published, the accounts and the group's offsets as they were.
+        assert control_rows(engine, lab_name) == before_rows
+        assert before_rows["commands"] == [] and before_rows["consumers"] == []
+        after_state = client.get("/api/v1/state").get_json()
+        for key in ("consumers", "partitions", "accounts", "groups"):
+            assert after_state[key] == before_state[key], key
+        assert all(not p["log_end"] for p in after_state["partitions"]), after_state["partitions"]
+        with engine.connect() as conn:
+            assert conn.execute(text(f'SELECT count(*) FROM "{Lab(lab_name).schema}".published_events')).scalar_one() == 0
+    finally:
+        engine.dispose()

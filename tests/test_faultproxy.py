@@ -18,6 +18,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from support import ROOT, LabDriver, in_process_fault_proxy, service_env, stop_process, wait_for_agent
@@ -28,7 +29,7 @@ from webapp.store.connection import sqlalchemy_url
 from webapp.web.db import lab_session
 from webapp.dev.embedded import LOOPBACK, EmbeddedBroker
 from webapp.faultproxy import PRODUCE, FaultProxy, Faults, RequestHeader
-from webapp.store.labs import Lab
+from webapp.store.labs import Lab, create_database_state, ensure_control_schema
 from webapp.domain.waits import free_port, port_open, wait_until
 
 API_VERSIONS, METADATA = 18, 3
@@ -321,18 +322,42 @@ def proxied_lab(stack, app_factory, lab_name) -> ProxiedLab:
             driver.command("consumer.stop", {"consumer_id": consumer["id"]})
 
 
-def test_arming_needs_a_running_proxy(app_factory, lab_name, services):
-    """Before this module's proxy process starts, nothing could inject the fault: 503, not a silent no-op."""
-    engine = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool)
+@pytest.fixture
+def proxyless_database(services, lab_name):
+    """A database of its own on the session's PostgreSQL, with a lab in it, that no fault proxy
+    ever reported to: the session's database holds this module's proxy's report while (and for
+    a few seconds after) its stack runs, so whether a proxy is running there depends on test order."""
+    name = f"noproxy_{lab_name}"
+    admin = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    url = make_url(sqlalchemy_url(services.database_url)).set(database=name).render_as_string(hide_password=False)
+    engine = create_engine(url, poolclass=NullPool)
     try:
-        if ops.call("get_fault_proxy", ops.Context(engine, Lab(lab_name)))["running"]:
-            pytest.skip("another fault proxy is running against this database")
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        with engine.begin() as conn:
+            ensure_control_schema(conn)
+            create_database_state(conn, Lab(lab_name), 3)
+        yield engine, url
     finally:
         engine.dispose()
-    response = app_factory(LAB_NAME=lab_name).test_client().post("/api/v1/fault-proxy",
-                                                                 json={"drop_produce_responses": 1})
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_arming_needs_a_running_proxy(app_factory, lab_name, proxyless_database):
+    """With no proxy process reporting, nothing could inject the fault: 503, not a silent no-op."""
+    engine, url = proxyless_database
+    assert ops.call("get_fault_proxy", ops.Context(engine, Lab(lab_name)))["running"] is False
+    response = app_factory(LAB_NAME=lab_name, DATABASE_URL=url).test_client().post(
+        "/api/v1/fault-proxy", json={"drop_produce_responses": 1})
     assert response.status_code == 503
     assert "no fault proxy is running" in response.get_json()["error"]
+    # Nothing was armed or written: no proxy row, no fault on the lab's timeline.
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM lab_control.fault_proxies")).scalar_one() == 0
+        assert conn.execute(text(f'SELECT count(*) FROM "{Lab(lab_name).schema}".timeline '
+                                 "WHERE kind = 'fault'")).scalar_one() == 0
 
 
 def test_disarmed_proxy_passes_10000_events_without_loss(stack):

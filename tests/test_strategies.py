@@ -127,6 +127,8 @@ def test_points_passed_are_the_points_shown(conn, name):
     ("eventid-split", 0),    # the key is committed, the effect is not
 ])
 def test_crash_between_key_and_effect(conn, name, effect_after_crash):
+    # A raised exception here; tests/test_consumer.py's test_crash_then_redelivery SIGKILLs a real
+    # consumer process of business-key and payload-hash at this point and after the effect.
     strategy = strategies.get(name)
     event = events.credit("acc-1", 1000)
     with pytest.raises(Crash):
