@@ -315,7 +315,7 @@ class Loaded:
 
 def _cached(key: tuple[str, str, str], fingerprint: str, compute: Callable[[], Any],
             compute_apart: Callable[[], Any] | None = None) -> Loaded:
-    if not current_app.config.get("PANEL_CACHE", True):
+    if not current_app.config["PANEL_CACHE"]:
         return Loaded(compute(), fingerprint)
     slow = float(current_app.config.get("LIVE_STALE_AFTER_SECONDS") or 0)
     if compute_apart is None or slow <= 0:
