@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from webapp.dev.embedded import EmbeddedBroker  # noqa: E402
-from webapp.kafka import GROUP_TIMEOUTS  # noqa: E402
+from webapp.kafka.config import GROUP_TIMEOUTS  # noqa: E402
 from webapp.domain.waits import wait_until  # noqa: E402
 
 TOPIC = "commit-modes"

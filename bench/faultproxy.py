@@ -30,7 +30,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from webapp.domain import events
 from webapp.dev.embedded import LOOPBACK, EmbeddedBroker, stop_process  # noqa: E402
-from webapp.kafka import producer_config  # noqa: E402
+from webapp.kafka.config import producer_config  # noqa: E402
 from webapp.domain.waits import free_port, port_open, wait_until  # noqa: E402
 
 

@@ -30,7 +30,7 @@ from sqlalchemy.pool import NullPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from webapp import kafka  # noqa: E402
+from webapp.kafka.admin import admin_client, ensure_topics  # noqa: E402
 from webapp.store.connection import connect, sqlalchemy_url  # noqa: E402
 from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres  # noqa: E402
 from webapp.store.labs import Lab, create_database_state, ensure_control_schema  # noqa: E402
@@ -121,7 +121,7 @@ def main() -> int:
                 ensure_control_schema(conn)
                 create_database_state(conn, LAB, PARTITIONS)
             engine.dispose()
-            kafka.ensure_topics(kafka.admin_client(broker.bootstrap_servers), {LAB.topic: PARTITIONS})
+            ensure_topics(admin_client(broker.bootstrap_servers), {LAB.topic: PARTITIONS})
             started = time.perf_counter()
             produce(broker.bootstrap_servers, args.records)
             print(f"produced {args.records:,} records ({PARTITIONS} partitions, 1% malformed) "

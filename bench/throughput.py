@@ -51,7 +51,8 @@ from webapp.agent.setup import ensure_lab  # noqa: E402
 from webapp.store.connection import CONTROL_SCHEMA, connect, sqlalchemy_url  # noqa: E402
 from webapp.domain.lab import Lab  # noqa: E402
 from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres, stop_process  # noqa: E402
-from webapp.kafka import admin_client, committed_offsets, consumer_config, producer_config  # noqa: E402
+from webapp.kafka.admin import admin_client, committed_offsets  # noqa: E402
+from webapp.kafka.config import consumer_config, producer_config  # noqa: E402
 from webapp.strategies.base import CREDIT_BALANCE, INSERT_PAYMENT, RECORD_DELIVERY, params  # noqa: E402
 from webapp.strategies.batching import (CREDIT_BATCH, INSERT_PAYMENTS_BATCH, RECORD_DELIVERIES_BATCH,  # noqa: E402
                                         Item, columns)

@@ -22,7 +22,8 @@ from sqlalchemy.pool import NullPool
 
 from support import ROOT, LabDriver, in_process_fault_proxy, service_env, stop_process, wait_for_agent
 from webapp.store import command_channel
-from webapp import kafka, ops
+from webapp import ops
+from webapp.kafka.admin import admin_client, committed_offsets
 from webapp.readmodel import state
 from webapp.store.connection import sqlalchemy_url
 from webapp.web.db import lab_session
@@ -181,10 +182,10 @@ def test_a_blocked_clients_offset_commits_never_reach_the_broker_while_its_fetch
 
     # What the broker holds, asked by a client of its own: the proxy cuts the blocked client's
     # connection to the coordinator, and that client's own OffsetFetch could wait behind it.
-    admin = kafka.admin_client(in_process.address)
+    admin = admin_client(in_process.address)
 
     def committed() -> int | None:
-        return kafka.committed_offsets(admin, f"g-{topic}", topic)[0]
+        return committed_offsets(admin, f"g-{topic}", topic)[0]
 
     blocked_before = in_process.faults.commits_blocked
     try:

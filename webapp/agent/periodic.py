@@ -25,7 +25,7 @@ from confluent_kafka import KafkaException
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from .. import kafka
+from ..kafka.admin import admin_client, broker_error, committed_offsets
 from ..store import timeline
 from ..strategies import ttl
 from ..summary import verdict_summary
@@ -50,7 +50,7 @@ class Heartbeat:
         self.agent_id, self.host, self.pid = agent_id, host, pid
         self.engine: Engine = create_engine(sqlalchemy_url(database_url), pool_size=1, max_overflow=1,
                                             pool_pre_ping=True, connect_args={"connect_timeout": 3})
-        self.admin = kafka.admin_client(bootstrap_servers)
+        self.admin = admin_client(bootstrap_servers)
         self.reaper = Reaper(agent_id, host, pid)
         self.kafka_error: str | None = "not checked yet"
         self._stop = threading.Event()
@@ -69,7 +69,7 @@ class Heartbeat:
             self._threads.append(thread)
 
     def probe(self) -> None:
-        self.kafka_error = kafka.broker_error(self.admin, timeout=1.5)
+        self.kafka_error = broker_error(self.admin, timeout=1.5)
 
     def beat(self) -> None:
         with self.engine.begin() as conn:
@@ -311,7 +311,7 @@ def snapshot_offsets(conn: psycopg.Connection, admin, lab: Lab) -> None:
     """Every group's committed offsets, as Kafka has them now, into the lab's ``group_offsets``."""
     groups = [g for (g,) in conn.execute(f'SELECT group_id FROM "{lab.schema}".consumer_groups')]
     for group_id in groups:
-        offsets = kafka.committed_offsets(admin, group_id, lab.topic)
+        offsets = committed_offsets(admin, group_id, lab.topic)
         with conn.transaction():
             for partition, committed in offsets.items():
                 conn.execute(

@@ -91,9 +91,9 @@ def drop_lab(lab: Lab) -> dict[str, Any]:
         return command_channel.run(db.engine, lab.name, "lab.drop", {}, timeout=DROP_TIMEOUT)
     if not config.get("KAFKA_BOOTSTRAP_SERVERS"):
         raise click.UsageError("KAFKA_BOOTSTRAP_SERVERS is not set and no lab agent runs: the topics cannot be deleted")
-    from .. import kafka
+    from ..kafka.admin import admin_client
     from ..agent.prune import drop
-    return drop(db.engine, kafka.admin_client(config["KAFKA_BOOTSTRAP_SERVERS"]), lab)
+    return drop(db.engine, admin_client(config["KAFKA_BOOTSTRAP_SERVERS"]), lab)
 
 
 def _size(size: int) -> str:
