@@ -258,7 +258,8 @@ def in_process_fault_proxy(base: Path, observer: Callable | None = None) -> Iter
     import threading
 
     from webapp.dev.embedded import LOOPBACK
-    from webapp.faultproxy import FaultProxy, Faults
+    from webapp.faultproxy.faults import Faults
+    from webapp.faultproxy.proxy import FaultProxy
 
     broker = EmbeddedBroker(base / "tansu.log")
     faults = Faults()

@@ -28,7 +28,9 @@ from webapp.readmodel import state
 from webapp.store.connection import sqlalchemy_url
 from webapp.web.db import lab_session
 from webapp.dev.embedded import LOOPBACK, EmbeddedBroker
-from webapp.faultproxy import PRODUCE, FaultProxy, Faults, RequestHeader
+from webapp.faultproxy.faults import Faults
+from webapp.faultproxy.protocol import PRODUCE, RequestHeader
+from webapp.faultproxy.proxy import FaultProxy
 from webapp.store.labs import Lab
 from webapp.domain.waits import free_port, port_open, wait_until
 

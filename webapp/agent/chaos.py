@@ -34,8 +34,8 @@ from ..kafka.config import PRODUCER_CLIENT_ID
 from ..domain import chaos as plan
 from ..domain.lab import Lab
 from ..domain.vocabulary import FAULT_PROXY_FRESH_SECONDS
-from ..faultproxy import CHANNEL as FAULT_PROXY_CHANNEL
-from ..faultproxy import DEFAULT_NAME as FAULT_PROXY
+from ..faultproxy.control import CHANNEL as FAULT_PROXY_CHANNEL
+from ..faultproxy.control import DEFAULT_NAME as FAULT_PROXY
 from ..store import chaos as sessions
 from ..store import consumers as consumer_rows
 from ..store import faultproxies, labdata, schema

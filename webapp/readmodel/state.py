@@ -441,7 +441,7 @@ AGENT_STALE_SECONDS = 5.0
 
 def commit_blocks(session: Session, lab: Lab) -> dict[str, float]:
     """The lab's consumers whose offset commits the fault proxy keeps from the broker, with the
-    seconds left (webapp/faultproxy/__init__.py); across every proxy row, the default one in practice."""
+    seconds left (webapp/faultproxy/control.py); across every proxy row, the default one in practice."""
     return faultproxies.blocked_commits_of(session.connection(), None, lab.client_id(""))
 
 
