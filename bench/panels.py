@@ -23,7 +23,7 @@ from sqlalchemy.pool import NullPool
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from webapp import create_app
-from webapp.summary import verdict_summary
+from webapp.summary.fold import fold_lab
 from webapp.store.connection import connect, sqlalchemy_url
 from webapp.web.db import db
 from webapp.dev.embedded import EmbeddedPostgres  # noqa: E402
@@ -116,7 +116,7 @@ def summarize(database_url: str) -> float:
     the seconds it took."""
     started = time.perf_counter()
     with connect(database_url, autocommit=True) as conn:
-        verdict_summary.fold_lab(conn, LAB.schema)
+        fold_lab(conn, LAB.schema)
         conn.execute("VACUUM ANALYZE")
     return time.perf_counter() - started
 

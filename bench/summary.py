@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from webapp.readmodel import verdict
-from webapp.summary import verdict_summary
+from webapp.summary.fold import fold_lab
 from webapp.store.connection import psycopg_conninfo, sqlalchemy_url  # noqa: E402
 from webapp.dev.embedded import EmbeddedPostgres  # noqa: E402
 from webapp.store.labs import Lab, create_database_state, ensure_control_schema  # noqa: E402
@@ -164,7 +164,7 @@ def bench_reads(url: str, sizes: list[int], requests: int) -> None:
             summary_ms = timed(read(False), requests)
             exact_ms = timed(read(True), max(3, requests // 10))
             began = time.perf_counter()
-            verdict_summary.fold_lab(folder, panels.LAB.schema)
+            fold_lab(folder, panels.LAB.schema)
             fold_ms = (time.perf_counter() - began) * 1000
             ratio = statistics.median(summary_ms) / statistics.median(exact_ms)
             print(f"   verdict + accounts, summaries  {statistics.median(summary_ms):9.1f} / {percentile(summary_ms, 0.95):8.1f}"

@@ -75,7 +75,7 @@ class Agent:
         self.housekeeping = Housekeeping(self.conn)
         # Dedup tables at scale (issue 14): sizes and probe insert latency, on a thread of its own.
         self.dedup_sampler = DedupSampler(database_url, loading=LOAD_RUNS.labs)
-        # The verdict's running summaries (webapp/summary/verdict_summary.py), folded on a thread of their own.
+        # The verdict's running summaries (webapp/summary/fold.py), folded on a thread of their own.
         self.summary_folder = SummaryFolder(database_url)
         # The log mirror (the lab's ground truth: every record of every lab topic), kept running.
         self.log_mirror = Sidecar("log reader", "webapp.logreader",

@@ -17,7 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from . import verdict as verdict_module
-from ..summary import verdict_summary
+from ..summary import reads as summary
 from . import why as why_module
 from . import ordering
 from . import outbox as outbox_readmodel
@@ -345,7 +345,7 @@ def verdict(session: Session, lab: Lab, exact: bool = False) -> verdict_module.V
 # offsets with some of them unknown to the journal (and one known) was written again by the
 # producer's retry after a lost ack; resends are journaled each time; another producer's
 # records are in no journal at all. ``repeated``: the events at several offsets (REPEATED_EVENTS_SQL,
-# or their running summary, verdict_summary.REPEATED_EVENTS_SQL).
+# or their running summary, summary.REPEATED_EVENTS_SQL).
 PRODUCER_DUPLICATES_SQL = """
 WITH {repeated}
 SELECT x.event_id::text, count(*) AS records,
@@ -371,9 +371,9 @@ def producer_duplicates(session: Session, lab: Lab, listed: int = 20, exact: boo
     ack (the lab's journal has a report for another copy, none for these); ``extra_records``
     counts every record beyond the first of an event (resends, other producers' repeats).
     """
-    # The events at several offsets, from the running summary when it can be read (verdict_summary).
-    summarized = not exact and session.execute(text(verdict_summary.JOURNAL_READY_SQL)).scalar()
-    repeated = verdict_summary.REPEATED_EVENTS_SQL if summarized else REPEATED_EVENTS_SQL
+    # The events at several offsets, from the running summary when it can be read (summary/reads.py).
+    summarized = not exact and session.execute(text(summary.JOURNAL_READY_SQL)).scalar()
+    repeated = summary.REPEATED_EVENTS_SQL if summarized else REPEATED_EVENTS_SQL
     rows = session.execute(text(PRODUCER_DUPLICATES_SQL.format(repeated=repeated))).all()
     retried = [row for row in rows if 0 < row.unreported < row.records]
     return {
@@ -481,11 +481,11 @@ class Lane:
 
 def lanes(session: Session, lab: Lab, exact: bool = False) -> list[Lane]:
     """Every copy of the accounts (the lab's own and each lane's), balances side by side, each with
-    its first divergent event (verdict_summary.first_divergence: from the running summaries when
+    its first divergent event (summary.first_divergence: from the running summaries when
     they are built, else, or when ``exact``, judged whole)."""
     groups = groups_list(session)
     schemas = effects_schemas(session, lab)
-    summarized = not exact and verdict_summary.ready(session, lab.schema, schemas)
+    summarized = not exact and summary.ready(session, lab.schema, schemas)
     result = []
     connection = session.connection()
     try:
@@ -494,7 +494,7 @@ def lanes(session: Session, lab: Lab, exact: bool = False) -> list[Lane]:
                 f"SELECT a.id, (a.balance + coalesce((SELECT sum(amount_cents) FROM {quoted(schema)}.ledger l "
                 f"WHERE l.account_id = a.id), 0))::bigint FROM {quoted(schema)}.accounts a ORDER BY a.id")).all())
             enter(connection, schema)  # the copy's own effects and summary
-            first = verdict_summary.first_divergence(session, lab.schema, exact=not summarized)
+            first = summary.first_divergence(session, lab.schema, exact=not summarized)
             name = "lab" if schema == lab.schema else lab.lane_of(schema)
             result.append(Lane(schema, name, [g for g in groups if g["effects_schema"] == schema], balances, first))
     finally:
@@ -539,11 +539,11 @@ def chart_series(session: Session, lab: Lab, exact: bool = False) -> dict[str, A
     width = max(0.05, (high - low) / CHART_BUCKETS)
     truth_sql, effects_sql = CHART_TRUTH_SQL, CHART_EFFECTS_SQL
     if width >= 1:
-        # Buckets of whole seconds: the running sums per second (verdict_summary) add up to the
+        # Buckets of whole seconds: the running sums per second (summary/reads.py) add up to the
         # same buckets as the rows themselves, so either may answer.
         width = float(math.ceil(width))
-        if not exact and verdict_summary.ready(session, lab.schema, schemas):
-            truth_sql, effects_sql = verdict_summary.CHART_TRUTH_SQL, verdict_summary.CHART_EFFECTS_SQL
+        if not exact and summary.ready(session, lab.schema, schemas):
+            truth_sql, effects_sql = summary.CHART_TRUTH_SQL, summary.CHART_EFFECTS_SQL
     steps = {"expected": dict(session.execute(text(truth_sql.format(journal=quoted(lab.schema))), {"width": width}).all())}
     for schema in schemas:
         label = "actual" if schema == lab.schema else f"actual · lane {lab.lane_of(schema)}"
