@@ -24,7 +24,8 @@ from support import ROOT, LabDriver, in_process_fault_proxy, service_env, stop_p
 from webapp.store import command_channel
 from webapp import ops
 from webapp.kafka.admin import admin_client, committed_offsets
-from webapp.readmodel import state
+from webapp.readmodel import partitions as partitions_readmodel
+from webapp.readmodel.partitions import Cell
 from webapp.store.connection import sqlalchemy_url
 from webapp.web.db import lab_session
 from webapp.dev.embedded import LOOPBACK, EmbeddedBroker
@@ -307,9 +308,9 @@ class ProxiedLab(LabDriver):
     def producer_duplicates(self) -> dict:
         return self.state()["producer_duplicates"]
 
-    def cells(self) -> list[state.Cell]:
+    def cells(self) -> list[Cell]:
         with self.client.application.app_context(), lab_session(self.lab.schema) as session:
-            return [cell for view in state.partitions(session, self.lab) for cell in view.cells]
+            return [cell for view in partitions_readmodel.partitions(session, self.lab) for cell in view.cells]
 
 
 @pytest.fixture

@@ -129,7 +129,7 @@ def test_every_record_of_an_outside_producer_is_mirrored_decoded_or_with_its_rea
     assert last["amount_cents"] == 5
 
     # The log end the lab shows is the reader's, not the broker's high watermark.
-    from webapp.readmodel.state import log_ends
+    from webapp.readmodel.partitions import log_ends
     engine = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool)
     try:
         from sqlalchemy.orm import Session

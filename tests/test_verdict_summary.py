@@ -18,7 +18,10 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
-from webapp.readmodel import state, verdict
+from webapp.readmodel import verdict
+from webapp.readmodel.chart import chart_series
+from webapp.readmodel.lanes import lanes
+from webapp.readmodel.producer_duplicates import producer_duplicates
 from webapp.summary import fold, reads, triggers
 from webapp.agent.periodic import SummaryFolder
 from webapp.domain.lab import Lab
@@ -245,12 +248,12 @@ def assert_agree(engine, lab: str, lane: str, when: str) -> bool:
             assert_the_applied_twice_listed_agree(engine, lab, schema, exact["transactions_applied_twice"], when)
     with Session(engine) as session:
         enter(session.connection(), lab)
-        summary, exact = (state.producer_duplicates(session, Lab.of_schema(lab), exact=flag) for flag in (False, True))
+        summary, exact = (producer_duplicates(session, Lab.of_schema(lab), exact=flag) for flag in (False, True))
         assert summary == exact, f"{when}: producer duplicates {summary} vs {exact}"
-        summary, exact = (state.chart_series(session, Lab.of_schema(lab), exact=flag) for flag in (False, True))
+        summary, exact = (chart_series(session, Lab.of_schema(lab), exact=flag) for flag in (False, True))
         assert summary == exact, f"{when}: the chart {summary} vs {exact}"
         summary, exact = ([(lane.name, lane.balances, lane.first_divergence)
-                           for lane in state.lanes(session, Lab.of_schema(lab), exact=flag)] for flag in (False, True))
+                           for lane in lanes(session, Lab.of_schema(lab), exact=flag)] for flag in (False, True))
         assert summary == exact, f"{when}: the lanes {summary} vs {exact}"
         assert len(summary) == 2, "the lab and its lane"
         DIVERGENCES_SEEN.update(first["what"] for _, _, first in summary if first)

@@ -208,7 +208,7 @@ class Delivery(Base):
     __table_args__ = (Index("deliveries_group_partition_offset", "group_id", "partition", "offset"),
                       # the timeline merges the newest deliveries with its own entries
                       Index("deliveries_delivered_at", "delivered_at"),
-                      # the log end per partition (state.log_ends), whatever the group
+                      # the log end per partition (partitions.log_ends), whatever the group
                       Index("deliveries_partition_offset", "partition", "offset"),
                       # absorbed and dead-lettered deliveries are few: the verdict and lanes count them
                       Index("deliveries_outcome", "outcome"))

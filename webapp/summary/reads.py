@@ -176,7 +176,8 @@ SELECT EXISTS (SELECT 1 FROM {journal}.verdict_totals) AND EXISTS (SELECT 1 FROM
 # --- the chart: credited cents per second, expected (the journal's) and applied (each copy) -------
 
 # Cents per bucket of ``:width`` whole seconds, from the folded seconds and the queued changes; a
-# bucket is there when rows are (as in state.CHART_TRUTH_SQL, which buckets the rows themselves).
+# bucket is there when rows are (as in readmodel/chart.py's CHART_TRUTH_SQL, which buckets the rows
+# themselves).
 CHART_TRUTH_SQL = """
 SELECT floor(second / :width) * :width AS t, sum(cents) FROM (
     SELECT second, cents, rows FROM {journal}.chart_truth

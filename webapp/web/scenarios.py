@@ -22,7 +22,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..store import command_channel
-from ..readmodel import state
+from ..readmodel.timeline import timeline
 from ..store.classroom import lab_count_limit_reached
 from ..store.connection import CONTROL_SCHEMA
 from .db import db, lab_session
@@ -170,7 +170,7 @@ def live(run_id: int):
         snap = observe(db.engine, lab)
         checks = check_expectations(context["scenario"], snap, context["run"])
         with lab_session(lab.schema) as session:
-            entries = state.timeline(session, limit=10) if snap.groups else []
+            entries = timeline(session, limit=10) if snap.groups else []
     except SQLAlchemyError:
         snap, checks, entries = None, [], []
     return render_template("scenarios/_live.html", snap=snap, checks=checks, entries=entries, **context)
