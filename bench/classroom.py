@@ -18,7 +18,6 @@ import argparse
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -28,12 +27,8 @@ from pathlib import Path
 import psutil
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres, stop_process  # noqa: E402
-from webapp.store.migrations import upgrade  # noqa: E402
-from webapp.domain.waits import free_port, port_open, wait_until  # noqa: E402
+from webapp.dev.stack import ROOT, Stack
+from webapp.domain.waits import free_port, port_open, wait_until
 
 EXERCISE = "01_naive_double_credit"
 CLASS_CODE = "bench-class"
@@ -180,88 +175,77 @@ def main() -> int:
     options = parser.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="bench-classroom-"))
-    postgres, broker = EmbeddedPostgres(base / "postgres"), EmbeddedBroker(base / "tansu.log")
-    processes: list[subprocess.Popen] = []
-    try:
-        postgres.start()
-        broker.start()
-        upgrade(postgres.url)
-        port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "KAFKA_", "LAB_"))}
-        env.update({"DATABASE_URL": postgres.url, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
-                    "LAB_DATA_DIR": str(base), "LAB_CLASS_CODE": CLASS_CODE, "LAB_TOKEN": TOKEN,
-                    "LAB_PORT": str(port), "LAB_MAX_LABS": str(options.attendees + 10),
-                    "WEB_WORKERS": str(options.web_workers), "LAB_BROKER_KIND": "tansu"})
-        logs = open(base / "bench.log", "ab")
-        agent = subprocess.Popen([sys.executable, "-m", "webapp.agent"], env=env, cwd=ROOT, stdout=logs,
-                                 stderr=subprocess.STDOUT)
-        web = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"), "app:app"],
-                               env=env, cwd=ROOT, stdout=logs, stderr=subprocess.STDOUT)
-        processes += [web, agent]
-        url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: port_open("127.0.0.1", port), timeout=60, message="the web app never listened")
-        wait_until(lambda: healthy(url), timeout=120, interval=0.5, message="the web app never became healthy")
+    port = free_port()
+    # PostgreSQL, the broker and an agent (webapp/dev/stack.py), then the web app under gunicorn;
+    # their logs in the base directory (agent.log, web.log), which is kept.
+    with Stack(base, env={"LAB_CLASS_CODE": CLASS_CODE, "LAB_TOKEN": TOKEN, "LAB_PORT": str(port),
+                          "LAB_MAX_LABS": str(options.attendees + 10), "WEB_WORKERS": str(options.web_workers),
+                          "LAB_BROKER_KIND": "tansu"}) as stack:
+        web = stack.spawn("web", ["-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"), "app:app"], "web.log")
+        return run_class(options, base, port, stack.agent, web)
 
-        stop = threading.Event()
-        meter = Meter({"agent": agent.pid, "web": web.pid, "postgres": postgres_pid(base / "postgres")}, stop)
+
+def run_class(options: argparse.Namespace, base: Path, port: int, agent, web) -> int:
+    """The attendees against the web app at ``port``; 0 when every run passed."""
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: port_open("127.0.0.1", port), timeout=60, message="the web app never listened")
+    wait_until(lambda: healthy(url), timeout=120, interval=0.5, message="the web app never became healthy")
+
+    stop = threading.Event()
+    meter = Meter({"agent": agent.pid, "web": web.pid, "postgres": postgres_pid(base / "postgres")}, stop)
+    meter.sample()
+    baseline = {name: dict(values) for name, values in meter.cpu.items()}
+    board = Board(url, stop)
+    deadline = time.monotonic() + options.timeout
+    started = 0.0
+
+    def class_starts() -> None:  # the barrier's action: everyone has joined, the exercise starts now
+        nonlocal started
+        started = time.monotonic()
         meter.sample()
-        baseline = {name: dict(values) for name, values in meter.cpu.items()}
-        board = Board(url, stop)
-        deadline = time.monotonic() + options.timeout
-        started = 0.0
+        baseline.update({name: dict(values) for name, values in meter.cpu.items()})
+        board.start()
 
-        def class_starts() -> None:  # the barrier's action: everyone has joined, the exercise starts now
-            nonlocal started
-            started = time.monotonic()
-            meter.sample()
-            baseline.update({name: dict(values) for name, values in meter.cpu.items()})
-            board.start()
+    everyone_joined = threading.Barrier(options.attendees, action=class_starts)
+    attendees = [Attendee(url, f"Attendee {n:02d}", deadline, everyone_joined)
+                 for n in range(1, options.attendees + 1)]
+    joining = time.monotonic()
+    meter.start()
+    for attendee in attendees:
+        attendee.start()
+    for attendee in attendees:
+        attendee.join(timeout=max(1.0, deadline - time.monotonic()))
+    wall = time.monotonic() - started
+    join_wall = started - joining
+    stop.set()
+    meter.join(timeout=5)
+    board.join(timeout=60)
+    meter.sample()
 
-        everyone_joined = threading.Barrier(options.attendees, action=class_starts)
-        attendees = [Attendee(url, f"Attendee {n:02d}", deadline, everyone_joined)
-                     for n in range(1, options.attendees + 1)]
-        joining = time.monotonic()
-        meter.start()
-        for attendee in attendees:
-            attendee.start()
-        for attendee in attendees:
-            attendee.join(timeout=max(1.0, deadline - time.monotonic()))
-        wall = time.monotonic() - started
-        join_wall = started - joining
-        stop.set()
-        meter.join(timeout=5)
-        board.join(timeout=60)
-        meter.sample()
-
-        passed = [a for a in attendees if a.status == "passed"]
-        print(f"attendees: {len(attendees)} each running {EXERCISE} in their own lab, one agent, "
-              f"gunicorn {options.web_workers} worker(s); {os.cpu_count()} CPU(s)")
-        print(f"passed: {len(passed)}/{len(attendees)}")
-        for attendee in attendees:
-            if attendee.status != "passed":
-                print(f"  {attendee.name}: {attendee.status} {attendee.error or ''}")
-        joins = sorted(a.join_seconds for a in attendees if a.join_seconds is not None)
-        if joins:
-            print(f"join (all at once): {len(joins)} labs created in {join_wall:.1f} s; one join: median "
-                  f"{statistics.median(joins):.1f} s, longest {joins[-1]:.1f} s")
-        durations = sorted(a.seconds for a in attendees)
-        print(f"exercise wall time: {wall:.1f} s (one attendee: median {statistics.median(durations):.1f} s, "
-              f"longest {durations[-1]:.1f} s)")
-        for name in ("agent", "web", "postgres"):
-            cpu = meter.cpu_seconds(name, baseline[name])
-            print(f"{name:<9} peak RSS {meter.peak_rss[name] / 2**20:7.0f} MB   CPU {cpu:7.1f} s "
-                  f"({100 * cpu / wall:.0f}% of one core on average)")
-        if board.times:
-            times = sorted(board.times)
-            p95 = times[min(len(times) - 1, int(round(0.95 * (len(times) - 1))))]
-            print(f"board /class: {len(times)} requests, p50 {1000 * statistics.median(times):.0f} ms, "
-                  f"p95 {1000 * p95:.0f} ms, max {1000 * times[-1]:.0f} ms; {len(board.failures)} failed")
-        return 0 if len(passed) == len(attendees) else 1
-    finally:
-        for process in processes:
-            stop_process(process)
-        broker.stop()
-        postgres.stop()
+    passed = [a for a in attendees if a.status == "passed"]
+    print(f"attendees: {len(attendees)} each running {EXERCISE} in their own lab, one agent, "
+          f"gunicorn {options.web_workers} worker(s); {os.cpu_count()} CPU(s)")
+    print(f"passed: {len(passed)}/{len(attendees)}")
+    for attendee in attendees:
+        if attendee.status != "passed":
+            print(f"  {attendee.name}: {attendee.status} {attendee.error or ''}")
+    joins = sorted(a.join_seconds for a in attendees if a.join_seconds is not None)
+    if joins:
+        print(f"join (all at once): {len(joins)} labs created in {join_wall:.1f} s; one join: median "
+              f"{statistics.median(joins):.1f} s, longest {joins[-1]:.1f} s")
+    durations = sorted(a.seconds for a in attendees)
+    print(f"exercise wall time: {wall:.1f} s (one attendee: median {statistics.median(durations):.1f} s, "
+          f"longest {durations[-1]:.1f} s)")
+    for name in ("agent", "web", "postgres"):
+        cpu = meter.cpu_seconds(name, baseline[name])
+        print(f"{name:<9} peak RSS {meter.peak_rss[name] / 2**20:7.0f} MB   CPU {cpu:7.1f} s "
+              f"({100 * cpu / wall:.0f}% of one core on average)")
+    if board.times:
+        times = sorted(board.times)
+        p95 = times[min(len(times) - 1, int(round(0.95 * (len(times) - 1))))]
+        print(f"board /class: {len(times)} requests, p50 {1000 * statistics.median(times):.0f} ms, "
+              f"p95 {1000 * p95:.0f} ms, max {1000 * times[-1]:.0f} ms; {len(board.failures)} failed")
+    return 0 if len(passed) == len(attendees) else 1
 
 
 if __name__ == "__main__":

@@ -25,15 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
-from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
-
-from webapp.dev.embedded import EmbeddedBroker  # noqa: E402
-from webapp.kafka import GROUP_TIMEOUTS  # noqa: E402
-from webapp.domain.waits import wait_until  # noqa: E402
+from webapp.dev.stack import Stack
+from webapp.kafka.config import GROUP_TIMEOUTS
+from webapp.domain.waits import wait_until
 
 TOPIC = "commit-modes"
 
@@ -109,8 +106,8 @@ def main() -> int:
     args = parser.parse_args()
     works = [float(w) for w in args.work_ms.split(",")]
     with tempfile.TemporaryDirectory(prefix="commit-modes-") as tmp:
-        broker = EmbeddedBroker(Path(tmp) / "tansu.log").start()
-        try:
+        # The broker alone (webapp/dev/stack.py).
+        with Stack(Path(tmp), postgres=False, agent=False) as broker:
             fill(broker.bootstrap_servers, args.burst)
             print(f"{args.trials} trials per case: read {args.burst} records committing each, SIGKILL as the "
                   f"last commit() returns; records back = read - committed offset\n")
@@ -125,8 +122,6 @@ def main() -> int:
                     lost = sum(1 for b in back if b > 0)
                     print(f"{mode:12} {work_ms:8g} {f'{lost} of {args.trials}':>17} {statistics.mean(back):19.2f} "
                           f"{max(back):6} {seconds:8.1f}", flush=True)
-        finally:
-            broker.stop()
     return 0
 
 

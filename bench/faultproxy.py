@@ -15,23 +15,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 
-from confluent_kafka import Producer  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
-
+from webapp.dev.stack import Stack
 from webapp.domain import events
-from webapp.dev.embedded import LOOPBACK, EmbeddedBroker, stop_process  # noqa: E402
-from webapp.kafka import producer_config  # noqa: E402
-from webapp.domain.waits import free_port, port_open, wait_until  # noqa: E402
+from webapp.kafka.config import producer_config
 
 
 def produce_all(bootstrap: str, count: int, one_at_a_time: bool = False) -> float:
@@ -74,32 +69,16 @@ def produce_all(bootstrap: str, count: int, one_at_a_time: bool = False) -> floa
 
 
 def direct_run(workdir: Path, count: int, one_at_a_time: bool) -> float:
-    broker = EmbeddedBroker(workdir / f"direct-{uuid.uuid4().hex[:6]}.log")
-    try:
-        broker.start()
-        return produce_all(broker.bootstrap_servers, count, one_at_a_time)
-    finally:
-        broker.stop()
+    # A broker alone (webapp/dev/stack.py), in a directory of this run's own.
+    with Stack(workdir / f"direct-{uuid.uuid4().hex[:6]}", postgres=False, agent=False) as stack:
+        return produce_all(stack.bootstrap_servers, count, one_at_a_time)
 
 
 def proxied_run(workdir: Path, count: int, one_at_a_time: bool) -> float:
-    proxy_port = free_port()
-    broker = EmbeddedBroker(workdir / f"proxied-{uuid.uuid4().hex[:6]}.log")
-    proxy = None
-    log = open(workdir / "faultproxy.log", "ab")
-    try:
-        broker.start(advertised_port=proxy_port)
-        proxy = subprocess.Popen(
-            [sys.executable, "-m", "webapp.faultproxy", "--listen", f"{LOOPBACK}:{proxy_port}",
-             "--upstream", broker.bootstrap_servers, "--database-url", ""],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        wait_until(lambda: port_open(LOOPBACK, proxy_port), timeout=20, message="the fault proxy did not listen")
-        return produce_all(f"{LOOPBACK}:{proxy_port}", count, one_at_a_time)
-    finally:
-        if proxy is not None:
-            stop_process(proxy, timeout=10)
-        broker.stop()
-        log.close()
+    # A broker advertising the fault proxy and the proxy; no database, so the proxy runs disarmed.
+    with Stack(workdir / f"proxied-{uuid.uuid4().hex[:6]}", postgres=False, fault_proxy=True, agent=False,
+               stop_timeout=10) as stack:
+        return produce_all(stack.producer_bootstrap_servers, count, one_at_a_time)
 
 
 def main() -> int:

@@ -25,16 +25,12 @@ import uuid
 from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
-from sqlalchemy import create_engine
-from sqlalchemy.pool import NullPool
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from webapp import kafka  # noqa: E402
-from webapp.store.connection import connect, sqlalchemy_url  # noqa: E402
-from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres  # noqa: E402
-from webapp.store.labs import Lab, create_database_state, ensure_control_schema  # noqa: E402
-from webapp.logreader import LogReader  # noqa: E402
+from webapp.dev.stack import Stack
+from webapp.kafka.admin import admin_client, ensure_topics
+from webapp.logreader import LogReader
+from webapp.store.connection import connect
+from webapp.store.labs import Lab, create_database_state
 
 LAB = Lab("benchlog")
 PARTITIONS = 3
@@ -111,30 +107,24 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=1000, help="records per consume(n) (default 1000)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="lab-bench-logreader-") as tmp:
-        postgres, broker = EmbeddedPostgres(Path(tmp) / "postgres"), EmbeddedBroker(Path(tmp) / "tansu.log")
-        try:
-            postgres.start()
-            broker.start()
-            engine = create_engine(sqlalchemy_url(postgres.url), poolclass=NullPool)
-            with engine.begin() as conn:
-                ensure_control_schema(conn)
-                create_database_state(conn, LAB, PARTITIONS)
-            engine.dispose()
-            kafka.ensure_topics(kafka.admin_client(broker.bootstrap_servers), {LAB.topic: PARTITIONS})
-            started = time.perf_counter()
-            produce(broker.bootstrap_servers, args.records)
-            print(f"produced {args.records:,} records ({PARTITIONS} partitions, 1% malformed) "
-                  f"in {time.perf_counter() - started:.1f}s")
-            bare = bare_loop(broker.bootstrap_servers, args.records, args.batch)
-            pipelined, single = reader_loop(postgres.url, broker.bootstrap_servers, args.records, args.batch)
-            print(f"bare consume({args.batch}) loop          {bare:10,.0f} records/s")
-            print(f"log reader, run() (as in the agent)  {pipelined:10,.0f} records/s  "
-                  f"{pipelined / bare:5.2f} of the bare loop")
-            print(f"log reader, poll_once() one thread   {single:10,.0f} records/s  {single / bare:5.2f}")
-        finally:
-            broker.stop()
-            postgres.stop()
+    # PostgreSQL (the control schema at head) and the broker, no agent (webapp/dev/stack.py).
+    with tempfile.TemporaryDirectory(prefix="lab-bench-logreader-") as tmp, \
+            Stack(Path(tmp), agent=False) as stack:
+        engine = stack.engine()
+        with engine.begin() as conn:
+            create_database_state(conn, LAB, PARTITIONS)
+        engine.dispose()
+        ensure_topics(admin_client(stack.bootstrap_servers), {LAB.topic: PARTITIONS})
+        started = time.perf_counter()
+        produce(stack.bootstrap_servers, args.records)
+        print(f"produced {args.records:,} records ({PARTITIONS} partitions, 1% malformed) "
+              f"in {time.perf_counter() - started:.1f}s")
+        bare = bare_loop(stack.bootstrap_servers, args.records, args.batch)
+        pipelined, single = reader_loop(stack.database_url, stack.bootstrap_servers, args.records, args.batch)
+        print(f"bare consume({args.batch}) loop          {bare:10,.0f} records/s")
+        print(f"log reader, run() (as in the agent)  {pipelined:10,.0f} records/s  "
+              f"{pipelined / bare:5.2f} of the bare loop")
+        print(f"log reader, poll_once() one thread   {single:10,.0f} records/s  {single / bare:5.2f}")
     return 0
 
 

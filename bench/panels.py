@@ -20,15 +20,13 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from webapp import create_app
-from webapp.summary import verdict_summary
+from webapp.summary.fold import fold_lab
 from webapp.store.connection import connect, sqlalchemy_url
 from webapp.web.db import db
-from webapp.dev.embedded import EmbeddedPostgres  # noqa: E402
-from webapp.store.labs import Lab, create_database_state, ensure_control_schema  # noqa: E402
-from webapp.web.dashboard import PANELS  # noqa: E402
+from webapp.dev.stack import Stack
+from webapp.store.labs import Lab, create_database_state, ensure_control_schema
+from webapp.web.dashboard import PANELS
 
 LAB = Lab("bench")
 GROUP = LAB.group_id("payments")
@@ -116,7 +114,7 @@ def summarize(database_url: str) -> float:
     the seconds it took."""
     started = time.perf_counter()
     with connect(database_url, autocommit=True) as conn:
-        verdict_summary.fold_lab(conn, LAB.schema)
+        fold_lab(conn, LAB.schema)
         conn.execute("VACUUM ANALYZE")
     return time.perf_counter() - started
 
@@ -146,37 +144,34 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=40, help="requests per endpoint (default 40)")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="lab-bench-") as tmp:
-        postgres = EmbeddedPostgres(Path(tmp) / "postgres")
-        try:
-            postgres.start()
-            started = time.perf_counter()
-            fill(postgres.url, args.rows)
-            print(f"filled lab {LAB.name}: {args.rows:,} journal rows in {time.perf_counter() - started:.1f}s")
-            # "changed": the panel cache is off, so every request loads its data as it does after
-            # a change; "unchanged": what a second browser, or a page reload, pays meanwhile.
-            cold = make_app(postgres.url, tmp, cache=False)
-            warm = make_app(postgres.url, tmp, cache=True)
-            paths = ["/live", "/panels/chart.json"] + [f"/panels/{name}" for name in PANELS] + ["/"]
-            print(f"{'':32} {'after a change':>22} {'unchanged (cached)':>22}")
-            print(f"{'endpoint':32} {'median ms':>10} {'p95 ms':>11} {'median ms':>10} {'p95 ms':>11}")
-            slow = []
-            for path in paths:
-                numbers = []
-                for app in (cold, warm):
-                    with app.app_context():
-                        numbers += measure(app.test_client(), path, args.requests)
-                flag = "" if numbers[1] < 100 or path == "/" else "  over 100 ms"
-                if flag:
-                    slow.append(path)
-                print(f"{path:32} {numbers[0]:10.1f} {numbers[1]:11.1f} {numbers[2]:10.1f} {numbers[3]:11.1f}{flag}")
+    # A private PostgreSQL, the control schema at head; no broker, no agent (webapp/dev/stack.py).
+    with tempfile.TemporaryDirectory(prefix="lab-bench-") as tmp, \
+            Stack(Path(tmp), broker=False, agent=False) as stack:
+        started = time.perf_counter()
+        fill(stack.database_url, args.rows)
+        print(f"filled lab {LAB.name}: {args.rows:,} journal rows in {time.perf_counter() - started:.1f}s")
+        # "changed": the panel cache is off, so every request loads its data as it does after
+        # a change; "unchanged": what a second browser, or a page reload, pays meanwhile.
+        cold = make_app(stack.database_url, tmp, cache=False)
+        warm = make_app(stack.database_url, tmp, cache=True)
+        paths = ["/live", "/panels/chart.json"] + [f"/panels/{name}" for name in PANELS] + ["/"]
+        print(f"{'':32} {'after a change':>22} {'unchanged (cached)':>22}")
+        print(f"{'endpoint':32} {'median ms':>10} {'p95 ms':>11} {'median ms':>10} {'p95 ms':>11}")
+        slow = []
+        for path in paths:
+            numbers = []
             for app in (cold, warm):
                 with app.app_context():
-                    db.engine.dispose()
-            print("every panel under 100 ms (p95, after a change)" if not slow else
-                  f"over 100 ms (p95, after a change): {', '.join(slow)}")
-        finally:
-            postgres.stop()
+                    numbers += measure(app.test_client(), path, args.requests)
+            flag = "" if numbers[1] < 100 or path == "/" else "  over 100 ms"
+            if flag:
+                slow.append(path)
+            print(f"{path:32} {numbers[0]:10.1f} {numbers[1]:11.1f} {numbers[2]:10.1f} {numbers[3]:11.1f}{flag}")
+        for app in (cold, warm):
+            with app.app_context():
+                db.engine.dispose()
+        print("every panel under 100 ms (p95, after a change)" if not slow else
+              f"over 100 ms (p95, after a change): {', '.join(slow)}")
     return 0
 
 

@@ -45,14 +45,11 @@ from pathlib import Path
 
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from webapp.strategies import dedup_layout
-from webapp.store.connection import psycopg_conninfo  # noqa: E402
-from webapp.dev.embedded import EmbeddedPostgres  # noqa: E402
-from webapp.strategies import eventid_atomic, partitioned  # noqa: E402
-from webapp.domain.waits import wait_until  # noqa: E402
+from webapp.store.connection import psycopg_conninfo
+from webapp.dev.stack import Stack
+from webapp.strategies import eventid_atomic, partitioned
+from webapp.domain.waits import wait_until
 
 BENCH_SCHEMA = "scale_keys"
 
@@ -364,17 +361,14 @@ def main() -> int:
     parser.add_argument("--skip-one-load", action="store_true",
                         help="panels: only as a viewer gets them (at 10,000,000 one load of the state API is a minute)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="lab-scale-") as tmp:
-        postgres = EmbeddedPostgres(Path(tmp) / "postgres")
-        try:
-            postgres.start()
-            if not args.skip_keys:
-                bench_keys(postgres.url, [int(n) for n in args.keys.split(",")], args.days, args.probes)
-            if not args.skip_panels:
-                bench_panels(postgres.url, tmp, [int(n) for n in args.records.split(",")], args.requests,
-                             one_load=not args.skip_one_load, load_rate=args.load_rate)
-        finally:
-            postgres.stop()
+    # A private PostgreSQL, the control schema at head; no broker, no agent (webapp/dev/stack.py).
+    with tempfile.TemporaryDirectory(prefix="lab-scale-") as tmp, \
+            Stack(Path(tmp), broker=False, agent=False) as stack:
+        if not args.skip_keys:
+            bench_keys(stack.database_url, [int(n) for n in args.keys.split(",")], args.days, args.probes)
+        if not args.skip_panels:
+            bench_panels(stack.database_url, tmp, [int(n) for n in args.records.split(",")], args.requests,
+                         one_load=not args.skip_one_load, load_rate=args.load_rate)
     return 0
 
 

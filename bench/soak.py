@@ -24,28 +24,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sqlalchemy import create_engine, text
-from sqlalchemy.pool import NullPool
+from sqlalchemy import text
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from webapp.store import command_channel
 from webapp import ops
-from webapp.store.connection import sqlalchemy_url  # noqa: E402
-from webapp.domain.chaos import ACTIONS  # noqa: E402
-from webapp.dev.embedded import LOOPBACK, EmbeddedBroker, EmbeddedPostgres, die_with_parent, stop_process  # noqa: E402
-from webapp.store.labs import Lab  # noqa: E402
-from webapp.store.migrations import upgrade  # noqa: E402
-from webapp.domain.waits import free_port, port_open, wait_until  # noqa: E402
+from webapp.dev.stack import Stack
+from webapp.domain.chaos import ACTIONS
+from webapp.domain.waits import wait_until
+from webapp.store import command_channel
+from webapp.store.labs import Lab
 
 STRATEGIES = ("none", "eventid-atomic", "insert-first", "business-key")
 # The strategies whose guarantee covers redeliveries: nothing lost, nothing applied twice.
@@ -99,56 +91,6 @@ class Row:
                 and self.verdict_lost == self.lost)
 
 
-class Stack:
-    """PostgreSQL, the broker behind a fault proxy, the proxy and an agent: processes we own."""
-
-    def __init__(self, base: Path):
-        self.base = base
-        self.postgres = EmbeddedPostgres(base / "postgres")
-        self.broker = EmbeddedBroker(base / "tansu.log")
-        self.proxy_port = free_port()
-        self.processes: list[subprocess.Popen] = []
-
-    def env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "KAFKA_", "LAB_"))}
-        # PYTHONFAULTHANDLER: a process that crashes (or gets SIGABRT while stuck) logs every thread's stack.
-        return {**env, "PYTHONFAULTHANDLER": "1", "DATABASE_URL": self.postgres.url, "KAFKA_BOOTSTRAP_SERVERS": self.broker.bootstrap_servers,
-                "LAB_DATA_DIR": str(self.base), **extra}
-
-    def _spawn(self, argv: list[str], log: str, **env: str) -> subprocess.Popen:
-        with open(self.base / log, "ab") as out:
-            process = subprocess.Popen([sys.executable, *argv], env=self.env(**env), cwd=ROOT, stdout=out,
-                                       stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-        self.processes.append(process)
-        return process
-
-    def start(self) -> "Stack":
-        self.postgres.start()
-        upgrade(self.postgres.url)
-        self.broker.start(advertised_port=self.proxy_port)
-        proxy_address = f"{LOOPBACK}:{self.proxy_port}"
-        self._spawn(["-m", "webapp.faultproxy", "--listen", proxy_address, "--upstream",
-                     self.broker.bootstrap_servers], "faultproxy.log")
-        wait_until(lambda: port_open(LOOPBACK, self.proxy_port), timeout=20, message="the fault proxy did not start")
-        agent = self._spawn(["-m", "webapp.agent"], "agent.log", KAFKA_PRODUCER_BOOTSTRAP_SERVERS=proxy_address)
-        engine = self.engine()
-        try:
-            wait_until(lambda: agent.poll() is None and command_channel.live_agents(engine), timeout=60,
-                       message=lambda: f"the agent did not report: {(self.base / 'agent.log').read_text()[-2000:]}")
-        finally:
-            engine.dispose()
-        return self
-
-    def engine(self):
-        return create_engine(sqlalchemy_url(self.postgres.url), poolclass=NullPool)
-
-    def stop(self) -> None:
-        for process in reversed(self.processes):
-            stop_process(process, timeout=30)
-        self.broker.stop()
-        self.postgres.stop()
-
-
 def load(ctx: ops.Context, events: int, seconds: float, seed: int) -> dict:
     """Produce ``events`` records over ``seconds`` with the lab's load generator (a thread of the
     agent with its own producer, so chaos's commands never queue behind publishing); wait for it."""
@@ -185,7 +127,9 @@ def lane_settled(lane_state: dict) -> bool:
 
 
 def soak(events: int, seconds: float, base: Path, restart_postgres: bool = True, say=print) -> dict:
-    stack = Stack(base).start()
+    # PostgreSQL, the broker behind a fault proxy, the proxy and an agent (webapp/dev/stack.py).
+    # PYTHONFAULTHANDLER: a process that crashes (or gets SIGABRT while stuck) logs every thread's stack.
+    stack = Stack(base, fault_proxy=True, env={"PYTHONFAULTHANDLER": "1"}, stop_timeout=30).start()
     engine = stack.engine()
     lab = Lab("soak")
     ctx = ops.Context(engine, lab)

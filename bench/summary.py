@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -30,17 +29,14 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from webapp.readmodel import verdict
-from webapp.summary import verdict_summary
-from webapp.store.connection import psycopg_conninfo, sqlalchemy_url  # noqa: E402
-from webapp.dev.embedded import EmbeddedPostgres  # noqa: E402
-from webapp.store.labs import Lab, create_database_state, ensure_control_schema  # noqa: E402
-from webapp.strategies.base import CREDIT_BALANCE, INSERT_PAYMENT, RECORD_DELIVERY  # noqa: E402
-from webapp.strategies.batching import CREDIT_BATCH, INSERT_PAYMENTS_BATCH, RECORD_DELIVERIES_BATCH  # noqa: E402
-from webapp.strategies.eventid_atomic import BATCH_CLAIM, CLAIM  # noqa: E402
+from webapp.summary.fold import fold_lab
+from webapp.store.connection import psycopg_conninfo, sqlalchemy_url
+from webapp.dev.stack import Stack
+from webapp.store.labs import Lab, create_database_state, ensure_control_schema
+from webapp.strategies.base import CREDIT_BALANCE, INSERT_PAYMENT, RECORD_DELIVERY
+from webapp.strategies.batching import CREDIT_BATCH, INSERT_PAYMENTS_BATCH, RECORD_DELIVERIES_BATCH
+from webapp.strategies.eventid_atomic import BATCH_CLAIM, CLAIM
 
 WRITE_LAB = Lab("summarywrites")
 TABLES = ("log_records", "deliveries", "payments", "ledger")
@@ -164,7 +160,7 @@ def bench_reads(url: str, sizes: list[int], requests: int) -> None:
             summary_ms = timed(read(False), requests)
             exact_ms = timed(read(True), max(3, requests // 10))
             began = time.perf_counter()
-            verdict_summary.fold_lab(folder, panels.LAB.schema)
+            fold_lab(folder, panels.LAB.schema)
             fold_ms = (time.perf_counter() - began) * 1000
             ratio = statistics.median(summary_ms) / statistics.median(exact_ms)
             print(f"   verdict + accounts, summaries  {statistics.median(summary_ms):9.1f} / {percentile(summary_ms, 0.95):8.1f}"
@@ -181,15 +177,12 @@ def main() -> int:
     parser.add_argument("--records", default="100000,1000000")
     parser.add_argument("--requests", type=int, default=40)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="lab-bench-") as tmp:
-        postgres = EmbeddedPostgres(Path(tmp) / "postgres")
-        try:
-            postgres.start()
-            if args.events:  # --events 0: the reads alone
-                bench_writes(postgres.url, args.events, args.rounds)
-            bench_reads(postgres.url, [int(n) for n in args.records.split(",") if n], args.requests)
-        finally:
-            postgres.stop()
+    # A private PostgreSQL, the control schema at head; no broker, no agent (webapp/dev/stack.py).
+    with tempfile.TemporaryDirectory(prefix="lab-bench-") as tmp, \
+            Stack(Path(tmp), broker=False, agent=False) as stack:
+        if args.events:  # --events 0: the reads alone
+            bench_writes(stack.database_url, args.events, args.rounds)
+        bench_reads(stack.database_url, [int(n) for n in args.records.split(",") if n], args.requests)
     return 0
 
 

@@ -38,48 +38,46 @@ from statistics import median
 from itertools import count
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
-from sqlalchemy import create_engine  # noqa: E402
-from sqlalchemy.pool import NullPool  # noqa: E402
+from confluent_kafka import Consumer, Producer, TopicPartition
+from sqlalchemy import create_engine
+from sqlalchemy.pool import NullPool
 
 from webapp.domain import events
 from webapp import strategies
-from webapp.agent.setup import ensure_lab  # noqa: E402
-from webapp.store.connection import CONTROL_SCHEMA, connect, sqlalchemy_url  # noqa: E402
-from webapp.domain.lab import Lab  # noqa: E402
-from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres, stop_process  # noqa: E402
-from webapp.kafka import admin_client, committed_offsets, consumer_config, producer_config  # noqa: E402
-from webapp.strategies.base import CREDIT_BALANCE, INSERT_PAYMENT, RECORD_DELIVERY, params  # noqa: E402
-from webapp.strategies.batching import (CREDIT_BATCH, INSERT_PAYMENTS_BATCH, RECORD_DELIVERIES_BATCH,  # noqa: E402
+from webapp.agent.setup import ensure_lab
+from webapp.store.connection import CONTROL_SCHEMA, connect, sqlalchemy_url
+from webapp.domain.lab import Lab
+from webapp.dev.embedded import stop_process
+from webapp.dev.stack import Stack as Services
+from webapp.kafka.admin import admin_client, committed_offsets
+from webapp.kafka.config import consumer_config, producer_config
+from webapp.strategies.base import CREDIT_BALANCE, INSERT_PAYMENT, RECORD_DELIVERY, params
+from webapp.strategies.batching import (CREDIT_BATCH, INSERT_PAYMENTS_BATCH, RECORD_DELIVERIES_BATCH,
                                         Item, columns)
-from webapp.strategies.eventid_atomic import BATCH_CLAIM, CLAIM  # noqa: E402
-from webapp.domain.waits import wait_until  # noqa: E402
+from webapp.strategies.eventid_atomic import BATCH_CLAIM, CLAIM
+from webapp.domain.waits import wait_until
 
+ROOT = Path(__file__).resolve().parent.parent  # this checkout
 _labs = count(1)
 CONSUMER_ROOT = ROOT  # where `python -m webapp.consumer` runs from (--consumer-root)
 
 
 class Stack:
-    """The run's PostgreSQL and broker, and a fresh lab with N credits in its topic per case."""
+    """The run's PostgreSQL and broker (webapp/dev/stack.py, no agent: the bench starts its
+    consumers itself), and a fresh lab with N credits in its topic per case."""
 
     def __init__(self, workdir: Path, events_per_case: int):
         self.workdir = workdir
         self.events = events_per_case  # the credits of the case being measured (batch cases set more)
-        self.postgres = EmbeddedPostgres(workdir / "postgres")
-        self.broker = EmbeddedBroker(workdir / "tansu.log")
+        self.services = Services(workdir, agent=False)
 
     def __enter__(self) -> "Stack":
-        self.postgres.start()
-        self.broker.start()
-        self.url, self.bootstrap = self.postgres.url, self.broker.bootstrap_servers
+        self.services.start()
+        self.url, self.bootstrap = self.services.database_url, self.services.bootstrap_servers
         return self
 
     def __exit__(self, *exc) -> None:
-        self.broker.stop()
-        self.postgres.stop()
+        self.services.stop()
 
     def fresh_lab(self) -> Lab:
         """A new lab (schema, topic with one partition, seed accounts) holding N credits."""

@@ -15,10 +15,8 @@ load's fingerprint, as live.js does, and so asks again. Goal: p95 < 100 ms, 0 er
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -27,19 +25,12 @@ from collections import defaultdict
 from pathlib import Path
 
 import requests
-from sqlalchemy import create_engine
-from sqlalchemy.pool import NullPool
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from webapp.store import command_channel
 from webapp import ops
-from webapp.store.connection import sqlalchemy_url  # noqa: E402
-from webapp.dev.embedded import LOOPBACK, EmbeddedBroker, EmbeddedPostgres, die_with_parent, stop_process  # noqa: E402
-from webapp.store.labs import Lab  # noqa: E402
-from webapp.store.migrations import upgrade  # noqa: E402
-from webapp.domain.waits import free_port, wait_until  # noqa: E402
+from webapp.dev.stack import Stack
+from webapp.domain.waits import LOOPBACK, free_port, wait_until
+from webapp.store import command_channel
+from webapp.store.labs import Lab
 
 POLL_SECONDS = 1.0   # static/js/live.js POLL_MS
 GOAL_P95_MS = 100.0
@@ -125,72 +116,63 @@ def main() -> int:
 
 def run(args: argparse.Namespace, base: Path) -> int:
     """The stack in ``base``, the viewers against it; 0 when the goal held."""
-    postgres, broker = EmbeddedPostgres(base / "postgres"), EmbeddedBroker(base / "tansu.log")
-    processes: list[subprocess.Popen] = []
     lab = Lab("viewers")
     port = free_port()
-    try:
-        postgres.start()
-        broker.start()
-        upgrade(postgres.url)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "KAFKA_", "LAB_"))}
-        env.update(DATABASE_URL=postgres.url, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap_servers, LAB_DATA_DIR=str(base),
-                   LAB_NAME=lab.name, LAB_PORT=str(port), LAB_BROKER_KIND="tansu", WEB_WORKERS=args.web_workers)
-        for argv, log in ((["-m", "webapp.agent"], "agent.log"),
-                          (["-m", "gunicorn", "--config", "gunicorn.conf.py", "app:app"], "web.log")):
-            with open(base / log, "ab") as out:
-                processes.append(subprocess.Popen([sys.executable, *argv], env=env, cwd=ROOT, stdout=out,
-                                                  stderr=subprocess.STDOUT, preexec_fn=die_with_parent))
-        engine = create_engine(sqlalchemy_url(postgres.url), poolclass=NullPool)
-        wait_until(lambda: command_channel.live_agents(engine), timeout=60, message="the agent did not report")
-        command_channel.run(engine, lab.name, "lab.ensure", {"partitions": 3}, timeout=60)
-        ctx = ops.Context(engine, lab)
-        ops.call("set_strategy", ctx, {"group": "payments", "strategy": "eventid-atomic"})
-        for name in ("c1", "c2"):
-            ops.call("start_consumer", ctx, {"name": name})
-        base_url = f"http://{LOOPBACK}:{port}"
-        wait_until(lambda: _answers(base_url), timeout=60, message="the web app did not answer")
-        run = ops.call("start_load", ctx, {"events": int(args.rate * (args.seconds + 10)), "rate_per_second": args.rate,
-                                            "resend_ratio": 0.02, "source_duplicate_ratio": 0.01})
-        print(f"load {run.get('id', '')} at {args.rate} ev/s; {args.viewers} viewers for {args.seconds:g} s "
-              f"on gunicorn ({args.web_workers} workers)")
-        results: dict = defaultdict(lambda: {"ms": [], "errors": 0, "stale": 0, "ages": []})
-        lock = threading.Lock()
-        until = time.monotonic() + args.seconds
-        viewers = [Viewer(base_url, until, results, lock, offset=i * POLL_SECONDS / args.viewers)
-                   for i in range(args.viewers)]
-        for viewer in viewers:
-            viewer.start()
-        for viewer in viewers:
-            viewer.join()
-        load = ops.call("get_load", ctx)["runs"][0]
-        ops.call("cancel_load", ctx)
-        print(f"load generator: {load['sent']} sent at {float(load['rate'] or 0):.0f} ev/s (state {load['state']})\n")
-        print(f"{'endpoint':<28}{'requests':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'errors':>8}{'stale':>8}"
-              f"{'age p95 s':>11}")
-        worst = 0.0
-        errors = 0
-        for endpoint, data in sorted(results.items(), key=lambda item: -len(item[1]["ms"])):
-            ms = data["ms"]
-            p95 = percentile(ms, 0.95)
-            worst, errors = max(worst, p95), errors + data["errors"]
-            print(f"{endpoint:<28}{len(ms):>9}{statistics.median(ms):>9.1f}{p95:>9.1f}{percentile(ms, 0.99):>9.1f}"
-                  f"{data['errors']:>8}{data['stale'] / len(ms):>8.0%}{percentile(data['ages'], 0.95):>11.1f}")
-        all_ms = [m for data in results.values() for m in data["ms"]]
-        stale = sum(data["stale"] for data in results.values())
-        ages = [age for data in results.values() for age in data["ages"]]
-        print(f"{'all':<28}{len(all_ms):>9}{statistics.median(all_ms):>9.1f}{percentile(all_ms, 0.95):>9.1f}"
-              f"{percentile(all_ms, 0.99):>9.1f}{errors:>8}{stale / len(all_ms):>8.0%}{percentile(ages, 0.95):>11.1f}")
-        held = worst < GOAL_P95_MS and errors == 0
-        print(f"\n{'✓' if held else '✕'} goal p95 < {GOAL_P95_MS:g} ms on every endpoint, 0 errors: worst p95 "
-              f"{worst:.1f} ms, {errors} error(s)")
-        engine.dispose()
-        return 0 if held else 1
-    finally:
-        for process in reversed(processes):
-            stop_process(process, timeout=30)
-        broker.stop()
-        postgres.stop()
+    # PostgreSQL, the broker and an agent (webapp/dev/stack.py), then the web app under gunicorn.
+    with Stack(base, env={"LAB_NAME": lab.name, "LAB_PORT": str(port), "LAB_BROKER_KIND": "tansu",
+                          "WEB_WORKERS": args.web_workers}, stop_timeout=30) as stack:
+        stack.spawn("web", ["-m", "gunicorn", "--config", "gunicorn.conf.py", "app:app"], "web.log")
+        engine = stack.engine()
+        try:
+            return measure(args, engine, lab, port)
+        finally:
+            engine.dispose()
+
+
+def measure(args: argparse.Namespace, engine, lab: Lab, port: int) -> int:
+    """The lab's group and load, the viewers against the web app; 0 when the goal held."""
+    command_channel.run(engine, lab.name, "lab.ensure", {"partitions": 3}, timeout=60)
+    ctx = ops.Context(engine, lab)
+    ops.call("set_strategy", ctx, {"group": "payments", "strategy": "eventid-atomic"})
+    for name in ("c1", "c2"):
+        ops.call("start_consumer", ctx, {"name": name})
+    base_url = f"http://{LOOPBACK}:{port}"
+    wait_until(lambda: _answers(base_url), timeout=60, message="the web app did not answer")
+    run = ops.call("start_load", ctx, {"events": int(args.rate * (args.seconds + 10)), "rate_per_second": args.rate,
+                                        "resend_ratio": 0.02, "source_duplicate_ratio": 0.01})
+    print(f"load {run.get('id', '')} at {args.rate} ev/s; {args.viewers} viewers for {args.seconds:g} s "
+          f"on gunicorn ({args.web_workers} workers)")
+    results: dict = defaultdict(lambda: {"ms": [], "errors": 0, "stale": 0, "ages": []})
+    lock = threading.Lock()
+    until = time.monotonic() + args.seconds
+    viewers = [Viewer(base_url, until, results, lock, offset=i * POLL_SECONDS / args.viewers)
+               for i in range(args.viewers)]
+    for viewer in viewers:
+        viewer.start()
+    for viewer in viewers:
+        viewer.join()
+    load = ops.call("get_load", ctx)["runs"][0]
+    ops.call("cancel_load", ctx)
+    print(f"load generator: {load['sent']} sent at {float(load['rate'] or 0):.0f} ev/s (state {load['state']})\n")
+    print(f"{'endpoint':<28}{'requests':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'errors':>8}{'stale':>8}"
+          f"{'age p95 s':>11}")
+    worst = 0.0
+    errors = 0
+    for endpoint, data in sorted(results.items(), key=lambda item: -len(item[1]["ms"])):
+        ms = data["ms"]
+        p95 = percentile(ms, 0.95)
+        worst, errors = max(worst, p95), errors + data["errors"]
+        print(f"{endpoint:<28}{len(ms):>9}{statistics.median(ms):>9.1f}{p95:>9.1f}{percentile(ms, 0.99):>9.1f}"
+              f"{data['errors']:>8}{data['stale'] / len(ms):>8.0%}{percentile(data['ages'], 0.95):>11.1f}")
+    all_ms = [m for data in results.values() for m in data["ms"]]
+    stale = sum(data["stale"] for data in results.values())
+    ages = [age for data in results.values() for age in data["ages"]]
+    print(f"{'all':<28}{len(all_ms):>9}{statistics.median(all_ms):>9.1f}{percentile(all_ms, 0.95):>9.1f}"
+          f"{percentile(all_ms, 0.99):>9.1f}{errors:>8}{stale / len(all_ms):>8.0%}{percentile(ages, 0.95):>11.1f}")
+    held = worst < GOAL_P95_MS and errors == 0
+    print(f"\n{'✓' if held else '✕'} goal p95 < {GOAL_P95_MS:g} ms on every endpoint, 0 errors: worst p95 "
+          f"{worst:.1f} ms, {errors} error(s)")
+    return 0 if held else 1
 
 
 def _answers(base_url: str) -> bool:

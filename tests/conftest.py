@@ -9,47 +9,33 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
-import sys
 import threading
 
 import pytest
 from werkzeug.serving import make_server
 
 import support
-from support import ROOT, LabDriver, Services, drop_lab, service_env, stop_process, wait_for_agent
+from support import LabDriver, Services, drop_lab, stop_process
 from webapp import create_app
 from webapp.settings import DEFAULTS
-from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres
+from webapp.dev.stack import Stack
 from webapp.store.labs import Lab
-from webapp.store.migrations import upgrade
 from webapp.domain.waits import free_port
 
 
 @pytest.fixture(scope="session")
 def services(tmp_path_factory) -> Services:
-    """The embedded PostgreSQL and broker, on free loopback ports, for the whole session."""
-    base = tmp_path_factory.mktemp("services")
-    postgres = EmbeddedPostgres(base / "postgres")
-    broker = EmbeddedBroker(base / "tansu.log")
-    try:
-        postgres.start()
-        broker.start()
-        upgrade(postgres.url)  # the control schema at head, as `make run` leaves it
-        yield Services(postgres.url, broker.bootstrap_servers, base, postgres, broker)
-    finally:
-        broker.stop()
-        postgres.stop()
+    """The embedded PostgreSQL (the control schema at head, as `make run` leaves it) and broker,
+    on free loopback ports, for the whole session (webapp/dev/stack.py)."""
+    with Stack(tmp_path_factory.mktemp("services"), agent=False) as services:
+        yield services
 
 
 @pytest.fixture(scope="session")
 def agent(services) -> subprocess.Popen:
-    """A real lab agent process serving every test's lab."""
-    log = open(services.data_dir / "agent.log", "ab")
-    process = subprocess.Popen([sys.executable, "-m", "webapp.agent"], env=service_env(services), cwd=ROOT,
-                               stdout=log, stderr=subprocess.STDOUT)
-    log.close()
+    """A real lab agent process serving every test's lab (log: agent.log in the services' dir)."""
+    process = services.start_agent()
     try:
-        wait_for_agent(services.database_url, process, services.data_dir / "agent.log")
         yield process
     finally:
         stop_process(process)

@@ -2,56 +2,25 @@
 JSON API, and the process helpers. Fixtures live in conftest.py; tests import helpers from here."""
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from sqlalchemy import create_engine, text
-from sqlalchemy.pool import NullPool
+from sqlalchemy import text
 
-from webapp.store.connection import sqlalchemy_url
-from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres, stop_process  # noqa: F401  (tests import it from here)
+from webapp.dev.embedded import EmbeddedBroker, stop_process  # noqa: F401  (tests import it from here)
+# The stack's bring-up and its helpers live in webapp/dev/stack.py (the launcher and the benches
+# share them); tests import them from here. Services: what the `services` fixture yields.
+from webapp.dev.stack import Stack, service_env, start_logged, wait_for_agent  # noqa: F401
 from webapp.store.labs import Lab
 from webapp.domain.waits import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@dataclass
-class Services:
-    database_url: str
-    bootstrap_servers: str
-    data_dir: Path
-    postgres: EmbeddedPostgres
-    broker: EmbeddedBroker
-
-
-def service_env(services: Services, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "KAFKA_", "LAB_"))}
-    env.update({"DATABASE_URL": services.database_url, "KAFKA_BOOTSTRAP_SERVERS": services.bootstrap_servers,
-                "LAB_DATA_DIR": str(services.data_dir), **extra})
-    return env
-
-
-def wait_for_agent(database_url: str, process: subprocess.Popen, log: Path) -> None:
-    """Wait until the agent process has reported itself in lab_control.agents."""
-    engine = create_engine(sqlalchemy_url(database_url), poolclass=NullPool)
-
-    def reported() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"the lab agent exited with {process.returncode}: {log.read_text()[-3000:]}")
-        with engine.connect() as conn:
-            return bool(conn.execute(text("SELECT count(*) FROM lab_control.agents WHERE pid = :pid"),
-                                     {"pid": process.pid}).scalar())
-    try:
-        wait_until(reported, timeout=30, message="the lab agent did not report itself")
-    finally:
-        engine.dispose()
+# database_url, bootstrap_servers, data_dir, postgres, broker (and the agent, when it started one).
+Services = Stack
 
 
 class LabDriver:
@@ -202,52 +171,13 @@ def assert_passed(run: Any) -> None:
     assert run.status == "passed", f"{run.status}: {run.reason or run.error}; failed: {failed}; steps: {run.steps}"
 
 
-def start_logged(args: list[str], env: dict, log_path: Path) -> subprocess.Popen:
-    """``python <args>`` from the project root, its output appended to ``log_path``."""
-    log = open(log_path, "ab")
-    try:
-        return subprocess.Popen([sys.executable, *args], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    finally:
-        log.close()
-
-
 @contextmanager
 def proxied_stack(base: Path) -> Iterator[Services]:
     """PostgreSQL, a broker advertising a fault proxy process, the proxy and a lab agent whose
     producer goes through it — all its own, so no other agent claims its commands. Every process
-    it started is stopped, by its Popen, on the way out."""
-    from webapp import ops
-    from webapp.store.labs import ensure_control_schema
-    from webapp.domain.waits import free_port, port_open
-
-    postgres, broker = EmbeddedPostgres(base / "postgres"), EmbeddedBroker(base / "tansu.log")
-    proxy_port = free_port()
-    proxy = f"127.0.0.1:{proxy_port}"
-    processes = []
-    try:
-        postgres.start()
-        broker.start(advertised_port=proxy_port)
-        engine = create_engine(sqlalchemy_url(postgres.url), poolclass=NullPool)
-        with engine.begin() as conn:
-            ensure_control_schema(conn)
-        services = Services(postgres.url, broker.bootstrap_servers, base, postgres, broker)
-        processes.append(start_logged(["-m", "webapp.faultproxy", "--listen", proxy,
-                                       "--upstream", broker.bootstrap_servers],
-                                      service_env(services), base / "faultproxy.log"))
-        wait_until(lambda: port_open("127.0.0.1", proxy_port)
-                   and ops.call("get_fault_proxy", ops.Context(engine, Lab("x")))["running"],
-                   timeout=20, message="the fault proxy did not start")
-        agent = start_logged(["-m", "webapp.agent"],
-                             service_env(services, KAFKA_PRODUCER_BOOTSTRAP_SERVERS=proxy), base / "agent.log")
-        processes.append(agent)
-        wait_for_agent(postgres.url, agent, base / "agent.log")
-        engine.dispose()
+    it started is stopped, by its Popen, on the way out (webapp/dev/stack.py)."""
+    with Stack(base, fault_proxy=True) as services:
         yield services
-    finally:
-        for process in reversed(processes):
-            stop_process(process)
-        broker.stop()
-        postgres.stop()
 
 
 @contextmanager
@@ -258,7 +188,8 @@ def in_process_fault_proxy(base: Path, observer: Callable | None = None) -> Iter
     import threading
 
     from webapp.dev.embedded import LOOPBACK
-    from webapp.faultproxy import FaultProxy, Faults
+    from webapp.faultproxy.faults import Faults
+    from webapp.faultproxy.proxy import FaultProxy
 
     broker = EmbeddedBroker(base / "tansu.log")
     faults = Faults()

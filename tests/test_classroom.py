@@ -18,7 +18,8 @@ import pytest
 from sqlalchemy import text
 
 from webapp.store import classroom, command_channel
-from webapp import kafka, ops
+from webapp import ops
+from webapp.kafka.admin import admin_client
 from webapp.web.db import db
 from webapp.domain.lab import Lab
 from webapp.cli.housekeeping import parse_duration, prunable, LabInfo
@@ -370,7 +371,7 @@ def test_list_and_prune_drop_an_idle_labs_topics_groups_and_schemas(class_app, c
     assert summary["dropped"] == [lab] and summary["failed"] == {}
     assert summary["groups_deleted"] == [f"{lab}.payments"], summary
     assert not lab_exists(class_app, lab)
-    admin = kafka.admin_client(services.bootstrap_servers)
+    admin = admin_client(services.bootstrap_servers)
     assert not [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"{lab}.")]
     with class_app.app_context(), db.engine.connect() as conn:
         assert classroom.attendee_of_lab(conn, lab) is None

@@ -105,19 +105,20 @@ def test_viewers_polling_at_once_share_one_fingerprint_computation_and_one_panel
     import threading
 
     from webapp.readmodel import state
+    from webapp.readmodel import fingerprints
     from webapp.web import dashboard
 
     lab.credit("acc-1", 100)
     app = app_factory(LAB_NAME=lab_name, LIVE_CACHE_SECONDS=30)
     counted = {"fingerprints": 0, "verdict": 0}
-    real_parts, real_verdict = state.fingerprint_parts, state.verdict
+    real_parts, real_verdict = fingerprints.fingerprint_parts, state.verdict
 
     def counting(name, real):
         def call(*args, **kwargs):
             counted[name] += 1
             return real(*args, **kwargs)
         return call
-    monkeypatch.setattr(state, "fingerprint_parts", counting("fingerprints", real_parts))
+    monkeypatch.setattr(fingerprints, "fingerprint_parts", counting("fingerprints", real_parts))
     monkeypatch.setattr(state, "verdict", counting("verdict", real_verdict))
     dashboard._fingerprints.clear()
     dashboard._loaded.clear()

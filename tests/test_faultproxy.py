@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -21,16 +20,21 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from support import ROOT, LabDriver, in_process_fault_proxy, service_env, stop_process, wait_for_agent
+from support import LabDriver, in_process_fault_proxy
 from webapp.store import command_channel
-from webapp import kafka, ops
-from webapp.readmodel import state
+from webapp import ops
+from webapp.kafka.admin import admin_client, committed_offsets
+from webapp.readmodel import partitions as partitions_readmodel
+from webapp.readmodel.partitions import Cell
 from webapp.store.connection import sqlalchemy_url
 from webapp.web.db import lab_session
-from webapp.dev.embedded import LOOPBACK, EmbeddedBroker
-from webapp.faultproxy import PRODUCE, FaultProxy, Faults, RequestHeader
+from webapp.dev.embedded import EmbeddedBroker
+from webapp.dev.stack import Stack as ServiceStack
+from webapp.faultproxy.faults import Faults
+from webapp.faultproxy.protocol import PRODUCE, RequestHeader
+from webapp.faultproxy.proxy import FaultProxy
 from webapp.store.labs import Lab, create_database_state, ensure_control_schema
-from webapp.domain.waits import free_port, port_open, wait_until
+from webapp.domain.waits import wait_until
 
 API_VERSIONS, METADATA = 18, 3
 CREDIT = 1000  # cents of the event whose ack is lost
@@ -182,10 +186,10 @@ def test_a_blocked_clients_offset_commits_never_reach_the_broker_while_its_fetch
 
     # What the broker holds, asked by a client of its own: the proxy cuts the blocked client's
     # connection to the coordinator, and that client's own OffsetFetch could wait behind it.
-    admin = kafka.admin_client(in_process.address)
+    admin = admin_client(in_process.address)
 
     def committed() -> int | None:
-        return kafka.committed_offsets(admin, f"g-{topic}", topic)[0]
+        return committed_offsets(admin, f"g-{topic}", topic)[0]
 
     blocked_before = in_process.faults.commits_blocked
     try:
@@ -220,49 +224,19 @@ class Stack:
     engine: Engine
 
 
-def start_logged(argv: list[str], env: dict, log_path) -> subprocess.Popen:
-    log = open(log_path, "ab")
-    try:
-        return subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    finally:
-        log.close()
-
-
 @pytest.fixture(scope="module")
 def stack(services, tmp_path_factory):
-    """A broker advertising a fault proxy process, and a lab agent whose producer goes through it."""
-    base = tmp_path_factory.mktemp("proxied")
-    proxy_port = free_port()
-    proxy_address = f"{LOOPBACK}:{proxy_port}"
-    broker = EmbeddedBroker(base / "tansu.log")
+    """A broker advertising a fault proxy process, and a lab agent whose producer goes through it,
+    on the session's database (webapp/dev/stack.py)."""
     engine = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool)
-    proxy = agent = None
     try:
-        broker.start(advertised_port=proxy_port)
-        proxy = start_logged([sys.executable, "-m", "webapp.faultproxy", "--listen", proxy_address,
-                              "--upstream", broker.bootstrap_servers],
-                             service_env(services), base / "faultproxy.log")
-
-        def proxy_ready() -> bool:
-            assert proxy.poll() is None, (base / "faultproxy.log").read_text()
-            return port_open(LOOPBACK, proxy_port) and ops.call("get_fault_proxy", ops.Context(engine, Lab("x")))["running"]
-        wait_until(proxy_ready, timeout=20, message="the fault proxy did not start")
-        agent_log = base / "agent.log"
-        agent = start_logged([sys.executable, "-m", "webapp.agent"],
-                             service_env(services, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap_servers,
-                                         KAFKA_PRODUCER_BOOTSTRAP_SERVERS=proxy_address, LAB_DATA_DIR=str(base)),
-                             agent_log)
-        wait_for_agent(services.database_url, agent, agent_log)
-        with engine.connect() as conn:
-            agent_id = conn.execute(text("SELECT id FROM lab_control.agents WHERE pid = :pid"),
-                                    {"pid": agent.pid}).scalar_one()
-        yield Stack(broker, proxy, proxy_address, agent_id, engine)
+        with ServiceStack(tmp_path_factory.mktemp("proxied"), database_url=services.database_url,
+                          fault_proxy=True) as started:
+            with engine.connect() as conn:
+                agent_id = conn.execute(text("SELECT id FROM lab_control.agents WHERE pid = :pid"),
+                                        {"pid": started.agent.pid}).scalar_one()
+            yield Stack(started.broker, started.fault_proxy, started.producer_bootstrap_servers, agent_id, engine)
     finally:
-        if agent is not None:
-            stop_process(agent)
-        if proxy is not None:
-            stop_process(proxy)
-        broker.stop()
         engine.dispose()
 
 
@@ -305,9 +279,9 @@ class ProxiedLab(LabDriver):
     def producer_duplicates(self) -> dict:
         return self.state()["producer_duplicates"]
 
-    def cells(self) -> list[state.Cell]:
+    def cells(self) -> list[Cell]:
         with self.client.application.app_context(), lab_session(self.lab.schema) as session:
-            return [cell for view in state.partitions(session, self.lab) for cell in view.cells]
+            return [cell for view in partitions_readmodel.partitions(session, self.lab) for cell in view.cells]
 
 
 @pytest.fixture

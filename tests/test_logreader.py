@@ -15,7 +15,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from webapp import kafka
+from webapp.kafka.admin import admin_client, delete_topics, ensure_topics, partition_count
+from webapp.kafka.config import producer_config
 from webapp.store.connection import connect, sqlalchemy_url
 from webapp.store.labs import Lab, create_database_state
 from webapp.logreader import LogReader, record_row, wait_mirrored
@@ -38,8 +39,8 @@ def bare_lab(services, lab_name):
     engine = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool)
     with engine.begin() as conn:
         create_database_state(conn, lab, 3)
-    admin = kafka.admin_client(services.bootstrap_servers)
-    kafka.ensure_topics(admin, {lab.topic: 3, lab.dlq_topic: 1})
+    admin = admin_client(services.bootstrap_servers)
+    ensure_topics(admin, {lab.topic: 3, lab.dlq_topic: 1})
     yield lab
     # The topics stay (the broker lives for the session): deleting a topic that another reader
     # (a lab agent's) has assigned crashes librdkafka 2.16 on the embedded broker.
@@ -128,7 +129,7 @@ def test_every_record_of_an_outside_producer_is_mirrored_decoded_or_with_its_rea
     assert last["amount_cents"] == 5
 
     # The log end the lab shows is the reader's, not the broker's high watermark.
-    from webapp.readmodel.state import log_ends
+    from webapp.readmodel.partitions import log_ends
     engine = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool)
     try:
         from sqlalchemy.orm import Session
@@ -174,7 +175,7 @@ def test_a_restarted_reader_resumes_from_the_table_and_a_reread_writes_nothing(s
 
 
 def test_produce_raw_writes_exactly_what_was_typed(services, bare_lab, start_reader):
-    config = kafka.producer_config(services.bootstrap_servers, idempotent=True)
+    config = producer_config(services.bootstrap_servers, idempotent=True)
     where = produce_raw(config, bare_lab.topic, key="acc-9", value="hello, not an event",
                         headers={"from": "the raw form"}, partition=2)
     assert where == {"partition": 2, "offset": 0}
@@ -220,17 +221,17 @@ def test_a_reset_lab_is_mirrored_again_from_the_start_of_its_new_topic(services,
 
     # What a lab reset does: delete the topics, drop the schema, create both again; the reader
     # is held off Kafka meanwhile (librdkafka crashes on a deleted topic it has assigned).
-    admin = kafka.admin_client(services.bootstrap_servers)
+    admin = admin_client(services.bootstrap_servers)
     engine = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool)
     with running.reader.paused():
-        kafka.delete_topics(admin, [bare_lab.topic])
+        delete_topics(admin, [bare_lab.topic])
         with engine.begin() as conn:
             conn.execute(text(f'DROP SCHEMA "{bare_lab.schema}" CASCADE'))
 
         def recreated() -> bool:
             try:
-                kafka.ensure_topics(admin, {bare_lab.topic: 3})
-                return kafka.partition_count(admin, bare_lab.topic) == 3
+                ensure_topics(admin, {bare_lab.topic: 3})
+                return partition_count(admin, bare_lab.topic) == 3
             except Exception:  # noqa: BLE001 - deletion completes asynchronously: try again
                 return False
         # Tansu finishes a deletion later; a loaded machine has seen it take more than 20 s.

@@ -20,7 +20,7 @@ from sqlalchemy.pool import NullPool
 
 from support import ROOT, assert_passed, in_process_fault_proxy, judge_and_drop_run, run_guided
 from webapp.domain import events
-from webapp.readmodel import state
+from webapp.readmodel.partitions import partitions
 from webapp.store.connection import sqlalchemy_url
 from webapp.web.db import lab_session
 from webapp.domain.lab import Lab
@@ -106,7 +106,7 @@ def test_the_mirror_keeps_each_number_and_marks_the_records_that_landed_out_of_o
             ("raw-a", 1, 4), ("raw-b", 1, None), ("raw-a", 5, None)]
 
         with app.app_context(), lab_session(lab.lab.schema) as session:
-            cells = {cell.offset: cell for cell in state.partitions(session, lab.lab)[0].cells}
+            cells = {cell.offset: cell for cell in partitions(session, lab.lab)[0].cells}
             assert ordering.by_account(session) == {"acc-1": 3}
         marked = {offset: cell.out_of_order for offset, cell in cells.items() if cell.out_of_order}
         assert sorted(marked) == [3, 4, 8]

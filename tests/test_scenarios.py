@@ -5,7 +5,6 @@ the same verdict; a malformed file is rejected with its line number.
 from __future__ import annotations
 
 import json
-import re
 import os
 import subprocess
 import sys

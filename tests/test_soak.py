@@ -5,6 +5,7 @@ process (the benchmark's command line), so nothing of the session's services is 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -17,8 +18,10 @@ pytestmark = pytest.mark.soak
 
 @pytest.mark.timeout(480)
 def test_the_short_soak_loses_nothing_applies_nothing_twice_and_the_verdict_agrees(tmp_path):
+    # PYTHONPATH: the bench imports `webapp` of this checkout, whichever one the environment installed.
     done = subprocess.run([sys.executable, "bench/soak.py", "--short", "--json", "--keep", str(tmp_path / "soak")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=450)
+                          cwd=ROOT, capture_output=True, text=True, timeout=450,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.stdout.strip(), f"no report (exit {done.returncode}): {done.stderr[-3000:]}"
     report = json.loads(done.stdout.strip().splitlines()[-1])
     rows = {row["strategy"]: row for row in report["rows"]}

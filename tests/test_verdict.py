@@ -199,7 +199,7 @@ def test_why_a_zombie_applies_again_under_check_then_act(lab, log_reader):
 
 
 def test_a_consumer_blocked_by_a_frozen_zombies_lock_says_so(app, lab, log_reader):
-    from webapp.readmodel import state
+    from webapp.readmodel.consumers import consumers
     from webapp.web.db import lab_session
     from webapp.domain.waits import wait_until
 
@@ -212,7 +212,7 @@ def test_a_consumer_blocked_by_a_frozen_zombies_lock_says_so(app, lab, log_reade
 
     def waiting():
         with app.app_context(), lab_session(lab.lab.schema) as session:
-            rows = {c["name"]: c for c in state.consumers(session, lab.lab)}
+            rows = {c["name"]: c for c in consumers(session, lab.lab)}
         return rows.get("s2", {}).get("waiting_on")
     wait = wait_until(waiting, timeout=45, interval=0.3, message="the successor never showed its lock wait")
     assert wait["holder"] == "z1" and wait["holder_state"] == "frozen"

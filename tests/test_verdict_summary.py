@@ -18,8 +18,11 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
-from webapp.readmodel import state, verdict
-from webapp.summary import verdict_summary
+from webapp.readmodel import verdict
+from webapp.readmodel.chart import chart_series
+from webapp.readmodel.lanes import lanes
+from webapp.readmodel.producer_duplicates import producer_duplicates
+from webapp.summary import fold, reads, triggers
 from webapp.agent.periodic import SummaryFolder
 from webapp.domain.lab import Lab
 from webapp.store.connection import connect, sqlalchemy_url
@@ -226,7 +229,7 @@ def judged(engine, lab: str, schema: str, exact: bool) -> tuple[dict, list, bool
     with Session(engine) as session:
         session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
         enter(session.connection(), schema)
-        summarized = verdict_summary.verdict_values(session, lab) is not None
+        summarized = reads.verdict_values(session, lab) is not None
         result = verdict.verdict(session, lab, explain=False, exact=exact).as_dict()
         lines = [line.__dict__ for line in verdict.accounts(session, lab, exact=exact)]
     result.pop("anomalies")
@@ -245,12 +248,12 @@ def assert_agree(engine, lab: str, lane: str, when: str) -> bool:
             assert_the_applied_twice_listed_agree(engine, lab, schema, exact["transactions_applied_twice"], when)
     with Session(engine) as session:
         enter(session.connection(), lab)
-        summary, exact = (state.producer_duplicates(session, Lab.of_schema(lab), exact=flag) for flag in (False, True))
+        summary, exact = (producer_duplicates(session, Lab.of_schema(lab), exact=flag) for flag in (False, True))
         assert summary == exact, f"{when}: producer duplicates {summary} vs {exact}"
-        summary, exact = (state.chart_series(session, Lab.of_schema(lab), exact=flag) for flag in (False, True))
+        summary, exact = (chart_series(session, Lab.of_schema(lab), exact=flag) for flag in (False, True))
         assert summary == exact, f"{when}: the chart {summary} vs {exact}"
         summary, exact = ([(lane.name, lane.balances, lane.first_divergence)
-                           for lane in state.lanes(session, Lab.of_schema(lab), exact=flag)] for flag in (False, True))
+                           for lane in lanes(session, Lab.of_schema(lab), exact=flag)] for flag in (False, True))
         assert summary == exact, f"{when}: the lanes {summary} vs {exact}"
         assert len(summary) == 2, "the lab and its lane"
         DIVERGENCES_SEEN.update(first["what"] for _, _, first in summary if first)
@@ -264,7 +267,7 @@ def assert_the_applied_twice_listed_agree(engine, lab: str, schema: str, applied
     with Session(engine) as session:
         session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
         enter(session.connection(), schema)
-        listed = session.execute(text(verdict_summary.APPLIED_TWICE_SQL.format(journal=journal)),
+        listed = session.execute(text(reads.APPLIED_TWICE_SQL.format(journal=journal)),
                                  {"limit": why.LIMIT}).all()
         scanned = dict(session.execute(text(why.DOUBLED_SQL.format(journal=journal)), {"limit": 10**6}).all())
     assert len(listed) == min(applied_twice, why.LIMIT), f"{schema} {when}: listed {listed}, {applied_twice} counted"
@@ -282,15 +285,15 @@ def test_the_summaries_agree_with_the_verdict_after_every_change(engine, schemas
     rng = random.Random(seed)
     world = World(folder, lab, lane, rng)
     DIVERGENCES_SEEN.clear()
-    assert verdict_summary.fold_lab(folder, lab) == {lab: "built", lane: "built"}
+    assert fold.fold_lab(folder, lab) == {lab: "built", lane: "built"}
     summarized_reads = 0
     for number in range(80):
         action = world.step()
         summarized_reads += assert_agree(engine, lab, lane, f"after step {number} ({action}), unfolded")
         if rng.random() < 0.4:
-            verdict_summary.fold_lab(folder, lab)
+            fold.fold_lab(folder, lab)
             assert_agree(engine, lab, lane, f"after step {number} ({action}), folded")
-    verdict_summary.fold_lab(folder, lab)
+    fold.fold_lab(folder, lab)
     assert assert_agree(engine, lab, lane, "at the end, folded"), "the last reads did not use the summaries"
     assert summarized_reads > 30, "most reads should have come from the summaries, not the full verdict"
     assert DIVERGENCES_SEEN == {"applied twice", "effect lost"}, "both kinds of first divergence were compared"
@@ -307,14 +310,14 @@ def test_a_new_schema_is_judged_whole_until_it_is_built_and_a_truncate_asks_for_
         world.mirror()
     with Session(engine) as session:
         enter(session.connection(), lab)
-        assert verdict_summary.verdict_values(session, lab) is None, "no totals yet: VERDICT_SQL judges"
-    assert verdict_summary.fold_lab(folder, lab) == {lab: "built", lane: "built"}
-    assert verdict_summary.fold_lab(folder, lab) == {lab: "current", lane: "current"}
+        assert reads.verdict_values(session, lab) is None, "no totals yet: VERDICT_SQL judges"
+    assert fold.fold_lab(folder, lab) == {lab: "built", lane: "built"}
+    assert fold.fold_lab(folder, lab) == {lab: "current", lane: "current"}
     world.sql(lane, "TRUNCATE {s}.deliveries")
     with Session(engine) as session:
         enter(session.connection(), lane)
-        assert verdict_summary.verdict_values(session, lab) is None, "a TRUNCATE: judged whole until rebuilt"
-    assert verdict_summary.fold_lab(folder, lab) == {lab: "current", lane: "built"}
+        assert reads.verdict_values(session, lab) is None, "a TRUNCATE: judged whole until rebuilt"
+    assert fold.fold_lab(folder, lab) == {lab: "current", lane: "built"}
     assert_agree(engine, lab, lane, "after the rebuild")
 
 
@@ -323,10 +326,10 @@ def test_only_one_folder_folds_a_lab_at_a_time(services, schemas, folder):
     other = connect(services.database_url, autocommit=True)
     try:
         other.execute("SELECT pg_advisory_lock(hashtextextended('verdict summary ' || %s, 0))", [lab])
-        assert verdict_summary.fold_lab(folder, lab) is None, "a second folder must skip the lab"
+        assert fold.fold_lab(folder, lab) is None, "a second folder must skip the lab"
         other.execute("SELECT pg_advisory_unlock(hashtextextended('verdict summary ' || %s, 0))", [lab])
         # (The session's agent may be folding it now, for a moment.)
-        wait_until(lambda: verdict_summary.fold_lab(folder, lab) is not None, timeout=30,
+        wait_until(lambda: fold.fold_lab(folder, lab) is not None, timeout=30,
                    message="the lab's fold lock was never free again")
     finally:
         other.close()
@@ -336,18 +339,18 @@ def test_the_folder_looks_only_at_labs_with_something_to_fold(schemas, only_this
     folder = only_this_folder
     lab, lane = schemas
     world = World(folder, lab, lane, random.Random(11))
-    assert lab in verdict_summary.labs_to_fold(folder), "a lab not built yet waits for its first build"
-    verdict_summary.fold_lab(folder, lab)
-    assert lab not in verdict_summary.labs_to_fold(folder), "an idle lab costs nothing"
+    assert lab in fold.labs_to_fold(folder), "a lab not built yet waits for its first build"
+    fold.fold_lab(folder, lab)
+    assert lab not in fold.labs_to_fold(folder), "an idle lab costs nothing"
     world.sql(lane, "INSERT INTO {s}.payments (event_id, transaction_id, account_id, amount_cents) "
               "VALUES (gen_random_uuid(), 'tx-lane', 'acc-1', 5)")
-    assert lab in verdict_summary.labs_to_fold(folder), "a change in a lane wakes its lab"
-    verdict_summary.fold_lab(folder, lab)
+    assert lab in fold.labs_to_fold(folder), "a change in a lane wakes its lab"
+    fold.fold_lab(folder, lab)
     world.commit()
-    assert lab in verdict_summary.labs_to_fold(folder), "a committed offset written wakes the lab"
-    verdict_summary.fold_lab(folder, lab)
+    assert lab in fold.labs_to_fold(folder), "a committed offset written wakes the lab"
+    fold.fold_lab(folder, lab)
     world.sql(lab, "UPDATE {s}.group_offsets SET committed = committed")
-    assert lab not in verdict_summary.labs_to_fold(folder), "an offset written again unchanged does not"
+    assert lab not in fold.labs_to_fold(folder), "an offset written again unchanged does not"
 
 
 def vacuums_of_queue(conn: psycopg.Connection, schema: str) -> int:
@@ -370,7 +373,7 @@ def test_the_agents_folder_folds_each_lab_and_vacuums_the_queues_it_emptied(sche
               "VALUES (gen_random_uuid(), 'tx-lane', 'acc-1', 5)")
     before = {schema: vacuums_of_queue(folder, schema) for schema in (lab, lane)}
     assert summary_folder.fold_all() >= 1, "a lab with changes queued is folded (and the next look comes sooner)"
-    assert lab not in verdict_summary.labs_to_fold(folder)
+    assert lab not in fold.labs_to_fold(folder)
     assert {schema: vacuums_of_queue(folder, schema) for schema in (lab, lane)} == before, \
         "vacuumed at most once per VACUUM_EVERY"
     summary_folder.VACUUM_EVERY = 0.0
@@ -392,7 +395,7 @@ def queue_then_fold(world: World, folder: psycopg.Connection, lab: str, changes:
     queue's table is left with that many dead rows, its pages emptied."""
     world.sql(lab, "INSERT INTO {s}.payments (event_id, transaction_id, account_id, amount_cents) "
               "SELECT gen_random_uuid(), 'tx-bulk-' || n, 'acc-1', 1 FROM generate_series(1, %s) n", [changes])
-    verdict_summary.fold_lab(folder, lab)
+    fold.fold_lab(folder, lab)
     assert folder.execute(f'SELECT count(*) FROM "{lab}".verdict_changes').fetchone()[0] == 0
 
 
@@ -409,7 +412,7 @@ def test_only_the_thorough_vacuum_waits_for_a_reader_of_the_queue(services, sche
     folder = only_this_folder
     lab, lane = schemas
     world = World(folder, lab, lane, random.Random(17))
-    verdict_summary.fold_lab(folder, lab)  # the first build
+    fold.fold_lab(folder, lab)  # the first build
     queue_then_fold(world, folder, lab, 2000)
     filled = queue_pages(folder, lab)
     name = f"test vacuum {lab}"
@@ -419,7 +422,7 @@ def test_only_the_thorough_vacuum_waits_for_a_reader_of_the_queue(services, sche
 
     def vacuum() -> None:
         try:
-            verdict_summary.vacuum_queues(vacuuming, [lab], thorough=thorough)
+            fold.vacuum_queues(vacuuming, [lab], thorough=thorough)
         except BaseException as error:  # reported by the test's thread
             errors.append(error)
 
@@ -466,7 +469,7 @@ def test_the_folder_folds_on_while_its_thorough_vacuum_waits_for_a_reader(servic
         for _ in range(3):
             world.mirror()
         assert summary_folder.fold_all() >= 1, "folded while the thorough vacuum waits"
-        assert lab not in verdict_summary.labs_to_fold(folder)
+        assert lab not in fold.labs_to_fold(folder)
         assert folder.execute(WAITING_VACUUM, ["lab agent queue vacuum"]).fetchone()[0] == 1, \
             "the fold ran while the vacuum still waited"
     finally:
@@ -488,12 +491,12 @@ def test_a_fold_looks_records_up_by_event_id_alone_before_the_log_has_statistics
     folder = only_this_folder
     lab, lane = schemas
     world = World(folder, lab, lane, random.Random(29))
-    verdict_summary.fold_lab(folder, lab)
+    fold.fold_lab(folder, lab)
     world.sql(lab, 'INSERT INTO {s}.log_records (partition, "offset", value, event_id, transaction_id, type, '
               "account_id, amount_cents, first_of_transaction, read_at) "
               "SELECT 0, 1000 + n, '{}', gen_random_uuid(), 'tx-load-' || n, 'credit', 'acc-1', 1, true, now() "
               "FROM generate_series(1, 5000) n")
-    dirty = ("WITH " + ",".join([verdict_summary.CHANGES, verdict_summary.COMMITTED, verdict_summary.DIRTY])
+    dirty = ("WITH " + ",".join([triggers.CHANGES, triggers.COMMITTED, triggers.DIRTY])
              .format(journal=f'"{lab}"') + " SELECT key FROM dirty")
     with folder.transaction():
         folder.execute("SELECT set_config('search_path', %s, true)", [lab])
@@ -516,7 +519,7 @@ def test_the_upkeep_analyzes_the_tables_that_outgrew_their_statistics(schemas, o
     log_records, analyzed = f"{lab}.log_records", []
 
     def upkeep_analyzed_the_log() -> bool:
-        analyzed.extend(verdict_summary.analyze_grown_tables(folder, [lab]))
+        analyzed.extend(fold.analyze_grown_tables(folder, [lab]))
         return log_records in analyzed
 
     # (the server shows a backend's counts of changed rows within a second)
@@ -525,4 +528,4 @@ def test_the_upkeep_analyzes_the_tables_that_outgrew_their_statistics(schemas, o
     assert f"{lab}.verdict_changes" not in analyzed, "the queue is not analyzed"
     known = folder.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [log_records]).fetchone()[0]
     assert known == 1500
-    assert log_records not in verdict_summary.analyze_grown_tables(folder, [lab]), "analyzed once"
+    assert log_records not in fold.analyze_grown_tables(folder, [lab]), "analyzed once"

@@ -30,12 +30,12 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..store import command_channel
-from .. import kafka
+from ..kafka.config import PRODUCER_CLIENT_ID
 from ..domain import chaos as plan
 from ..domain.lab import Lab
 from ..domain.vocabulary import FAULT_PROXY_FRESH_SECONDS
-from ..faultproxy import CHANNEL as FAULT_PROXY_CHANNEL
-from ..faultproxy import DEFAULT_NAME as FAULT_PROXY
+from ..faultproxy.control import CHANNEL as FAULT_PROXY_CHANNEL
+from ..faultproxy.control import DEFAULT_NAME as FAULT_PROXY
 from ..store import chaos as sessions
 from ..store import consumers as consumer_rows
 from ..store import faultproxies, labdata, schema
@@ -205,7 +205,7 @@ class ChaosRunner(threading.Thread):
         return "done", f"pg_terminate_backend ended its effects session ({ended}): its transaction rolled back"
 
     def _cut_connections(self, action: plan.ChaosAction, row: consumer_rows.Row) -> tuple[str, str]:
-        clients = [self.lab.client_id(row.name), kafka.PRODUCER_CLIENT_ID]
+        clients = [self.lab.client_id(row.name), PRODUCER_CLIENT_ID]
         with self.engine.begin() as conn:
             version = faultproxies.cut(conn, FAULT_PROXY, clients, FAULT_PROXY_FRESH_SECONDS)
             if version is not None:

@@ -13,7 +13,9 @@ from typing import Any, Callable
 from confluent_kafka import KafkaException
 
 from ..store import command_channel
-from .. import kafka, strategies
+from .. import strategies
+from ..kafka.admin import OffsetReset, alter_offsets, target_offsets
+from ..kafka.config import producer_config
 from ..kafka import producer
 from ..domain.lab import Lab
 from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY
@@ -125,7 +127,7 @@ def publish(agent: AgentContext, lab: Lab, args: dict) -> dict:
 
 def produce_raw(agent: AgentContext, lab: Lab, args: dict) -> dict:
     """One record exactly as typed, to the lab's topic, like any other Kafka client would write it."""
-    config = kafka.producer_config(agent.producer_bootstrap_servers, bool(args.get("idempotent", True)))
+    config = producer_config(agent.producer_bootstrap_servers, bool(args.get("idempotent", True)))
     try:
         record = producer.produce_raw(config, lab.topic, args.get("key"), args.get("value"),
                                       headers=args.get("headers"), partition=args.get("partition"))
@@ -250,7 +252,7 @@ def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
     """Stop the group's consumers, move its committed offsets, restart them."""
     group_id = lab.group_id(str(args.get("group") or ""))
     try:
-        reset = kafka.OffsetReset(
+        reset = OffsetReset(
             mode=args.get("mode", "earliest"),
             offsets={int(p): int(o) for p, o in (args.get("offsets") or {}).items()} or None,
             back=args.get("back"),
@@ -268,7 +270,7 @@ def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
     agent.say(lab, "offsets-reset", f"stopped {len(members)} consumer(s) of {group_id}: Kafka moves a "
               "group's offsets only while the group is empty", group=group_id)
     try:
-        targets = kafka.target_offsets(agent.admin, group_id, lab.topic, reset)
+        targets = target_offsets(agent.admin, group_id, lab.topic, reset)
     except ValueError as error:
         raise CommandRejected(str(error)) from None
     # A killed member stays in the group until its session times out: retry until empty.
@@ -276,7 +278,7 @@ def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
 
     def altered() -> bool:
         try:
-            kafka.alter_offsets(agent.admin, group_id, lab.topic, targets)
+            alter_offsets(agent.admin, group_id, lab.topic, targets)
             return True
         except KafkaException as error:
             last_error[:] = [str(error)]

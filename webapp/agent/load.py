@@ -28,7 +28,7 @@ from confluent_kafka import Producer
 from ..store import timeline
 from ..store.connection import connect
 from ..domain.lab import Lab
-from ..kafka import producer_config
+from ..kafka.config import producer_config
 from ..store import schema
 
 log = logging.getLogger("idempotency_lab.agent.load")

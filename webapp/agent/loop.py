@@ -22,7 +22,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..store import command_channel, timeline
-from .. import kafka
+from ..kafka.admin import admin_client
 from ..kafka import producer
 from ..settings import load_config
 from ..store.connection import connect, sqlalchemy_url
@@ -66,7 +66,7 @@ class Agent:
         # psycopg for LISTEN, the producer's journal and the lab-schema work; SQLAlchemy for the control plane.
         self.database_url = database_url
         self.conn = connect(database_url, autocommit=True)
-        self.admin = kafka.admin_client(bootstrap_servers)
+        self.admin = admin_client(bootstrap_servers)
         # The lab's producer may reach the broker through the lost-ack fault proxy (`make run`).
         self.producer_bootstrap_servers = producer_bootstrap_servers or bootstrap_servers
         self.publisher = producer.Publisher(self.producer_bootstrap_servers)
@@ -75,7 +75,7 @@ class Agent:
         self.housekeeping = Housekeeping(self.conn)
         # Dedup tables at scale (issue 14): sizes and probe insert latency, on a thread of its own.
         self.dedup_sampler = DedupSampler(database_url, loading=LOAD_RUNS.labs)
-        # The verdict's running summaries (webapp/summary/verdict_summary.py), folded on a thread of their own.
+        # The verdict's running summaries (webapp/summary/fold.py), folded on a thread of their own.
         self.summary_folder = SummaryFolder(database_url)
         # The log mirror (the lab's ground truth: every record of every lab topic), kept running.
         self.log_mirror = Sidecar("log reader", "webapp.logreader",

@@ -25,10 +25,10 @@ from confluent_kafka import KafkaException
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from .. import kafka
+from ..kafka.admin import admin_client, broker_error, committed_offsets
 from ..store import timeline
 from ..strategies import ttl
-from ..summary import verdict_summary
+from ..summary import fold
 from ..store.connection import CONTROL_SCHEMA, connect, sqlalchemy_url
 from ..domain.lab import Lab
 from ..domain.vocabulary import DEFAULT_TTL_SECONDS
@@ -50,7 +50,7 @@ class Heartbeat:
         self.agent_id, self.host, self.pid = agent_id, host, pid
         self.engine: Engine = create_engine(sqlalchemy_url(database_url), pool_size=1, max_overflow=1,
                                             pool_pre_ping=True, connect_args={"connect_timeout": 3})
-        self.admin = kafka.admin_client(bootstrap_servers)
+        self.admin = admin_client(bootstrap_servers)
         self.reaper = Reaper(agent_id, host, pid)
         self.kafka_error: str | None = "not checked yet"
         self._stop = threading.Event()
@@ -69,7 +69,7 @@ class Heartbeat:
             self._threads.append(thread)
 
     def probe(self) -> None:
-        self.kafka_error = kafka.broker_error(self.admin, timeout=1.5)
+        self.kafka_error = broker_error(self.admin, timeout=1.5)
 
     def beat(self) -> None:
         with self.engine.begin() as conn:
@@ -108,7 +108,7 @@ class Heartbeat:
 
 
 class SummaryFolder:
-    """The running summaries' folder (verdict_summary.fold_lab): every lab's queued changes, on a
+    """The running summaries' folder (fold.fold_lab): every lab's queued changes, on a
     thread and a connection of its own, so a long build (a lab migrated with millions of records)
     never delays a command. A read is exact without it: it keeps the reads' share of work small."""
 
@@ -118,9 +118,9 @@ class SummaryFolder:
     BUSY_EVERY = 0.1
     IDLE_EVERY = 0.5
     # The folded queues' dead rows, vacuumed at most once a second per lab, quickly and without
-    # ever waiting (verdict_summary.vacuum_queues). At most every ten seconds, the upkeep: the
+    # ever waiting (fold.vacuum_queues). At most every ten seconds, the upkeep: the
     # queues vacuumed thoroughly (the queue's index, and its table's emptied end given back) and
-    # the tables that outgrew their statistics analyzed (verdict_summary.analyze_grown_tables), on
+    # the tables that outgrew their statistics analyzed (fold.analyze_grown_tables), on
     # a thread and a connection of its own: that vacuum waits up to five seconds for the queue's
     # lock while panels read it, and the folder stood still in that wait while the queue grew
     # (40,000 changes under a load).
@@ -147,14 +147,14 @@ class SummaryFolder:
         if self.conn is None or self.conn.closed:
             self.conn = connect(self.database_url, autocommit=True, application_name="lab agent summary folder")
         try:
-            waiting = verdict_summary.labs_to_fold(self.conn)
-        except verdict_summary.FOLD_GAVE_WAY:  # a schema dropped while we looked: look again next time
+            waiting = fold.labs_to_fold(self.conn)
+        except fold.FOLD_GAVE_WAY:  # a schema dropped while we looked: look again next time
             return 0
         folded = 0
         for lab_schema in waiting:
             try:
-                done = verdict_summary.fold_lab(self.conn, lab_schema)
-            except verdict_summary.FOLD_GAVE_WAY as error:  # a reset, a lock: folded again next time
+                done = fold.fold_lab(self.conn, lab_schema)
+            except fold.FOLD_GAVE_WAY as error:  # a reset, a lock: folded again next time
                 log.info("summary folder: %s gave way: %s", lab_schema, str(error).splitlines()[0])
                 continue
             if done is None:  # another process is folding it
@@ -172,8 +172,8 @@ class SummaryFolder:
             if now - self._vacuumed_at.get(lab_schema, 0.0) < self.VACUUM_EVERY:
                 continue
             try:
-                verdict_summary.vacuum_queues(self.conn, sorted(schemas), thorough=False)
-            except verdict_summary.FOLD_GAVE_WAY:  # the lab was dropped meanwhile: nothing to vacuum
+                fold.vacuum_queues(self.conn, sorted(schemas), thorough=False)
+            except fold.FOLD_GAVE_WAY:  # the lab was dropped meanwhile: nothing to vacuum
                 pass
             del self._to_vacuum[lab_schema]
             self._vacuumed_at[lab_schema] = now
@@ -197,9 +197,9 @@ class SummaryFolder:
             with connect(self.database_url, autocommit=True, application_name="lab agent queue vacuum") as conn:
                 for schema in schemas:  # one at a time: a schema dropped meanwhile spoils no other's
                     try:
-                        verdict_summary.vacuum_queues(conn, [schema], thorough=True)
-                        verdict_summary.analyze_grown_tables(conn, [schema])
-                    except verdict_summary.FOLD_GAVE_WAY:
+                        fold.vacuum_queues(conn, [schema], thorough=True)
+                        fold.analyze_grown_tables(conn, [schema])
+                    except fold.FOLD_GAVE_WAY:
                         pass
         except psycopg.Error as error:  # PostgreSQL restarting: done next time
             log.warning("summary queues' upkeep: %s", str(error).splitlines()[0])
@@ -311,7 +311,7 @@ def snapshot_offsets(conn: psycopg.Connection, admin, lab: Lab) -> None:
     """Every group's committed offsets, as Kafka has them now, into the lab's ``group_offsets``."""
     groups = [g for (g,) in conn.execute(f'SELECT group_id FROM "{lab.schema}".consumer_groups')]
     for group_id in groups:
-        offsets = kafka.committed_offsets(admin, group_id, lab.topic)
+        offsets = committed_offsets(admin, group_id, lab.topic)
         with conn.transaction():
             for partition, committed in offsets.items():
                 conn.execute(

@@ -13,14 +13,14 @@ from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine, text
 
 from ..store import classroom
-from .. import kafka
+from ..kafka.admin import ADMIN_TIMEOUT, delete_topics
 from ..domain.lab import Lab
 from ..store.labs import drop_database_state, lab_schemas
 
 
 def lab_topics(admin: AdminClient, lab: Lab) -> list[str]:
     """Every topic named under the lab's prefix (``<lab>.payments``, its DLQ, and any other)."""
-    return sorted(name for name in admin.list_topics(timeout=kafka.ADMIN_TIMEOUT).topics
+    return sorted(name for name in admin.list_topics(timeout=ADMIN_TIMEOUT).topics
                   if name.startswith(f"{lab.name}."))
 
 
@@ -42,7 +42,7 @@ def delete_groups(admin: AdminClient, group_ids: list[str]) -> tuple[list[str], 
         return [], {}
     deleted, failed = [], {}
     try:
-        futures = admin.delete_consumer_groups(group_ids, request_timeout=kafka.ADMIN_TIMEOUT)
+        futures = admin.delete_consumer_groups(group_ids, request_timeout=ADMIN_TIMEOUT)
     except (KafkaException, ValueError) as error:
         return [], {group: str(error) for group in group_ids}
     for group, future in futures.items():
@@ -57,7 +57,7 @@ def delete_groups(admin: AdminClient, group_ids: list[str]) -> tuple[list[str], 
 def drop(engine: Engine, admin: AdminClient, lab: Lab) -> dict[str, Any]:
     """Drop the lab's topics, groups, schemas and control rows (its consumers already stopped)."""
     groups = lab_group_ids(engine, lab)
-    topics = kafka.delete_topics(admin, lab_topics(admin, lab))
+    topics = delete_topics(admin, lab_topics(admin, lab))
     deleted, failed = delete_groups(admin, groups)
     with engine.begin() as conn:
         schemas = lab_schemas(conn, lab)

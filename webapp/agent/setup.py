@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
-from .. import kafka
+from ..kafka.admin import ADMIN_TIMEOUT, admin_client, delete_topics, ensure_topics, partition_count
 from ..store import timeline
 from ..store.connection import sqlalchemy_url
 from ..domain.lab import Lab
@@ -30,7 +30,7 @@ def _clients(database_url: str, bootstrap_servers: str) -> Iterator[tuple[Engine
     try:
         with engine.begin() as conn:
             ensure_control_schema(conn)
-        yield engine, kafka.admin_client(bootstrap_servers)
+        yield engine, admin_client(bootstrap_servers)
     finally:
         engine.dispose()
 
@@ -50,7 +50,7 @@ def broker_lost_it(database_url: str, bootstrap_servers: str, lab: Lab) -> bool:
         with engine.connect() as conn:
             kept = conn.execute(text("SELECT 1 FROM information_schema.schemata WHERE schema_name = :s"),
                                 {"s": lab.schema}).first() is not None
-        return kept and lab.topic not in admin.list_topics(timeout=kafka.ADMIN_TIMEOUT).topics
+        return kept and lab.topic not in admin.list_topics(timeout=ADMIN_TIMEOUT).topics
 
 
 def reset_lab(database_url: str, bootstrap_servers: str, lab: Lab, partitions: int) -> dict[str, Any]:
@@ -64,7 +64,7 @@ def ensure(engine: Engine, admin: AdminClient, lab: Lab, partitions: int) -> dic
     with engine.connect() as conn:
         exists = conn.execute(text("SELECT 1 FROM information_schema.schemata WHERE schema_name = :s"),
                               {"s": lab.schema}).first() is not None
-    created = kafka.ensure_topics(admin, {lab.topic: partitions, lab.dlq_topic: 1})
+    created = ensure_topics(admin, {lab.topic: partitions, lab.dlq_topic: 1})
     if not exists:
         with engine.begin() as conn:
             create_database_state(conn, lab, partitions)
@@ -73,7 +73,7 @@ def ensure(engine: Engine, admin: AdminClient, lab: Lab, partitions: int) -> dic
 
 def recreate(engine: Engine, admin: AdminClient, lab: Lab, partitions: int) -> dict[str, Any]:
     """Delete the lab's topics and database state, then create them fresh (consumers already stopped)."""
-    kafka.delete_topics(admin, [lab.topic, lab.dlq_topic])
+    delete_topics(admin, [lab.topic, lab.dlq_topic])
     with engine.begin() as conn:
         drop_database_state(conn, lab)
     # Deleting a topic completes asynchronously on some brokers: retry creation until it sticks.
@@ -88,7 +88,7 @@ def recreate(engine: Engine, admin: AdminClient, lab: Lab, partitions: int) -> d
 
 def _recreated_topics(admin: AdminClient, lab: Lab, partitions: int) -> bool:
     try:
-        kafka.ensure_topics(admin, {lab.topic: partitions, lab.dlq_topic: 1})
-        return kafka.partition_count(admin, lab.topic) == partitions
+        ensure_topics(admin, {lab.topic: partitions, lab.dlq_topic: 1})
+        return partition_count(admin, lab.topic) == partitions
     except KafkaException:
         return False

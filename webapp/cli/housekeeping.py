@@ -18,12 +18,11 @@ from flask.cli import with_appcontext
 from sqlalchemy import Connection, text
 
 from ..store import classroom, command_channel
-from ..store.connection import CONTROL_SCHEMA
+from ..store import scenario_runs
 from ..web.db import db
 from ..domain.lab import Lab
 from ..store.labs import lab_schemas
 
-C = CONTROL_SCHEMA
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*$")
 UNITS = {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 DROP_TIMEOUT = 120.0
@@ -64,8 +63,7 @@ def lab_info(conn: Connection, lab: Lab) -> LabInfo:
     attendee = classroom.attendee_of_lab(conn, lab.name)
     if attendee is not None and (idle is None or attendee.seen_seconds_ago < idle):
         last, idle = attendee.seen_at, attendee.seen_seconds_ago
-    busy = conn.execute(text(f"SELECT count(*) FROM {C}.scenario_runs WHERE lab = :lab AND busy "
-                             "AND updated_at > now() - interval '3 minutes'"), {"lab": lab.name}).scalar()
+    busy = scenario_runs.busy_in(conn, lab.name)
     return LabInfo(name=lab.name, created=created.isoformat(timespec="seconds") if created else None,
                    last_activity=last.isoformat(timespec="seconds") if last else None,
                    idle_seconds=round(max(0.0, idle), 1) if idle is not None else None,
@@ -91,9 +89,9 @@ def drop_lab(lab: Lab) -> dict[str, Any]:
         return command_channel.run(db.engine, lab.name, "lab.drop", {}, timeout=DROP_TIMEOUT)
     if not config.get("KAFKA_BOOTSTRAP_SERVERS"):
         raise click.UsageError("KAFKA_BOOTSTRAP_SERVERS is not set and no lab agent runs: the topics cannot be deleted")
-    from .. import kafka
+    from ..kafka.admin import admin_client
     from ..agent.prune import drop
-    return drop(db.engine, kafka.admin_client(config["KAFKA_BOOTSTRAP_SERVERS"]), lab)
+    return drop(db.engine, admin_client(config["KAFKA_BOOTSTRAP_SERVERS"]), lab)
 
 
 def _size(size: int) -> str:

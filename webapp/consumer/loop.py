@@ -49,7 +49,7 @@ from ..store import timeline
 from ..store.settings_changes import CHANNEL as SETTINGS_CHANNEL
 from ..store import schema
 from ..store.connection import connect
-from ..kafka import consumer_config, producer_config
+from ..kafka.config import consumer_config, producer_config
 from ..store.labs import Lab
 from ..strategies.base import (ABSORBED, APPLIED, DEAD_LETTERED, FAILED, RECORD_DELIVERY, SESSION_SETTINGS,
                               UNIQUE_VIOLATION_REASON)

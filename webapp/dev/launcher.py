@@ -2,16 +2,16 @@
 
 Starts what is not configured (embedded PostgreSQL when DATABASE_URL is unset, the embedded
 Tansu broker when KAFKA_BOOTSTRAP_SERVERS is unset, with the lost-ack fault proxy in front of
-it), prepares the lab, then runs the lab agent and the web app (gunicorn) as child processes.
-Ctrl-C or SIGTERM stops them all, in order: web, agent (which stops its consumers), fault
-proxy, broker, database.
+it), prepares the lab, then runs the lab agent and the web app (gunicorn) as child processes:
+the services, the proxy and the agent through the bring-up the tests and benches share
+(stack.py), gunicorn as one more process of that stack. Ctrl-C or SIGTERM stops them all, in
+order: web, agent (which stops its consumers), fault proxy, broker, database.
 """
 from __future__ import annotations
 
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,11 +19,10 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 
 from ..settings import RUNNING_FILE, ConfigError, load_config, running_services
-from .embedded import LOOPBACK, EmbeddedBroker, EmbeddedPostgres, die_with_parent, stop_process
+from .embedded import LOOPBACK
+from .stack import ROOT, Stack
 from ..store.labs import Lab
 from ..domain.waits import free_port, port_open, wait_until
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def say(what: str, where: str) -> None:
@@ -59,42 +58,38 @@ class Launcher:
     def __init__(self):
         self.config = load_config()
         self.data_dir = Path(self.config["LAB_DATA_DIR"])
-        self.services: list = []
-        self.children: list[tuple[str, subprocess.Popen]] = []
+        self.stack: Stack | None = None
         self.stopping = False
         self.parent_pid = os.getppid()
-        # With the embedded broker: the fault proxy's port, which the broker advertises.
-        self.fault_proxy_port: int | None = None
 
-    def start_services(self) -> tuple[str, str, bool]:
-        database_url = os.environ.get("DATABASE_URL")
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-        if not database_url:
-            postgres = EmbeddedPostgres(self.data_dir / "postgres").start()
-            self.services.append(postgres)
-            database_url = postgres.url
-            say("PostgreSQL (embedded)", f"{postgres.url}  data {postgres.data_dir}")
+    def start_services(self) -> Stack:
+        """PostgreSQL and the broker unless the environment names them; with the embedded broker,
+        the fault proxy in front of it, which the broker advertises: after the first metadata
+        request every client, the producer's retries included, talks to it through the proxy
+        (README, "Lost ack"). The database upgraded to head (a data directory of an earlier release
+        upgrades in place, Alembic). The lab's settings reach every child from our environment."""
+        database_url = os.environ.get("DATABASE_URL") or None
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None
+        self.stack = Stack(self.data_dir, database_url=database_url, bootstrap_servers=bootstrap,
+                           fault_proxy=not bootstrap, agent=False, clean_env=False,
+                           env={"LAB_HOST": str(self.config["LAB_HOST"]), "LAB_PORT": str(self.config["LAB_PORT"])})
+        self.stack.start()
+        if self.stack.postgres is not None:
+            say("PostgreSQL (embedded)", f"{self.stack.database_url}  data {self.stack.postgres.data_dir}")
         else:
             say("PostgreSQL", "from DATABASE_URL")
-        broker_is_fresh = False
-        if not bootstrap:
-            # The broker advertises the fault proxy: after the first metadata request every client,
-            # the producer's retries included, talks to it through the proxy (README, "Lost ack").
-            self.fault_proxy_port = free_port()
-            broker = EmbeddedBroker(self.data_dir / "tansu.log").start(advertised_port=self.fault_proxy_port)
-            self.services.append(broker)
-            bootstrap = broker.bootstrap_servers
-            broker_is_fresh = True
-            say("Kafka (embedded Tansu)", f"{bootstrap}  memory only: a restart empties it")
+        if self.stack.broker is not None:
+            say("Kafka (embedded Tansu)", f"{self.stack.bootstrap_servers}  memory only: a restart empties it")
         else:
             say("Kafka", f"{bootstrap} from KAFKA_BOOTSTRAP_SERVERS")
-        return database_url, bootstrap, broker_is_fresh
+        if self.stack.fault_proxy is not None:
+            say("Fault proxy (lost ack)", f"{self.stack.producer_bootstrap_servers} -> {self.stack.bootstrap_servers}, "
+                "disarmed; the broker advertises it")
+        return self.stack
 
     def prepare_lab(self, database_url: str, bootstrap: str, broker_is_fresh: bool) -> None:
         from ..agent.setup import ensure_lab, reset_lab
-        from ..store.migrations import upgrade
 
-        upgrade(database_url)  # a data directory of an earlier release upgrades in place (Alembic)
         lab = Lab(self.config["LAB_NAME"])
         partitions = self.config["LAB_PARTITIONS"]
         if broker_is_fresh:
@@ -105,51 +100,27 @@ class Launcher:
             ensure_lab(database_url, bootstrap, lab, partitions)
             say("Lab", f"{lab.name}: ready")
 
-    def start_fault_proxy(self, database_url: str, upstream: str) -> str:
-        """The lost-ack fault proxy in front of the embedded broker; its address once it listens."""
-        listen = f"{LOOPBACK}:{self.fault_proxy_port}"
-        log_path = self.data_dir / "faultproxy.log"
-        log = open(log_path, "ab")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "webapp.faultproxy", "--listen", listen, "--upstream", upstream],
-            env={**os.environ, "DATABASE_URL": database_url}, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=die_with_parent)
-        log.close()
-        # Started before the agent and the web, so stopped after them (stop() goes in reverse).
-        self.children.append(("fault proxy", process))
-        wait_until(lambda: port_open(LOOPBACK, self.fault_proxy_port) or process.poll() is not None, timeout=20,
-                   message=f"the fault proxy did not listen on {listen}; log {log_path}")
-        if process.poll() is not None:
-            raise RuntimeError(f"the fault proxy exited with {process.returncode}; log {log_path}")
-        say("Fault proxy (lost ack)", f"{listen} -> {upstream}, disarmed; the broker advertises it")
-        return listen
-
-    def spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-        process = subprocess.Popen(argv, env=env, cwd=ROOT, start_new_session=True, preexec_fn=die_with_parent)
-        self.children.append((name, process))
-        return process
-
     def run(self) -> int:
         print("Idempotency Lab starting", flush=True)
         started = time.monotonic()
-        database_url, bootstrap, fresh = self.start_services()
-        running = {"DATABASE_URL": database_url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
-        if self.fault_proxy_port is not None:
-            running["KAFKA_PRODUCER_BOOTSTRAP_SERVERS"] = self.start_fault_proxy(database_url, bootstrap)
+        stack = self.start_services()
+        running = {"DATABASE_URL": stack.database_url, "KAFKA_BOOTSTRAP_SERVERS": stack.bootstrap_servers}
+        if stack.fault_proxy is not None:
+            running["KAFKA_PRODUCER_BOOTSTRAP_SERVERS"] = stack.producer_bootstrap_servers
         (self.data_dir / RUNNING_FILE).write_text(json.dumps(running))
-        env = {**os.environ, **running, "LAB_DATA_DIR": str(self.data_dir),
-               "LAB_HOST": str(self.config["LAB_HOST"]), "LAB_PORT": str(self.config["LAB_PORT"])}
-        self.prepare_lab(database_url, bootstrap, fresh)
+        self.prepare_lab(stack.database_url, stack.bootstrap_servers, broker_is_fresh=stack.broker is not None)
+        env = {}
         notify = os.environ.get("LAB_NOTIFY_URL")
         if not notify:
             # The agent keeps the notification service running; the launcher picks its address to print it.
             env["LAB_NOTIFY_LISTEN"] = f"{LOOPBACK}:{free_port()}"
-        agent = self.spawn("agent", [sys.executable, "-m", "webapp.agent"], env)
+        # The agent and the web write to our output (the terminal of `make run`).
+        agent = stack.start_agent(log=None, **env)
         say("Lab agent", f"pid {agent.pid}")
         say("Notification service", f"{notify} from LAB_NOTIFY_URL" if notify
             else f"http://{env['LAB_NOTIFY_LISTEN']}  run by the lab agent")
         host, port = self.config["LAB_HOST"], self.config["LAB_PORT"]
-        web = self.spawn("web", [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"), "app:app"], env)
+        web = stack.spawn("web", ["-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"), "app:app"], **env)
         wait_until(lambda: port_open(host, port) or web.poll() is not None, timeout=30,
                    message=f"the web app did not listen on {host}:{port}")
         if web.poll() is not None:
@@ -167,7 +138,7 @@ class Launcher:
             if os.getppid() != self.parent_pid:
                 # `make run` was stopped: make does not pass SIGTERM on, so its death is our signal.
                 return 0
-            for name, process in self.children:
+            for name, process in self.stack.children:
                 if process.poll() is not None:
                     print(f"{name} exited with {process.returncode}; stopping the lab", file=sys.stderr)
                     return 1
@@ -175,10 +146,8 @@ class Launcher:
         return 0
 
     def stop(self) -> None:
-        for _, process in reversed(self.children):
-            stop_process(process)
-        for service in reversed(self.services):
-            service.stop()
+        if self.stack is not None:
+            self.stack.stop()  # web, agent, fault proxy, broker, database: the last started first
         (self.data_dir / RUNNING_FILE).unlink(missing_ok=True)
         print("Idempotency Lab stopped", flush=True)
 

@@ -21,7 +21,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from ..domain import events
 from ..store import timeline
 from ..domain.vocabulary import Limits
-from . import producer_config
+from .config import producer_config
 from ..store.labs import Lab
 
 MODES = ("normal", "burst", "resend", "source-duplicate", "poison")
@@ -126,7 +126,7 @@ def produce_raw(producer_config: dict[str, Any], topic: str, key: str | bytes | 
                 partition: int | None = None, timeout: float = FLUSH_TIMEOUT) -> dict[str, Any]:
     """Produce one record exactly as typed (any text, JSON or not) and wait for its delivery report.
 
-    ``producer_config`` is a confluent-kafka config (``kafka.producer_config(...)``); ``partition``
+    ``producer_config`` is a confluent-kafka config (``kafka.config.producer_config(...)``); ``partition``
     None lets the partitioner choose from the key. Nothing is journaled: the log reader sees this
     record like any other producer's. Returns ``{"partition", "offset"}`` (offset None when the
     broker kept it but the report carried none); raises PublishError naming the field.

@@ -1,13 +1,13 @@
 """The fault proxy: a real Kafka-aware proxy between the lab's Kafka clients and the broker that
 can drop or delay Produce responses (lost ack) and keep one consumer's offset commits from the
-broker (commit mode) (see webapp/faultproxy/__init__.py)."""
+broker (commit mode) (see webapp/faultproxy/faults.py)."""
 from __future__ import annotations
 
 from pydantic import Field, model_validator
 
 from ..store import command_channel
 from ..domain.vocabulary import FAULT_PROXY_FRESH_SECONDS, Limits
-from ..faultproxy import CHANNEL, DEFAULT_NAME
+from ..faultproxy.control import CHANNEL, DEFAULT_NAME
 from ..store import faultproxies as store
 from ..store import schema
 from ..store.labdata import say

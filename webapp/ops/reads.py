@@ -4,6 +4,10 @@ from __future__ import annotations
 from pydantic import Field
 
 from ..readmodel import state
+from ..readmodel.consumers import consumers
+from ..readmodel.groups import effects_schemas, groups_list
+from ..readmodel.partitions import partitions
+from ..readmodel.producer_duplicates import producer_duplicates
 from ..readmodel import verdict as verdict_module
 from ..store.schema import enter
 from ..store.schema import session_in
@@ -40,15 +44,15 @@ def get_state(ctx: Context, args: StateArgs) -> dict:
             "accounts": [{**line.__dict__, "difference": line.difference}
                          for line in state.accounts(session, lab, exact=args.exact)],
             "verdict": state.verdict(session, lab, exact=args.exact).as_dict(),
-            "producer_duplicates": state.producer_duplicates(session, lab, exact=args.exact),
-            "groups": state.groups_list(session),
-            "consumers": [consumer_json(c) for c in state.consumers(session, lab)],
+            "producer_duplicates": producer_duplicates(session, lab, exact=args.exact),
+            "groups": groups_list(session),
+            "consumers": [consumer_json(c) for c in consumers(session, lab)],
             "partitions": [{"partition": p.partition, "log_end": p.log_end, "committed": p.committed,
                             "positions": p.positions,
                             # records of the strip that landed after a later one of their producer
                             "out_of_order": [{"offset": offset, "why": why}
                                              for offset, why in sorted(p.out_of_order.items())]}
-                           for p in state.partitions(session, lab, cells=False)],
+                           for p in partitions(session, lab, cells=False)],
             "ttl": get_ttl(ctx, NoArgs()),
             "lanes": lane_states(session, lab, exact=args.exact),
         }
@@ -56,9 +60,9 @@ def get_state(ctx: Context, args: StateArgs) -> dict:
 
 def lane_states(session, lab, exact: bool = False) -> list[dict]:
     """Each strategy lane's own copy of the accounts, judged against the same log."""
-    groups = state.groups_list(session)
+    groups = groups_list(session)
     lanes = []
-    for lane_schema in state.effects_schemas(session, lab):
+    for lane_schema in effects_schemas(session, lab):
         if lane_schema == lab.schema:
             continue
         enter(session.connection(), lane_schema)

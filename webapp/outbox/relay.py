@@ -32,7 +32,7 @@ from confluent_kafka import KafkaError, Producer
 from ..store import timeline
 from ..store.connection import connect
 from ..domain.lab import Lab
-from ..kafka import producer_config
+from ..kafka.config import producer_config
 from ..store import outbox as sql
 from ..store.schema import enter_psycopg
 

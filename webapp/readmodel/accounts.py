@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ..summary import verdict_summary as summary
+from ..summary import reads as summary
 from ..store.schema import quoted
 
 EXPECTED = """
@@ -36,7 +36,7 @@ expected AS (
 )"""
 
 # One credit per transaction (read from the index of first records, in account order), and the
-# natural strategy's ledger per account: aggregated here; kept running by verdict_summary.
+# natural strategy's ledger per account: aggregated here; kept running by the summaries (summary/fold.py).
 CREDITED = """
 credited AS (
     SELECT account_id, sum(amount_cents) AS cents FROM {journal}.log_records
@@ -82,7 +82,7 @@ class AccountLine:
 
 
 def accounts_sql(session: Session, journal_schema: str, exact: bool = False) -> str:
-    """The accounts' query: with the running sums (verdict_summary) when they can be read, else
+    """The accounts' query: with the running sums (summary/reads.py) when they can be read, else
     aggregated from the log and the ledger."""
     journal = quoted(journal_schema)
     # The score is a set_score's upsert into ``scores`` (a table of its own, one row per account).

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ..summary import verdict_summary as summary
+from ..summary import reads as summary
 from ..store.schema import quoted
 from .accounts import AccountLine, accounts, accounts_sql  # noqa: F401  (AccountLine, accounts: re-exported)
 from .why import explain as explain_anomalies

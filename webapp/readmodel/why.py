@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ..summary.verdict_summary import APPLIED_TWICE_SQL
+from ..summary.reads import APPLIED_TWICE_SQL
 from .accounts import accounts
 from .outbox import republish_origin
 from ..store.schema import quoted
@@ -20,7 +20,7 @@ from ..store.schema import quoted
 LIMIT = 10
 
 # Transactions whose delta was applied more than once in this copy (payment rows and ledger rows):
-# a scan of every effect, for a lab without running summaries (verdict_summary.APPLIED_TWICE_SQL
+# a scan of every effect, for a lab without running summaries (summary.reads.APPLIED_TWICE_SQL
 # finds them by index lookups).
 DOUBLED_SQL = """
 SELECT transaction_id, count(*) AS effects FROM (

@@ -5,7 +5,7 @@ May import ops, readmodel, strategies, store and domain: a scenario drives the l
 - ``loader``: the format: steps are operations of the registry (``webapp.ops``), checked by their
   own argument models; ``conditions``: waits and expectations (the format's own);
 - ``runner``: runs one against a fresh lab, each step through ``ops.call``;
-- ``observe``: what a run waits on and expects, read through state.py and verdict.py;
+- ``observe``: what a run waits on and expects, read through the read model's panels and verdict.py;
 - ``journal``: record (a registry hook: every operation appended to the lab's session log) and
   replay (the log exported as a scenario);
 - ``guided``: one click of the guided mode, carried out by a lab agent (``scenario.step``);

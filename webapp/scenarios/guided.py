@@ -8,16 +8,15 @@ releases the run; the page polls that row until it is free.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 from typing import Any, Mapping
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from ..store import command_channel
-from ..store.connection import CONTROL_SCHEMA
+from ..store import scenario_runs
 from . import built_in, journal
 from .loader import Scenario, load
 from .runner import OPERATION_ERRORS, RunState, Runner, broker_kind
@@ -25,9 +24,6 @@ from .runner import OPERATION_ERRORS, RunState, Runner, broker_kind
 log = logging.getLogger("idempotency_lab.scenarios")
 
 VERB = "scenario.step"
-C = CONTROL_SCHEMA
-# A click waits at most a couple of minutes; a claim older than this belonged to a process that died.
-STALE_CLAIM = "3 minutes"
 # What the agent's environment says about the stack (the fault proxy, the broker).
 AGENT_SETTINGS = ("KAFKA_BOOTSTRAP_SERVERS", "KAFKA_PRODUCER_BOOTSTRAP_SERVERS", "LAB_BROKER_KIND")
 
@@ -40,19 +36,15 @@ def scenario_named(name: str) -> Scenario | None:
 def claim(engine: Engine, run_id: int) -> bool:
     """Mark the run busy, unless a step of it is already running."""
     with engine.begin() as conn:
-        return conn.execute(text(f"UPDATE {C}.scenario_runs SET busy = true, updated_at = now() WHERE id = :id "
-                                 f"AND (NOT busy OR updated_at < now() - interval '{STALE_CLAIM}') RETURNING id"),
-                            {"id": run_id}).first() is not None
+        return scenario_runs.claim(conn, run_id)
 
 
 def release(engine: Engine, run_id: int, run: RunState | None = None) -> None:
     """Save the run's progress (when given) and free it for the next click."""
     with engine.begin() as conn:
         if run is not None:
-            conn.execute(text(f"UPDATE {C}.scenario_runs SET progress = CAST(:p AS jsonb), status = :s, "
-                              "updated_at = now() WHERE id = :id"),
-                         {"p": json.dumps(run.as_dict(), default=str), "s": run.status, "id": run_id})
-        conn.execute(text(f"UPDATE {C}.scenario_runs SET busy = false WHERE id = :id"), {"id": run_id})
+            scenario_runs.save(conn, run_id, run.as_dict(), run.status)
+        scenario_runs.release(conn, run_id)
 
 
 def run_guided_step(engine: Engine, run_id: int, config: Mapping[str, Any] | None = None,
@@ -63,12 +55,11 @@ def run_guided_step(engine: Engine, run_id: int, config: Mapping[str, Any] | Non
     run = None
     try:
         with engine.connect() as conn:
-            row = conn.execute(text(f"SELECT scenario, progress FROM {C}.scenario_runs WHERE id = :id"),
-                               {"id": run_id}).first()
-        scenario = scenario_named(row.scenario) if row else None
+            row = scenario_runs.get(conn, run_id)
+        scenario = scenario_named(row["scenario"]) if row else None
         if scenario is None:
             return {"run_id": run_id, "error": "no such run or scenario"}
-        run = RunState.from_dict(row.progress)
+        run = RunState.from_dict(row["progress"])
         run.error = None
         config = dict(config if config is not None else {k: os.environ[k] for k in AGENT_SETTINGS if k in os.environ})
         journal.install()

@@ -1,4 +1,5 @@
-"""What a scenario observes: one read of a lab from PostgreSQL, through state.py and verdict.py.
+"""What a scenario observes: one read of a lab from PostgreSQL, through the read model's panels and
+verdict.py.
 
 The same read model the panels use: consumers as they report themselves, the verdict and the
 accounts (ground truth vs actual) of the lab and of each strategy lane, committed offsets as
@@ -11,7 +12,9 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from ..readmodel import state, verdict as verdict_module
+from ..readmodel import verdict as verdict_module
+from ..readmodel.dedup import dedup_tables
+from ..readmodel import partitions as partitions_readmodel
 from ..store.connection import CONTROL_SCHEMA
 from ..domain.lab import Lab
 from ..readmodel import notifications as notifications_readmodel
@@ -92,9 +95,9 @@ def observe(engine: Engine, lab: Lab) -> Snapshot:
                                              "expected_status": line.expected_status, "difference": line.difference}
                                    for line in verdict_module.accounts(conn, lab.schema)}
             snap.dedup[lane] = {item["table"]: {"rows": item["count"], "oldest_age": item["oldest_age"]}
-                                for item in state.dedup_tables(conn, None, exact=True)}
+                                for item in dedup_tables(conn, None, exact=True)}
             enter(conn, lab.schema)
-            snap.log_ends[lane] = state.log_ends(conn, schema)
+            snap.log_ends[lane] = partitions_readmodel.log_ends(conn, schema)
         conn.rollback()
     return snap
 

@@ -3,7 +3,7 @@
 Every step that changes the lab is ``ops.call(step.operation, ctx, args)``: the same registry
 operation, with the same checks, as the API, the dashboard's forms and the CLI. The runner's own
 part is the scenario's references (a consumer's name → its id, ``event: NAME`` → an event id).
-Every wait and every expectation reads the lab through ``observe`` (state.py and verdict.py).
+Every wait and every expectation reads the lab through ``observe`` (the read model's panels and verdict.py).
 The run's progress is a plain ``RunState`` so that the guided mode can keep it in PostgreSQL
 between two clicks and the headless runner in memory.
 """

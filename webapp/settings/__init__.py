@@ -43,11 +43,23 @@ DEFAULTS: dict[str, Any] = {
     # A panel whose last load took this long or more is served at once from that load, marked with
     # its age, while it loads again in the background (seconds; 0: always loaded in the request).
     "LIVE_STALE_AFTER_SECONDS": 0.1,
+    # Ceilings on what one request may start on the shared PostgreSQL and broker (unset: only the
+    # operation's own bounds): events of one load-generator run, synthetic keys of one dedup warm-up.
+    "LAB_MAX_LOAD_EVENTS": None,
+    "LAB_MAX_WARMUP_KEYS": None,
+    # "kafka" or "tansu" when the broker cannot be probed (a scenario needs to know which it runs on).
+    "LAB_BROKER_KIND": None,
+    # Wrong LAB_TOKEN guesses allowed per client address within the window, before 429.
+    "SIGN_IN_MAX_FAILURES": 5,
+    "SIGN_IN_WINDOW_SECONDS": 60.0,
+    # 0 turns the shared panel cache off (every panel loaded in its request).
+    "PANEL_CACHE": 1,
 }
 
 INTEGER_KEYS = {"LAB_PORT", "LAB_PARTITIONS", "LAB_HTTPS", "LAB_CLASSROOM", "LAB_CLASS_VIEW_OTHERS", "LAB_MAX_LABS",
-                "LAB_MAX_CONSUMERS", "LAB_MAX_BURST"}
-FLOAT_KEYS = {"LAB_COMMAND_TIMEOUT", "LIVE_CACHE_SECONDS", "LIVE_STALE_AFTER_SECONDS"}
+                "LAB_MAX_CONSUMERS", "LAB_MAX_BURST", "LAB_MAX_LOAD_EVENTS", "LAB_MAX_WARMUP_KEYS",
+                "SIGN_IN_MAX_FAILURES", "PANEL_CACHE"}
+FLOAT_KEYS = {"LAB_COMMAND_TIMEOUT", "LIVE_CACHE_SECONDS", "LIVE_STALE_AFTER_SECONDS", "SIGN_IN_WINDOW_SECONDS"}
 RUNNING_FILE = "running.json"
 
 

@@ -49,7 +49,7 @@ def lab_schemas(conn: Connection, lab: Lab) -> list[str]:
 
 
 def drop_database_state(conn: Connection, lab: Lab) -> None:
-    """Drop every schema of the lab and its control rows. Kafka topics are kafka.py's."""
+    """Drop every schema of the lab and its control rows. Kafka topics are kafka/admin.py's."""
     for schema in lab_schemas(conn, lab):
         conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
     conn.execute(text(f'DELETE FROM "{CONTROL_SCHEMA}".consumers WHERE lab = :lab'), {"lab": lab.name})

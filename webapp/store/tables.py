@@ -208,7 +208,7 @@ class Delivery(Base):
     __table_args__ = (Index("deliveries_group_partition_offset", "group_id", "partition", "offset"),
                       # the timeline merges the newest deliveries with its own entries
                       Index("deliveries_delivered_at", "delivered_at"),
-                      # the log end per partition (state.log_ends), whatever the group
+                      # the log end per partition (partitions.log_ends), whatever the group
                       Index("deliveries_partition_offset", "partition", "offset"),
                       # absorbed and dead-lettered deliveries are few: the verdict and lanes count them
                       Index("deliveries_outcome", "outcome"))
@@ -417,7 +417,7 @@ class RelayState(Base):
     heartbeat_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
 
 
-# --- the running summaries of the verdict (webapp/summary/verdict_summary.py) -----------------------
+# --- the running summaries of the verdict (webapp/summary/) ---------------------------------------
 
 class VerdictChange(Base):
     """The summaries' queue: the keys of every row of ``log_records``, ``deliveries``, ``payments``
@@ -460,7 +460,7 @@ class VerdictKey(Base):
     # effect (by time, then id), and the first absorbed delivery of one of its records.
     second_effect_at: Mapped[datetime | None]
     first_absorbed_at: Mapped[datetime | None]
-    # The keys the lanes panel looks for, in the order it wants them (verdict_summary.TWICE, LOST).
+    # The keys the lanes panel looks for, in the order it wants them (summary/reads.py: TWICE, LOST).
     __table_args__ = (Index("verdict_keys_twice", "second_effect_at", "key",
                             postgresql_where=text("records > 0 AND delta AND effects > 1")),
                       Index("verdict_keys_lost", "first_absorbed_at", "key",

@@ -1,4 +1,4 @@
-"""The running summaries' change triggers (summary/verdict_summary.py folds what they queue).
+"""The running summaries' change triggers (summary/fold.py folds what they queue).
 
 Statement triggers on ``log_records``, ``deliveries``, ``payments`` and ``ledger`` copy the keys of
 the rows an INSERT, UPDATE or DELETE touched into ``verdict_changes``, in the writer's own

@@ -157,7 +157,7 @@ def convert(execute: Execute, target: str, log_schema: str) -> dict[str, int]:
     execute("CREATE TEMPORARY TABLE converted_keys ON COMMIT DROP AS "
             "SELECT k.event_id, coalesce(r.occurred_at::timestamptz, k.processed_at::timestamptz) AS occurred_at, "
             "       k.processed_at, r.occurred_at IS NULL AS without_event_time "
-            # (validity tested outside the lookup by event id: verdict_summary's DIRTY says why)
+            # (validity tested outside the lookup by event id: summary/triggers.py's DIRTY says why)
             f"FROM processed_events_old k LEFT JOIN LATERAL (SELECT occurred_at FROM (SELECT occurred_at, invalid_reason "
             f"  FROM {log_records} l WHERE l.event_id = k.event_id OFFSET 0) l WHERE l.invalid_reason IS NULL LIMIT 1) r ON true",
             {})

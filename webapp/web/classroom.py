@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -19,9 +18,9 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..store import classroom, command_channel
+from ..store import scenario_runs
 from .. import ops
 from ..readmodel import state
-from ..store.connection import CONTROL_SCHEMA
 from .db import db, lab_session
 from ..domain.lab import Lab
 from ..scenarios import built_in, load
@@ -34,7 +33,6 @@ from .markdown import markdown
 from .security import client_address, token_guesses, token_matches, too_many_guesses
 
 bp = Blueprint("classroom", __name__)
-C = CONTROL_SCHEMA
 
 # The blueprints whose every request works in the request's lab: an unbound visitor joins first.
 LAB_BLUEPRINTS = ("dashboard", "controls", "api", "scenarios")
@@ -287,9 +285,7 @@ def start_for_everyone():
         people = classroom.attendees(conn, code)
         for person in people:
             run = RunState(scenario=scenario.name, lab=person.lab)
-            conn.execute(text(f"INSERT INTO {C}.scenario_runs (scenario, lab, status, progress) "
-                              "VALUES (:n, :lab, 'ready', CAST(:p AS jsonb))"),
-                         {"n": scenario.name, "lab": person.lab, "p": json.dumps(run.as_dict())})
+            scenario_runs.insert(conn, scenario.name, person.lab, run.as_dict())
     return redirect(url_for("classroom.board", notice=f"{scenario.title}: started in {len(people)} lab(s)"),
                     code=303)
 

@@ -24,6 +24,17 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from .. import ops, strategies
 from ..readmodel import state
+from ..readmodel.chart import chart_series
+from ..readmodel import consumers as consumers_readmodel
+from ..readmodel.dedup import dedup_tables
+from ..readmodel.drilldown import event_drilldown
+from ..readmodel import fingerprints as fingerprints_readmodel
+from ..readmodel.groups import groups_kafka_settings, groups_list
+from ..readmodel.health import AGENT_STALE_SECONDS, agent_health
+from ..readmodel.lanes import lanes
+from ..readmodel.partitions import partitions
+from ..readmodel.timeline import timeline
+from ..store.consumers import LIVE_STATES
 from .db import db, lab_session
 from ..domain.vocabulary import EXACT_COUNT_BELOW
 from ..readmodel import notifications as notifications_readmodel
@@ -41,7 +52,7 @@ PanelLoader = Callable[..., dict[str, Any]]
 class Panel:
     name: str
     loader: PanelLoader
-    # The fingerprint parts (state.fingerprint_parts) whose change means this panel changed.
+    # The fingerprint parts (readmodel/fingerprints.py) whose change means this panel changed.
     depends: tuple[str, ...]
     template: str
     # Whether a slow load may be answered from the last one: only a panel in the shared frame, which
@@ -108,24 +119,24 @@ def accounts_panel(lab, session, args) -> dict[str, Any]:
 
 @panel("partitions", depends=("journal", "effects", "offsets", "consumers", "groups"))
 def partitions_panel(lab, session, args) -> dict[str, Any]:
-    groups = state.groups_list(session)
+    groups = groups_list(session)
     shown = groups[0]["group_id"] if groups else None
     # Positions of the shown group's consumers only: a lane's consumer reads the same log elsewhere.
-    readers = {c["name"] for c in state.consumers(session, lab) if c["group_id"] == shown}
-    return {"partitions": state.partitions(session, lab), "groups": groups, "shown_group": shown, "readers": readers}
+    readers = {c["name"] for c in consumers_readmodel.consumers(session, lab) if c["group_id"] == shown}
+    return {"partitions": partitions(session, lab), "groups": groups, "shown_group": shown, "readers": readers}
 
 
 @panel("consumers", depends=("consumers", "groups", "offsets", "notifications"))
 def consumers_panel(lab, session, args) -> dict[str, Any]:
-    consumers = state.consumers(session, lab)
+    consumers = consumers_readmodel.consumers(session, lab)
     notify = notifications_readmodel.settings_by_group(session)
     for consumer in consumers:
         strategy = strategies.STRATEGIES.get(consumer["strategy"] or "")
         if strategy and consumer["group_id"] in notify:
             strategy = strategy_with(strategy, notify[consumer["group_id"]])  # its points include the call's
         consumer["points"] = strategy.points if strategy else strategies.POINTS
-        consumer["live"] = consumer["state"] in state.LIVE_STATES
-    return {"consumers": consumers, "groups": state.groups_list(session)}
+        consumer["live"] = consumer["state"] in LIVE_STATES
+    return {"consumers": consumers, "groups": groups_list(session)}
 
 
 @panel("verdict", depends=("journal", "effects", "offsets", "groups"))
@@ -135,13 +146,13 @@ def verdict_panel(lab, session, args) -> dict[str, Any]:
 
 @panel("timeline", depends=("timeline", "effects"))
 def timeline_panel(lab, session, args) -> dict[str, Any]:
-    return {"entries": state.timeline(session, limit=14)}
+    return {"entries": timeline(session, limit=14)}
 
 
 @panel("dedup", depends=("effects", "settings", "oldest_key_age"))
 def dedup_panel(lab, session, args) -> dict[str, Any]:
     ttl = ops.call("get_ttl", ops.Context(db.engine, lab), {})
-    return {"tables": state.dedup_tables(session, ttl["ttl_seconds"]), "ttl": ttl,
+    return {"tables": dedup_tables(session, ttl["ttl_seconds"]), "ttl": ttl,
             "exact_count_below": EXACT_COUNT_BELOW}
 
 
@@ -150,7 +161,7 @@ def lanes_panel(lab, session, args) -> dict[str, Any]:
     # The expected balances are the accounts panel's: reuse its data while its fingerprint stands,
     # never an older load (this panel would show it as its own, unmarked).
     accounts = _load(lab, session, "accounts", g.fingerprints["accounts"], {}, may_be_stale=False).data["accounts"]
-    return {"lanes": state.lanes(session, lab), "accounts": accounts}
+    return {"lanes": lanes(session, lab), "accounts": accounts}
 
 
 @panel("chart", depends=("journal", "effects"))
@@ -161,7 +172,7 @@ def chart_panel(lab, session, args) -> dict[str, Any]:
 
 @panel("sql", depends=("groups", "consumers", "settings", "notifications"))
 def sql_panel(lab, session, args) -> dict[str, Any]:
-    groups = state.groups_list(session)
+    groups = groups_list(session)
     chosen = args.get("strategy")
     if chosen not in strategies.STRATEGIES:
         chosen = groups[0]["strategy"] if groups else "none"
@@ -171,13 +182,13 @@ def sql_panel(lab, session, args) -> dict[str, Any]:
     partitioned = layout_of(session) == "partitioned-by-day"
     strategy = strategy_with(strategies.get(chosen, partitioned=partitioned),
                              notifications_readmodel.settings_for_strategy(session, chosen))
-    consumers = [c for c in state.consumers(session, lab)
-                 if c["strategy"] == chosen and c["state"] in state.LIVE_STATES + ("crashed",)]
+    consumers = [c for c in consumers_readmodel.consumers(session, lab)
+                 if c["strategy"] == chosen and c["state"] in LIVE_STATES + ("crashed",)]
     return {"strategy": strategy, "strategies": strategies.STRATEGIES, "blocks": plan_blocks(strategy.plan),
             # Batch mode's plan (dashboard/panels/_batch_plan.html): the statements apply_batch runs.
             "batch_blocks": plan_blocks(strategy.batch_plan),
             "groups": [g["group_id"] for g in groups if g["strategy"] == chosen],
-            "kafka_settings": [g for g in state.groups_kafka_settings(session) if g["strategy"] == chosen],
+            "kafka_settings": [g for g in groups_kafka_settings(session) if g["strategy"] == chosen],
             "armed": {p: [c for c in consumers if c["armed_point"] == p] for p in strategy.points},
             "here": {p: [c for c in consumers if c["step_at"] == p] for p in strategy.points},
             "session_sql": SESSION_SETTINGS,
@@ -187,8 +198,8 @@ def sql_panel(lab, session, args) -> dict[str, Any]:
 @panel("status", depends=("agent",), may_be_stale=False)
 def status_panel(lab, session, args) -> dict[str, Any]:
     """The lab agent and Kafka, as the top bar shows them: controls need a running agent."""
-    agent = state.agent_health(session)
-    alive = bool(agent) and agent["age"] is not None and float(agent["age"]) < state.AGENT_STALE_SECONDS
+    agent = agent_health(session)
+    alive = bool(agent) and agent["age"] is not None and float(agent["age"]) < AGENT_STALE_SECONDS
     return {"agent": agent, "alive": alive}
 
 
@@ -232,7 +243,7 @@ def outbox_panel(lab, session, args) -> dict[str, Any]:
 @panel("group_controls", depends=("groups",), template="controls/groups.html", may_be_stale=False)
 def group_controls(lab, session, args) -> dict[str, Any]:
     """The forms that list the lab's groups: they refresh when a group is created."""
-    return {"groups": state.groups_list(session), "strategies": strategies.NAMES}
+    return {"groups": groups_list(session), "strategies": strategies.NAMES}
 
 
 def plan_blocks(plan) -> list[dict[str, Any]]:
@@ -256,7 +267,7 @@ def plan_blocks(plan) -> list[dict[str, Any]]:
 # --- fingerprints and rendering ------------------------------------------------------------
 
 def _computed_fingerprints(lab, session) -> dict[str, str]:
-    parts = state.fingerprint_parts(session, lab)
+    parts = fingerprints_readmodel.fingerprint_parts(session, lab)
     parts["oldest_key_age"] = age_label(parts["oldest_key_age"])
     result = {}
     for item in PANELS.values():
@@ -315,7 +326,7 @@ class Loaded:
 
 def _cached(key: tuple[str, str, str], fingerprint: str, compute: Callable[[], Any],
             compute_apart: Callable[[], Any] | None = None) -> Loaded:
-    if not current_app.config.get("PANEL_CACHE", True):
+    if not current_app.config["PANEL_CACHE"]:
         return Loaded(compute(), fingerprint)
     slow = float(current_app.config.get("LIVE_STALE_AFTER_SECONDS") or 0)
     if compute_apart is None or slow <= 0:
@@ -410,8 +421,8 @@ def panel_view(name: str):
 def chart_data():
     with lab_db() as (lab, session):
         prints = fingerprints(lab, session)
-        loaded = _cached((lab.name, "chart.json", ""), prints["chart"], lambda: state.chart_series(session, lab),
-                         apart(lambda lab_, session_: state.chart_series(session_, lab_), lab, prints))
+        loaded = _cached((lab.name, "chart.json", ""), prints["chart"], lambda: chart_series(session, lab),
+                         apart(lambda lab_, session_: chart_series(session_, lab_), lab, prints))
         return jsonify(fingerprint=loaded.fingerprint, stale_for=loaded.stale_for, took=loaded.took, **loaded.data)
 
 
@@ -432,7 +443,7 @@ def event_view(event_id: str):
     except ValueError:
         abort(404)
     with lab_db() as (lab, session):
-        details = state.event_drilldown(session, lab, event_id=event_id)
+        details = event_drilldown(session, lab, event_id=event_id)
     if not details["journal"] and not details["deliveries"]:
         abort(404)
     return _render_drilldown(details, f"Event {event_id}")
@@ -441,5 +452,5 @@ def event_view(event_id: str):
 @bp.get("/records/<int:partition>/<int:offset>")
 def record_view(partition: int, offset: int):
     with lab_db() as (lab, session):
-        details = state.event_drilldown(session, lab, position=(partition, offset))
+        details = event_drilldown(session, lab, position=(partition, offset))
     return _render_drilldown(details, f"Record P{partition} @ {offset}")

@@ -9,7 +9,7 @@ from flask import Blueprint, jsonify
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..readmodel import state
+from ..readmodel.health import agent_health
 from ..domain.vocabulary import AGENT_FRESH_SECONDS
 from .db import db
 
@@ -25,7 +25,7 @@ def healthz():
         report["postgres"] = {"ok": True}
         from sqlalchemy.orm import Session
         with Session(db.engine) as session:
-            agent = state.agent_health(session)
+            agent = agent_health(session)
     except SQLAlchemyError as error:
         report["postgres"]["error"] = str(error.__cause__ or error).splitlines()[0]
         agent = None

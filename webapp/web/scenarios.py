@@ -10,7 +10,6 @@ a step runs.
 """
 from __future__ import annotations
 
-import json
 import logging
 from functools import lru_cache
 from pathlib import Path
@@ -18,13 +17,12 @@ from pathlib import Path
 from flask import Blueprint, abort, current_app, redirect, render_template, request, url_for
 from markdown_it import MarkdownIt
 from markupsafe import Markup
-from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..store import command_channel
-from ..readmodel import state
+from ..store import scenario_runs
+from ..readmodel.timeline import timeline
 from ..store.classroom import lab_count_limit_reached
-from ..store.connection import CONTROL_SCHEMA
 from .db import db, lab_session
 from ..domain.lab import Lab
 from ..scenarios import ScenarioError, built_in, guided, load
@@ -39,7 +37,6 @@ log = logging.getLogger("idempotency_lab.web")
 HAND_OVER_SECONDS = 10.0
 
 bp = Blueprint("scenarios", __name__, url_prefix="/scenarios")
-C = CONTROL_SCHEMA
 CLAIMS_HEADING = "## What the seeds claim, and where the lab shows it"
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -80,17 +77,16 @@ def _scenario(name: str) -> Scenario:
 
 def _run_row(run_id: int) -> dict:
     with db.engine.connect() as conn:
-        row = conn.execute(text(f"SELECT * FROM {C}.scenario_runs WHERE id = :id"), {"id": run_id}).mappings().first()
+        row = scenario_runs.get(conn, run_id)
     if row is None:
         abort(404)
-    return dict(row)
+    return row
 
 
 @bp.get("/")
 def index():
     with db.engine.connect() as conn:
-        runs = conn.execute(text(f"SELECT id, scenario, lab, status, created_at FROM {C}.scenario_runs "
-                                 "ORDER BY id DESC LIMIT 12")).mappings().all()
+        runs = scenario_runs.recent(conn)
     return render_template("scenarios/index.html", catalogue=_catalogue(), runs=runs, claims=claims_table())
 
 
@@ -106,9 +102,7 @@ def start(name: str):
         lab = Lab(fresh_lab_name(db.engine, scenario.name))
     run = RunState(scenario=scenario.name, lab=lab.name)
     with db.engine.begin() as conn:
-        run_id = conn.execute(text(f"INSERT INTO {C}.scenario_runs (scenario, lab, status, progress) "
-                                   "VALUES (:n, :lab, 'ready', CAST(:p AS jsonb)) RETURNING id"),
-                              {"n": scenario.name, "lab": lab.name, "p": json.dumps(run.as_dict())}).scalar_one()
+        run_id = scenario_runs.insert(conn, scenario.name, lab.name, run.as_dict())
     return redirect(url_for("scenarios.show", run_id=run_id), code=303)
 
 
@@ -170,7 +164,7 @@ def live(run_id: int):
         snap = observe(db.engine, lab)
         checks = check_expectations(context["scenario"], snap, context["run"])
         with lab_session(lab.schema) as session:
-            entries = state.timeline(session, limit=10) if snap.groups else []
+            entries = timeline(session, limit=10) if snap.groups else []
     except SQLAlchemyError:
         snap, checks, entries = None, [], []
     return render_template("scenarios/_live.html", snap=snap, checks=checks, entries=entries, **context)

@@ -18,8 +18,6 @@ from flask_wtf.csrf import CSRFError, CSRFProtect
 from .ratelimit import FailureLimiter
 
 csrf = CSRFProtect()
-SIGN_IN_MAX_FAILURES = 5
-SIGN_IN_WINDOW_SECONDS = 60.0
 
 
 def token_matches(given: str | None, expected: str) -> bool:
@@ -65,8 +63,7 @@ def init_app(app: Flask, may_post_without_token: Callable[[], bool] = lambda: Fa
     (classroom mode: an attendee drives their own lab; create_app passes access.attendee_may_post)."""
     csrf.init_app(app)
     app.extensions["token_guesses"] = FailureLimiter(
-        int(app.config.get("SIGN_IN_MAX_FAILURES", SIGN_IN_MAX_FAILURES)),
-        float(app.config.get("SIGN_IN_WINDOW_SECONDS", SIGN_IN_WINDOW_SECONDS)))
+        int(app.config["SIGN_IN_MAX_FAILURES"]), float(app.config["SIGN_IN_WINDOW_SECONDS"]))
     from . import headers
     headers.init_app(app)
 

@@ -1,4 +1,4 @@
-"""Revision 12: the running summaries of the verdict (issue 14, webapp/summary/verdict_summary.py).
+"""Revision 12: the running summaries of the verdict (issue 14, webapp/summary/).
 
 Revision ID: 0012
 Revises: 0011
@@ -63,7 +63,7 @@ def upgrade() -> None:
         quoted = '"' + schema.replace('"', '""') + '"'
         for statement in TABLES:
             conn.exec_driver_sql(statement.format(s=quoted))
-        # The triggers as this release defines them (verdict_summary.trigger_ddl is idempotent).
+        # The triggers as this release defines them (store.verdict_changes.trigger_ddl is idempotent).
         for statement in trigger_ddl(schema):
             conn.exec_driver_sql(statement)
 

@@ -7,7 +7,7 @@ Create Date: 2026-12-02
 In every lab and lane schema, ``verdict_keys`` gains ``second_effect_at`` (a transaction's second
 effect) and ``first_absorbed_at`` (the first absorbed delivery of one of its records), with one
 partial index each: the lanes panel's first divergent event is then the first row of an index,
-not an aggregation of the log (webapp/summary/verdict_summary.py, FIRST_DIVERGENCE_READ_SQL).
+not an aggregation of the log (webapp/summary/reads.py, FIRST_DIVERGENCE_READ_SQL).
 
 The summaries already built have no such times: each schema is marked for a rebuild, which the
 agent's folder does (until then, the verdict and the lanes are computed whole, as before 0012).

@@ -1,0 +1,210 @@
+"""The lost-ack fault proxy: a Kafka-aware TCP proxy between Kafka clients and the broker.
+
+FaultProxy (asyncio) accepts Kafka clients and connects each one to the broker. It forwards every
+byte unchanged in both directions and reads only frame headers (protocol.py); responses are matched
+to their request by correlation id, per connection, and the faults (faults.py, control.py) decide
+what happens to each Produce response and OffsetCommit request. serve() and main() run it as its own
+process: ``python -m webapp.faultproxy --listen 127.0.0.1:P --upstream host:port``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import logging
+import os
+import signal
+from typing import Callable
+
+from .control import DEFAULT_NAME, ControlledFaults, ensure_control_table
+from .faults import DROP_HOLD_SECONDS, Faults
+from .protocol import (OFFSET_COMMIT, PRODUCE, ProtocolError, RequestHeader, parse_request_header,
+                       parse_response_correlation_id, read_frame)
+
+log = logging.getLogger("idempotency_lab.faultproxy")
+
+# Told of every frame: ("request", its header, correlation id) or ("response", the request it
+# answers or None, correlation id). For tests and tracing; it must not block.
+FrameObserver = Callable[[str, "RequestHeader | None", int], None]
+
+
+class FaultProxy:
+    """Accepts Kafka clients on ``listen`` and connects each one to the broker at ``upstream``."""
+
+    def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], faults: Faults | None = None,
+                 observer: FrameObserver | None = None):
+        self.listen = listen
+        self.upstream = upstream
+        self.faults = faults or Faults()
+        self.observer = observer
+        self.server: asyncio.Server | None = None
+        self.clients: dict[asyncio.Task, asyncio.StreamWriter] = {}  # serving task -> client's writer
+        self.client_ids: dict[asyncio.Task, str] = {}  # serving task -> the client id its requests carry
+        self.faults.cut_clients = self.cut
+        self.faults.connected_clients = lambda: set(self.client_ids.values())
+
+    def cut(self, client_ids: list[str]) -> int:
+        """Abort the connections whose requests carry one of ``client_ids``; how many."""
+        doomed = [writer for task, writer in self.clients.items() if self.client_ids.get(task) in client_ids]
+        for writer in doomed:
+            writer.transport.abort()
+        return len(doomed)
+
+    async def start(self) -> "FaultProxy":
+        self.server = await asyncio.start_server(self._serve_client, *self.listen)
+        return self
+
+    @property
+    def port(self) -> int:
+        return self.server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+        # Aborting the clients' sockets ends their pumps the way a peer's disconnect would.
+        for writer in list(self.clients.values()):
+            writer.transport.abort()
+        await asyncio.gather(*self.clients, return_exceptions=True)
+
+    async def _serve_client(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self.clients[task] = client_writer
+        self.faults.connections += 1
+        peer = "%s:%s" % client_writer.get_extra_info("peername")[:2]
+        upstream_writer = None
+        try:
+            try:
+                upstream_reader, upstream_writer = await asyncio.open_connection(*self.upstream)
+            except OSError as error:
+                log.warning("cannot reach the broker at %s:%s for %s: %s", *self.upstream, peer, error)
+                return
+            # Requests in flight on this connection, oldest first: Kafka answers them in order.
+            in_flight: collections.deque[RequestHeader] = collections.deque()
+            requests = asyncio.create_task(self._forward_requests(client_reader, upstream_writer, in_flight, task,
+                                                                   peer))
+            responses = asyncio.create_task(
+                self._forward_responses(upstream_reader, client_writer, in_flight, peer))
+            try:
+                done, _ = await asyncio.wait({requests, responses}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for pump in (requests, responses):
+                    pump.cancel()
+                await asyncio.gather(requests, responses, return_exceptions=True)
+            for pump in done:
+                if not pump.cancelled() and isinstance(pump.exception(), ProtocolError):
+                    log.warning("closing %s: %s", peer, pump.exception())
+        finally:
+            for writer in (client_writer, upstream_writer):
+                if writer is not None:
+                    writer.close()
+                    try:
+                        await writer.wait_closed()
+                    except OSError:
+                        pass  # the other side may already have reset the connection
+            self.faults.connections -= 1
+            self.clients.pop(task, None)
+            self.client_ids.pop(task, None)
+
+    async def _forward_requests(self, client: asyncio.StreamReader, broker: asyncio.StreamWriter,
+                                in_flight: collections.deque, owner: asyncio.Task | None = None,
+                                peer: str = "") -> None:
+        while (frame := await read_frame(client)) is not None:
+            prefix, body = frame
+            request = parse_request_header(body)
+            if owner is not None and request.client_id:
+                self.client_ids[owner] = request.client_id
+            if request.api_key == OFFSET_COMMIT and self.faults.blocks_commit(request):
+                # The request never leaves: the client's connection is closed under it, as a broken
+                # path would close it. librdkafka fails or retries the commit; the broker saw nothing.
+                await asyncio.shield(self.faults.commit_blocked(request, peer))
+                return  # which ends this connection (_serve_client closes both sides)
+            # Remembered before the bytes leave, so the response can never overtake it.
+            in_flight.append(request)
+            if request.api_key == PRODUCE:
+                self.faults.saw_produce_request(request)
+            if self.observer is not None:
+                self.observer("request", request, request.correlation_id)
+            broker.write(prefix)
+            broker.write(body)
+            await broker.drain()
+
+    async def _forward_responses(self, broker: asyncio.StreamReader, client: asyncio.StreamWriter,
+                                 in_flight: collections.deque, peer: str) -> None:
+        while (frame := await read_frame(broker)) is not None:
+            prefix, body = frame
+            correlation_id = parse_response_correlation_id(body)
+            request = self._answered_request(in_flight, correlation_id)
+            if self.observer is not None:
+                self.observer("response", request, correlation_id)
+            if request is not None and request.api_key == PRODUCE:
+                # Shielded: a client hanging up mid-way must not cut a database round trip in half.
+                if await asyncio.shield(self.faults.take_drop(request)):
+                    await asyncio.shield(self.faults.dropped(request, peer))
+                    # No answer returns on this connection from now on, while the requests pump
+                    # keeps forwarding what the client sends; then the connection ends (returning
+                    # ends it): the client never gets these acknowledgements.
+                    await asyncio.sleep(DROP_HOLD_SECONDS)
+                    client.transport.abort()
+                    return
+                delay = self.faults.delay_for(request)
+                if delay:
+                    await asyncio.sleep(delay)
+            client.write(prefix)
+            client.write(body)
+            await client.drain()
+
+    @staticmethod
+    def _answered_request(in_flight: collections.deque, correlation_id: int) -> RequestHeader | None:
+        """Pop the request this response answers; older unanswered ones (acks=0 Produce) go too."""
+        while in_flight:
+            request = in_flight.popleft()
+            if request.correlation_id == correlation_id:
+                return request
+        return None
+
+
+def _address(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected host:port, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    listen, upstream = args.listen, args.upstream
+    listen_text, upstream_text = f"{listen[0]}:{listen[1]}", f"{upstream[0]}:{upstream[1]}"
+    if args.database_url:
+        faults: Faults = ControlledFaults(args.database_url, args.name, listen_text, upstream_text)
+        await faults.start()
+    else:
+        log.warning("no DATABASE_URL: a plain pass-through that nothing can arm")
+        faults = Faults()
+    proxy = await FaultProxy(listen, upstream, faults).start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    print(f"fault proxy {args.name} listening on {listen_text}, forwarding to {upstream_text}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await proxy.close()
+        if isinstance(faults, ControlledFaults):
+            await faults.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m webapp.faultproxy", description=__doc__.split("\n")[0])
+    parser.add_argument("--listen", type=_address, required=True, help="host:port clients connect to")
+    parser.add_argument("--upstream", type=_address, required=True, help="host:port of the broker's listener")
+    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"),
+                        help="PostgreSQL for the control row (default: DATABASE_URL)")
+    parser.add_argument("--name", default=DEFAULT_NAME, help="the control row's name")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s faultproxy[{os.getpid()}] %(levelname)s %(message)s")
+    if args.database_url:
+        ensure_control_table(args.database_url)
+    asyncio.run(serve(args))
+    return 0

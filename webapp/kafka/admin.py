@@ -1,0 +1,130 @@
+"""The admin side of Kafka: the admin client, topics (create, delete, count partitions), a group's
+committed offsets, offset resets (OffsetReset, target_offsets, alter_offsets) and the broker's health.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
+from .config import _quiet
+
+ADMIN_TIMEOUT = 10.0
+
+
+def admin_client(bootstrap_servers: str) -> AdminClient:
+    return AdminClient(_quiet({"bootstrap.servers": bootstrap_servers}))
+
+
+def ensure_topics(admin: AdminClient, topics: dict[str, int]) -> list[str]:
+    """Create the missing topics of ``{name: partitions}``; return the names created."""
+    existing = admin.list_topics(timeout=ADMIN_TIMEOUT).topics
+    # Replication factor -1: the broker's default.replication.factor (1 on one broker, 3 on the
+    # docker-compose `cluster` profile), so the lab never hard-codes a cluster's size.
+    missing = [NewTopic(name, partitions, -1) for name, partitions in topics.items() if name not in existing]
+    if not missing:
+        return []
+    created = []
+    for name, future in admin.create_topics(missing, operation_timeout=ADMIN_TIMEOUT).items():
+        try:
+            future.result()
+            created.append(name)
+        except KafkaException as error:
+            # Made meanwhile by another client (an agent, the log reader): the topic is there, as asked.
+            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    return created
+
+
+def delete_topics(admin: AdminClient, names: list[str]) -> list[str]:
+    existing = admin.list_topics(timeout=ADMIN_TIMEOUT).topics
+    doomed = [name for name in names if name in existing]
+    if doomed:
+        for future in admin.delete_topics(doomed, operation_timeout=ADMIN_TIMEOUT).values():
+            future.result()
+    return doomed
+
+
+def partition_count(admin: AdminClient, topic: str) -> int:
+    metadata = admin.list_topics(topic, timeout=ADMIN_TIMEOUT).topics.get(topic)
+    if metadata is None or metadata.error is not None:
+        raise KafkaException(f"topic {topic} does not exist")
+    return len(metadata.partitions)
+
+
+def committed_offsets(admin: AdminClient, group_id: str, topic: str) -> dict[int, int | None]:
+    """The group's committed offset per partition of ``topic`` (None: nothing committed)."""
+    request = [ConsumerGroupTopicPartitions(group_id)]
+    result = admin.list_consumer_group_offsets(request)[group_id].result()
+    offsets = {p: None for p in range(partition_count(admin, topic))}
+    for tp in result.topic_partitions:
+        if tp.topic == topic:
+            offsets[tp.partition] = tp.offset if tp.offset >= 0 else None
+    return offsets
+
+
+@dataclass(frozen=True)
+class OffsetReset:
+    """Where to move a group: ``earliest``, ``offset`` (per partition), ``back`` N, or ``timestamp``."""
+    mode: str
+    offsets: dict[int, int] | None = None
+    back: int | None = None
+    timestamp: datetime | None = None
+
+    MODES = ("earliest", "offset", "back", "timestamp")
+
+    def __post_init__(self):
+        if self.mode not in self.MODES:
+            raise ValueError(f"mode must be one of {', '.join(self.MODES)}")
+        if self.mode == "offset" and not self.offsets:
+            raise ValueError("offsets: give at least one partition and offset")
+        if self.mode == "back" and (self.back is None or self.back < 1):
+            raise ValueError("back must be a whole number of at least 1")
+        if self.mode == "timestamp" and self.timestamp is None:
+            raise ValueError("timestamp is required")
+
+
+def _listed_offsets(admin: AdminClient, topic: str, partitions: list[int], spec: OffsetSpec) -> dict[int, int]:
+    request = {TopicPartition(topic, p): spec for p in partitions}
+    return {tp.partition: future.result().offset for tp, future in admin.list_offsets(request).items()}
+
+
+def target_offsets(admin: AdminClient, group_id: str, topic: str, reset: OffsetReset) -> dict[int, int]:
+    """The offset per partition that ``reset`` means for this group now."""
+    partitions = list(range(partition_count(admin, topic)))
+    earliest = _listed_offsets(admin, topic, partitions, OffsetSpec.earliest())
+    if reset.mode == "earliest":
+        return earliest
+    if reset.mode == "offset":
+        unknown = sorted(set(reset.offsets) - set(partitions))
+        if unknown:
+            raise ValueError(f"partition(s) {unknown} do not exist; {topic} has {len(partitions)}")
+        return {p: max(o, earliest[p]) for p, o in reset.offsets.items()}
+    if reset.mode == "back":
+        committed = committed_offsets(admin, group_id, topic)
+        return {p: max(earliest[p], c - reset.back) for p, c in committed.items() if c is not None}
+    millis = int(reset.timestamp.timestamp() * 1000)
+    by_time = _listed_offsets(admin, topic, partitions, OffsetSpec.for_timestamp(millis))
+    # -1 means no record at or after that time: start past the end (from the group's view, nothing to redo).
+    return {p: o for p, o in by_time.items() if o >= 0}
+
+
+def alter_offsets(admin: AdminClient, group_id: str, topic: str, offsets: dict[int, int]) -> None:
+    """Set the group's committed offsets. Kafka accepts this only while the group is empty."""
+    if not offsets:
+        return
+    request = ConsumerGroupTopicPartitions(group_id, [TopicPartition(topic, p, o) for p, o in offsets.items()])
+    admin.alter_consumer_group_offsets([request])[group_id].result()
+
+
+def broker_error(admin: AdminClient, timeout: float = 3.0) -> str | None:
+    """None when the broker answers a metadata request, else why not."""
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except KafkaException as error:
+        return f"Kafka does not answer: {error.args[0].str() if error.args else error}"
+    if not metadata.brokers:
+        return "Kafka answered with no brokers"
+    return None
