@@ -195,10 +195,10 @@ class SummaryFolder:
     def _vacuum_thoroughly(self, schemas: list[str]) -> None:
         try:
             with connect(self.database_url, autocommit=True, application_name="lab agent queue vacuum") as conn:
-                for schema in schemas:  # one at a time: a schema dropped meanwhile spoils no other's
+                for lab_schema in schemas:  # one at a time: a schema dropped meanwhile spoils no other's
                     try:
-                        fold.vacuum_queues(conn, [schema], thorough=True)
-                        fold.analyze_grown_tables(conn, [schema])
+                        fold.vacuum_queues(conn, [lab_schema], thorough=True)
+                        fold.analyze_grown_tables(conn, [lab_schema])
                     except fold.FOLD_GAVE_WAY:
                         pass
         except psycopg.Error as error:  # PostgreSQL restarting: done next time
