@@ -5,7 +5,7 @@
 Two embedded Tansu brokers on loopback, each started fresh: one advertising itself (direct),
 one advertising a fault proxy process in front of it (``python -m webapp.faultproxy``, the
 same command the lab runs, without a database: disarmed, the data path never touches it).
-The lab's own producer settings (kafka.producer_config, idempotent, acks=all) produce N
+The lab's own producer settings (kafka.config.producer_config, idempotent, acks=all) produce N
 payment-sized events; the clock runs from the first produce() to the last delivery report.
 Prints events/s for both and the relative cost of the proxy (median of the runs); then the
 same one event at a time (each delivery report awaited, as a person publishing does), where

@@ -1,4 +1,4 @@
-"""The running summaries' price and payoff (issue 14, webapp/summary/verdict_summary.py), in one run.
+"""The running summaries' price and payoff (issue 14, webapp/summary/), in one run.
 
     .venv/bin/python bench/summary.py [--events 5000] [--rounds 4] [--records 100000,1000000]
 
