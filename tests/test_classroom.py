@@ -211,7 +211,16 @@ def test_naming_another_attendees_lab_in_a_change_is_refused_whatever_the_route(
     assert lab_control_rows(class_app, bruno_lab) == before_rows, op.name
     after_state = bruno.get("/api/v1/state").get_json()
     for key in ("consumers", "groups", "partitions", "accounts"):
-        assert after_state[key] == before_state[key], (op.name, key)
+        assert movable(after_state, key) == movable(before_state, key), (op.name, key)
+
+
+def movable(state: dict, key: str) -> list:
+    """What a change could move in one part of the state. The agent snapshots a new group's
+    committed offsets in the background: "nothing committed" (None) and no row yet are the same."""
+    if key != "partitions":
+        return state[key]
+    return [{**cell, "committed": {g: o for g, o in cell["committed"].items() if o is not None}}
+            for cell in state[key]]
 
 
 def test_attendees_may_view_each_other_when_the_instructor_allows_it(app_factory, agent, lab_name, class_code):
