@@ -6,7 +6,7 @@ import pytest
 from markupsafe import escape
 
 from webapp import strategies
-from webapp.kafka import GROUP_TIMEOUTS
+from webapp.kafka.config import GROUP_TIMEOUTS
 from webapp.store.connection import connect
 from webapp.strategies.batching import RECORD_DELIVERIES_BATCH
 
