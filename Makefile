@@ -23,9 +23,9 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python -m webapp.dev.launcher
 
-# Most of the suite waits on Kafka's session timeouts, not on the CPU: four workers (each with its
-# own PostgreSQL, broker and agent) ran the 597 tests in 15-18 min on two cores (six were slower, and timed out). TEST_WORKERS=0 runs in
-# one process. The slowest tests are listed at the end, to see where the time goes.
+# Four workers (each with its own PostgreSQL, broker and agent): the suite is CPU-bound on two
+# cores, and six were slower and timed out. TEST_WORKERS=0 runs in one process. The slowest tests
+# are listed at the end, to see where the time goes.
 TEST_WORKERS ?= 4
 
 test: $(STAMP)
