@@ -1,6 +1,6 @@
 # The Idempotency Lab image: the web app (gunicorn, the default command), the lab agent
 # (`python -m webapp.agent`) and the CLI (`flask --app app lab ...`) from one image.
-# docker-compose.yml runs it against Apache Kafka and PostgreSQL; see README "Run with Docker Compose".
+# docker-compose.yml runs it against Apache Kafka and PostgreSQL; see docs/operations/compose.md.
 # No HEALTHCHECK here: what "healthy" means depends on the role, so compose declares each one's.
 FROM python:3.11.13-slim-bookworm
 

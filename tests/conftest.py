@@ -41,6 +41,14 @@ def agent(services) -> subprocess.Popen:
         stop_process(process)
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """The longest tests first: the soak, then those marked long. Each test worker takes one at
+    once, rather than the run ending with three workers idle while a late-started soak finishes."""
+    def rank(item) -> int:
+        return 0 if item.get_closest_marker("soak") else 1 if item.get_closest_marker("long") else 2
+    items.sort(key=rank)
+
+
 _lab_numbers = itertools.count(1)
 
 
@@ -79,7 +87,9 @@ def app_factory(services, tmp_path):
         return app
     yield make
     from webapp.web.db import db
+    from webapp.web.push import stop_hub
     for app in apps:
+        stop_hub(app)  # its LISTEN connection and threads, if a stream started them
         with app.app_context():
             db.engine.dispose()
 
@@ -150,6 +160,7 @@ def serve_app(app_factory, lab_name):
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         servers.append((server, thread))
+        serve.app = app  # the last app served, for a test that reaches into it (its streams, say)
         return f"http://127.0.0.1:{port}"
     yield serve
     for server, thread in servers:

@@ -23,6 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent
 Services = Stack
 
 
+# How often a test asks the lab again while it waits: a whole state is about 30 ms of CPU between
+# the test and PostgreSQL, and four workers wait at once on two cores.
+WAIT_INTERVAL = 0.25
+
+
 class LabDriver:
     """Drives one lab through the JSON API, as a script or a workshop would."""
 
@@ -52,13 +57,19 @@ class LabDriver:
         return self.post("/consumers", body)
 
     def consumer(self, consumer_id: int) -> dict:
-        return next(c for c in self.state()["consumers"] if c["id"] == consumer_id)
+        return next(c for c in self.consumers() if c["id"] == consumer_id)
 
     def account(self, account_id: str) -> dict:
         return next(a for a in self.state()["accounts"] if a["id"] == account_id)
 
     def verdict(self) -> dict:
         return self.state()["verdict"]
+
+    def consumers(self) -> list[dict]:
+        """The lab's consumers alone (GET /consumers): a few rows, where the state is every panel."""
+        response = self.client.get("/api/v1/consumers")
+        assert response.status_code == 200, response.get_data(as_text=True)
+        return response.get_json()["consumers"]
 
     def wait(self, condition: Callable[[dict], Any], message: str, timeout: float = 30.0) -> Any:
         """Wait until ``condition(state)`` is truthy; fail with the message and the last state."""
@@ -68,15 +79,20 @@ class LabDriver:
             last.clear()
             last.update(self.state())
             return condition(last)
-        return wait_until(check, timeout=timeout, interval=0.2,
+        return wait_until(check, timeout=timeout, interval=WAIT_INTERVAL,
                           message=lambda: f"{message}; last state: consumers={last.get('consumers')} "
                                           f"verdict={last.get('verdict')} accounts={last.get('accounts')}")
 
     def wait_consumer(self, consumer_id: int, predicate: Callable[[dict], Any], message: str,
                       timeout: float = 30.0) -> dict:
         """Wait until consumer ``consumer_id``'s reported row satisfies ``predicate``; return the row."""
-        return self.wait(lambda s: next((c for c in s["consumers"] if c["id"] == consumer_id and predicate(c)), None),
-                         f"consumer {consumer_id}: {message}", timeout)
+        last: list[dict] = []
+
+        def check():
+            last[:] = self.consumers()
+            return next((c for c in last if c["id"] == consumer_id and predicate(c)), None)
+        return wait_until(check, timeout=timeout, interval=WAIT_INTERVAL,
+                          message=lambda: f"consumer {consumer_id}: {message}; last consumers: {last}")
 
     def wait_assigned(self, consumer_id: int, timeout: float = 30.0) -> dict:
         return self.wait_consumer(consumer_id, lambda c: c["state"] == "running" and c["assigned"],

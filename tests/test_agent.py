@@ -26,6 +26,7 @@ from sqlalchemy.pool import NullPool
 
 from support import ROOT, service_env, stop_process
 from webapp.store import command_channel
+from webapp.store import commands as command_rows
 from webapp.store.connection import sqlalchemy_url
 from webapp.web.db import lab_session
 from webapp.domain.vocabulary import AGENT_FRESH_SECONDS
@@ -294,10 +295,16 @@ def kill_if_that_consumer(pid: int | None, consumer_id: int) -> None:
         pass
 
 
+@pytest.mark.long
 def test_the_heartbeat_stays_fresh_while_a_long_group_reset_waits(services, lab, engine, tmp_path):
     """The reset stops the group's consumer first; that consumer waits for a row lock, so its
-    graceful stop takes the whole stop timeout (then SIGKILL): a command of 15 s and more."""
+    graceful stop takes the whole stop timeout (then SIGKILL): a command of 15 s and more. (A
+    consumer gives a lock up after a quarter of its max.poll.interval.ms: the lab's is raised to
+    120 s, so the lock wait, 30 s, outlasts the stop timeout.)"""
     log = tmp_path / "agent.log"
+    with engine.begin() as conn:
+        conn.execute(text(f'INSERT INTO "{lab.lab.schema}".settings (key, value) VALUES (\'max_poll_interval_ms\', '
+                          "'120000') ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"))
     with own_agent(services, log) as process, account_locked(engine, lab) as waiting:
         agent_id = wait_reported(engine, process, log)
         consumer_id = start_on(engine, lab, agent_id, "p1")
@@ -488,3 +495,67 @@ def test_an_exit_is_reported_again_until_the_agent_has_recorded_it(tmp_path):
         assert pool.reap() == []
     finally:
         stop_process(process)
+
+
+def log_reader_processes(agent_pid: int) -> list[psutil.Process]:
+    return [child for child in psutil.Process(agent_pid).children()
+            if "webapp.logreader" in " ".join(child.cmdline())]
+
+
+def test_a_lab_reset_holds_the_log_reader_without_restarting_it(agent, lab):
+    """The reader's consumer is closed around the topic's re-creation (librdkafka would crash on
+    it), by a signal the process acknowledges: the same process mirrors the new topic after."""
+    before = wait_until(lambda: log_reader_processes(agent.pid), timeout=15, message="no log reader process")
+    lab.credit("acc-1", 100)
+    lab.wait(lambda s: s["partitions"] and sum(p["log_end"] for p in s["partitions"]) == 1,
+             "the first record is mirrored")
+    for partitions in (1, 2, 3):  # back to back (tests/test_logreader.py: a hold asked again at once)
+        lab.post("/lab/reset", {"partitions": partitions})
+    lab.credit("acc-2", 200)
+    lab.wait(lambda s: s["partitions"] and sum(p["log_end"] for p in s["partitions"]) == 1,
+             "the record published after the reset is mirrored from the new topic")
+    after = log_reader_processes(agent.pid)
+    assert [p.pid for p in after] == [p.pid for p in before], "the log reader was restarted, not held"
+
+
+def test_a_log_reader_that_cannot_acknowledge_a_hold_is_stopped_then_started_again(services, tmp_path):
+    from webapp.agent.processes import Sidecar
+    sidecar = Sidecar("log reader", "webapp.logreader",
+                      service_env(services, PYTHONPATH=str(ROOT)), tmp_path, False, holdable=True)
+    sidecar.ensure(now=True)
+    try:
+        frozen = sidecar.process
+        frozen.send_signal(signal.SIGSTOP)  # alive, but it cannot answer
+        with sidecar.held(timeout=1.0):
+            assert frozen.poll() is not None, "a reader that did not acknowledge still runs during the hold"
+        assert sidecar.process is not frozen and sidecar.process.poll() is None, "it was not started again"
+        with sidecar.held(timeout=15.0):  # a running reader acknowledges: held, not restarted
+            held = sidecar.process
+        assert sidecar.process is held and held.poll() is None
+    finally:
+        sidecar.stop()
+
+
+def test_a_stream_of_commands_does_not_hold_off_the_agents_tick(services, lab, engine):
+    """A class keeps the agent busy: between two commands it still reaps an exited consumer (and
+    snapshots offsets, watches groups), instead of only once the queue is empty."""
+    c1 = start(lab)
+    lab.wait_assigned(c1)
+    pid = lab.consumer(c1)["pid"]
+    # A backlog of quick commands (each fails at once: no such consumer), several seconds' worth,
+    # queued in one transaction so that the agent finds them all at once.
+    with engine.begin() as conn:
+        backlog = [command_rows.insert(conn, lab.lab.name, "consumer.thaw", {"consumer_id": 10**9 + n}, None)
+                   for n in range(3000)]
+    try:
+        os.kill(pid, signal.SIGKILL)  # behind the agent's back: only its tick notices
+        lab.wait_state(c1, "killed", timeout=5)
+        with engine.connect() as conn:
+            pending = conn.execute(text("SELECT count(*) FROM lab_control.commands WHERE id = ANY(:ids) "
+                                        "AND status IN ('pending', 'running')"), {"ids": backlog}).scalar()
+        assert pending > 0, "the backlog ran out first: the test proves nothing (make it longer)"
+    finally:
+        # The rest of the backlog is withdrawn: the session's agent serves the next tests.
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE lab_control.commands SET status = 'failed', error = 'withdrawn by the test', "
+                              "finished_at = now() WHERE id = ANY(:ids) AND status = 'pending'"), {"ids": backlog})

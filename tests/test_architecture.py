@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import webapp
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +71,7 @@ print(json.dumps(failed))
 """
 
 
+@pytest.mark.long
 def test_every_module_imports_on_its_own():
     names = modules()
     assert "webapp.web.scenarios" in names and "webapp.agent.loop" in names
@@ -80,15 +83,30 @@ def test_every_module_imports_on_its_own():
 
 
 FLASK_ISH = ("flask", "flask_sqlalchemy", "flask_wtf", "werkzeug")
+# A consumer process talks to PostgreSQL with psycopg and to Kafka with confluent-kafka, nothing else:
+# the agent starts one per consumer, and every library it loads is paid again at each start.
+NOT_IN_A_CONSUMER = FLASK_ISH + ("sqlalchemy", "alembic", "pydantic", "yaml")
 
 
-def test_a_consumer_process_and_the_agent_load_no_flask():
+def loaded_by(modules: str, roots: tuple[str, ...]) -> str:
+    """The modules under ``roots`` that importing ``modules`` loads, in a fresh interpreter."""
     probe = (
         "import sys\n"
-        "import webapp.consumer.loop, webapp.consumer.batch, webapp.agent.loop, webapp.agent.handlers\n"
-        f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {FLASK_ISH!r})\n"
+        f"import {modules}\n"
+        f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {roots!r})\n"
         "print(','.join(loaded))\n"
     )
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "", f"a consumer process or the agent loads: {result.stdout.strip()}"
+    return result.stdout.strip()
+
+
+def test_a_consumer_process_and_the_agent_load_no_flask():
+    loaded = loaded_by("webapp.consumer.loop, webapp.consumer.batch, webapp.agent.loop, webapp.agent.handlers",
+                       FLASK_ISH)
+    assert loaded == "", f"a consumer process or the agent loads: {loaded}"
+
+
+def test_a_consumer_process_loads_no_sqlalchemy_alembic_pydantic_or_flask():
+    loaded = loaded_by("webapp.consumer.__main__", NOT_IN_A_CONSUMER)
+    assert loaded == "", f"a consumer process loads: {loaded}"

@@ -169,13 +169,14 @@ def time_to_redelivery(services, lab, consumer: int, record_count: int) -> dict[
             "redelivered": (redelivered - restarted).total_seconds()}
 
 
+@pytest.mark.long
 def test_static_membership_time_to_redelivery_is_measured_on_this_broker(services, lab, capsys):
     """The time from a restart to the redelivered record, without and with a group.instance.id.
     Both must work; the figures are printed (the report quotes them). On Apache Kafka (KIP-345) a
     static member that returns within its session timeout takes its partitions back at once; the
     embedded broker (Tansu) does not honour group.instance.id (nor list it: it describes no
     members), so the returning static member waits for the session timeout like a dynamic one
-    (README, "static_membership"): that bound is what is asserted here, with the redelivered
+    (docs/benchmarks/throughput.md, "static_membership"): that bound is what is asserted here, with the redelivered
     record being the one the crash left uncommitted (time_to_redelivery)."""
     lab.post("/groups/payments/strategy", {"strategy": "eventid-atomic"})
     consumer = lab.start_consumer(name="c1")["consumer_id"]

@@ -48,13 +48,22 @@ def class_app(app_factory, agent, lab_name, class_code):
             command_channel.run(db.engine, lab, "lab.drop", {}, timeout=120)
 
 
-def join(app, name: str, code: str):
-    """A new browser session that joins the class as ``name``; (client, its lab)."""
+def join(app, name: str, code: str, rejoin: str | None = None):
+    """A new browser session that joins the class as ``name`` (with a rejoin code: reopens their
+    lab); (client, its lab)."""
     client = app.test_client()
-    response = client.post("/join", data={"name": name, "code": code})
+    response = client.post("/join", data={"name": name, "code": code, **({"rejoin": rejoin} if rejoin else {})})
     assert response.status_code == 303, response.get_data(as_text=True)
     with client.session_transaction() as session:
         return client, session["attendee_lab"]
+
+
+def rejoin_code(client) -> str:
+    """The rejoin code an attendee's page shows them."""
+    page = client.get("/join").get_data(as_text=True)
+    found = re.search(r'data-rejoin-code="([A-Z0-9-]+)"', page)
+    assert found, page
+    return found.group(1)
 
 
 def instructor(app):
@@ -71,7 +80,7 @@ def lab_exists(app, lab: str) -> bool:
 
 # --- join ----------------------------------------------------------------------------------------
 
-def test_join_opens_an_own_lab_binds_the_session_and_reopens_it_by_name(class_app, class_code):
+def test_join_opens_an_own_lab_binds_the_session_and_reopens_it_with_the_rejoin_code(class_app, class_code):
     visitor = class_app.test_client()
     assert visitor.get("/").status_code == 302 and "/join" in visitor.get("/").location
     assert visitor.get("/api/v1/state").status_code == 403
@@ -94,23 +103,55 @@ def test_join_opens_an_own_lab_binds_the_session_and_reopens_it_by_name(class_ap
     assert ana.post("/api/v1/publish", json={"account_id": "acc-1", "amount_cents": 500}).status_code == 201
     assert ana.get("/api/v1/state").get_json()["verdict"]["records"] == 1
 
-    # The same name (any case, any spacing) on another browser reopens the same lab.
-    again, same_lab = join(class_app, "  ana   SOUZA ", class_code)
+    # A name is not a secret: the same name (any case, any spacing) on another browser is refused,
+    # with how to get back in; a wrong rejoin code too; hers reopens her lab.
+    code = rejoin_code(ana)
+    assert re.fullmatch(r"[2-9A-HJKMNP-Z]{4}-[2-9A-HJKMNP-Z]{4}", code), code
+    assert f'data-rejoin-code="{code}"' in dashboard.get_data(as_text=True)
+    intruder = class_app.test_client()
+    taken = intruder.post("/join", data={"name": "  ana   SOUZA ", "code": class_code})
+    assert taken.status_code == 409
+    said = taken.get_data(as_text=True)
+    assert "Ana Souza has already joined this class" in said and "rejoin code" in said and "hand your lab over" in said
+    wrong = intruder.post("/join", data={"name": "ANA SOUZA", "code": class_code, "rejoin": "2345-6789"})
+    assert wrong.status_code == 403 and "not Ana Souza&#39;s rejoin code" in wrong.get_data(as_text=True)
+    assert intruder.get("/api/v1/state").status_code == 403, "a refused join bound the browser to a lab"
+    again, same_lab = join(class_app, "ana souza", class_code, rejoin=code.lower().replace("-", " "))
     assert same_lab == lab
     assert again.get("/api/v1/state").get_json()["verdict"]["records"] == 1
+    # Her first browser rejoins without it (it is bound to her lab already); the table keeps a hash only.
+    assert ana.post("/join", data={"name": "Ana Souza", "code": class_code}).status_code == 303
+    with class_app.app_context(), db.engine.connect() as conn:
+        stored = conn.execute(text("SELECT rejoin_hash FROM lab_control.attendees WHERE lab = :lab"),
+                              {"lab": lab}).scalar()
+    assert stored.startswith("pbkdf2_sha256$") and code.replace("-", "") not in stored
+
+
+def test_a_name_is_one_attendee_in_any_case_and_a_rejoin_code_is_kept_as_a_salted_hash():
+    assert classroom.name_key("  Ana   SOUZA ") == classroom.name_key("ana souza") == "ana souza"
+    assert classroom.name_key("Straße") == classroom.name_key("STRASSE")
+    assert len(classroom.name_key("ß" * classroom.NAME_LENGTH)) == classroom.KEY_LENGTH   # fits the column
+    code = classroom.new_rejoin_code()
+    first, second = classroom.hash_rejoin_code(code), classroom.hash_rejoin_code(code)
+    assert first != second, "a salt per hash"
+    assert code.replace("-", "") not in first
+    assert classroom.rejoin_code_matches(first, code.lower().replace("-", " "))   # case, spaces, dashes forgiven
+    assert not classroom.rejoin_code_matches(first, "2345-6789")
+    assert not classroom.rejoin_code_matches(None, code) and not classroom.rejoin_code_matches("junk", code)
+    assert not classroom.rejoin_code_matches(first, "")
 
 
 def test_join_refuses_a_new_lab_when_the_server_holds_its_most(app_factory, agent, lab_name, class_code):
     with app_factory().app_context(), db.engine.connect() as conn:
         existing = len(classroom.lab_names(conn))
     app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=class_code, LAB_MAX_LABS=existing + 1)
-    _, lab = join(app, "Ana", class_code)
+    ana, lab = join(app, "Ana", class_code)
     try:
         response = app.test_client().post("/join", data={"name": "Bruno", "code": class_code})
         assert response.status_code == 409
         assert "LAB_MAX_LABS" in response.get_data(as_text=True) and "lab prune" in response.get_data(as_text=True)
         # Reopening a lab creates none: Ana gets hers back.
-        assert join(app, "ana", class_code)[1] == lab
+        assert join(app, "ana", class_code, rejoin=rejoin_code(ana))[1] == lab
         # A scenario run in a fresh lab of its own is one more lab too: refused, in the browser and the CLI.
         instructor_client = app.test_client()
         started = instructor_client.post(f"/scenarios/{EXERCISE}/runs")
@@ -125,17 +166,32 @@ def test_join_refuses_a_new_lab_when_the_server_holds_its_most(app_factory, agen
 
 
 
-def test_guesses_of_the_class_code_and_the_instructor_token_are_limited(app_factory, agent, lab_name, class_code):
-    """The class code and the lab token are secrets: wrong guesses from one address share one limit."""
+def test_one_mistyping_attendee_behind_a_nat_locks_out_neither_the_class_nor_the_instructor(
+        app_factory, agent, lab_name, class_code):
+    """Wrong class codes are counted per browser (and far higher per address), apart from wrong tokens."""
     app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=class_code, LAB_TOKEN=TOKEN, SIGN_IN_MAX_FAILURES=2)
-    guesser = app.test_client()
-    for _ in range(2):
-        assert guesser.post("/join", data={"name": "Eve", "code": "guess"}).status_code == 403
-    refused = guesser.post("/join", data={"name": "Eve", "code": class_code})
-    assert refused.status_code == 429 and int(refused.headers["Retry-After"]) > 0
-    # The same address may not try the instructor's token either, not even the right one, until the wait is over.
-    board = app.test_client().get("/class", headers={"Authorization": f"Bearer {TOKEN}"})
-    assert board.status_code == 429 and int(board.headers["Retry-After"]) > 0
+    try:
+        mistyper = app.test_client()   # every test client comes from 127.0.0.1: one NAT
+        for _ in range(2):
+            assert mistyper.post("/join", data={"name": "Eve", "code": "guess"}).status_code == 403
+        refused = mistyper.post("/join", data={"name": "Eve", "code": class_code})
+        assert refused.status_code == 429 and int(refused.headers["Retry-After"]) > 0
+        assert "Too many wrong codes from this browser" in refused.get_data(as_text=True)
+        # The instructor, at the same address, signs in; a classmate with the right code joins.
+        assert app.test_client().post("/sign-in", data={"token": TOKEN, "next": "/class"}).status_code == 302
+        join(app, "Bruno", class_code)
+        # Wrong tokens have their own limit: they refuse the token, never the class code.
+        for _ in range(2):
+            assert app.test_client().post("/sign-in", data={"token": "guess"}).status_code == 401
+        board = app.test_client().get("/class", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert board.status_code == 429 and int(board.headers["Retry-After"]) > 0
+        assert app.test_client().post("/join", data={"name": "Bruno", "code": class_code}).status_code == 409
+    finally:
+        with app.app_context():
+            with db.engine.connect() as conn:
+                labs = [person.lab for person in classroom.attendees(conn, class_code)]
+            for lab in labs:
+                command_channel.run(db.engine, lab, "lab.drop", {}, timeout=120)
 
 # --- isolation -----------------------------------------------------------------------------------
 
@@ -143,6 +199,8 @@ def test_an_attendee_cannot_drive_another_attendees_lab(class_app, class_code):
     ana, ana_lab = join(class_app, "Ana", class_code)
     bruno, bruno_lab = join(class_app, "Bruno", class_code)
     assert ana_lab != bruno_lab
+    # Her own lab's controls are hers, without the instructor's token: the page does not say otherwise.
+    assert "This lab is protected" not in ana.get("/").get_data(as_text=True)
 
     # Naming Bruno's lab in a change: refused (every route of the registry:
     # test_naming_another_attendees_lab_in_a_change_is_refused_whatever_the_route).
@@ -155,7 +213,15 @@ def test_an_attendee_cannot_drive_another_attendees_lab(class_app, class_code):
     with class_app.app_context(), db.engine.connect() as conn:
         assert conn.execute(text("SELECT lab FROM lab_control.scenario_runs WHERE id = :id"),
                             {"id": run_id}).scalar() == bruno_lab
-    assert ana.post(f"/scenarios/runs/{run_id}/next").status_code == 403
+    # ... nor read it: every page of the run answers 404, as if it did not exist, and the list of
+    # runs shows hers only; the instructor sees it.
+    for path in ("", "/guide", "/live"):
+        assert ana.get(f"/scenarios/runs/{run_id}{path}").status_code == 404, path
+    assert ana.post(f"/scenarios/runs/{run_id}/next").status_code == 404
+    assert ana.get(f"/scenarios/runs/{run_id + 10**6}").status_code == 404
+    assert f"/scenarios/runs/{run_id}" not in ana.get("/scenarios/").get_data(as_text=True)
+    assert f"/scenarios/runs/{run_id}" in bruno.get("/scenarios/").get_data(as_text=True)
+    assert bruno.get(f"/scenarios/runs/{run_id}").status_code == 200
     # Bruno's consumer is not in Ana's lab: her session cannot reach it by id.
     consumer = bruno.post("/api/v1/consumers", json={}).get_json()
     try:
@@ -171,7 +237,16 @@ def test_an_attendee_cannot_drive_another_attendees_lab(class_app, class_code):
         page = teacher.get("/").get_data(as_text=True)
         assert f"<strong>{bruno_lab}</strong>" in page and "read-only" in page
         assert teacher.post("/api/v1/publish", json={"account_id": "acc-1", "amount_cents": 100}).status_code == 403
+        bruno_progress = run_row(class_app, run_id)["progress"]
+        # Nor may the view step Bruno's guided run (the presenter's → key): a 403 page that says
+        # why (no 500), and the run has not moved.
+        stepped = teacher.post(f"/scenarios/runs/{run_id}/next")
+        assert stepped.status_code == 403 and "read-only" in stepped.get_data(as_text=True)
         assert teacher.post("/labs/view/leave").status_code == 303
+        # Out of the view, Bruno's lab is still his to drive, not the instructor's.
+        stepped = teacher.post(f"/scenarios/runs/{run_id}/next")
+        assert stepped.status_code == 403 and "Bruno&#39;s" in stepped.get_data(as_text=True)
+        assert run_row(class_app, run_id)["progress"] == bruno_progress, "the instructor stepped an attendee's run"
         assert bruno.get("/api/v1/state").get_json()["verdict"]["records"] == 0
     finally:
         bruno.post(f"/api/v1/consumers/{consumer['consumer_id']}/stop", json={})
@@ -246,6 +321,11 @@ def test_attendees_may_view_each_other_when_the_instructor_allows_it(app_factory
         assert f"<strong>{ana_lab}</strong>" not in page
         assert ana.post("/labs/view/leave").status_code == 303
         assert ana.post(f"/api/v1/publish?lab={bruno_lab}", json={"account_id": "acc-1"}).status_code == 403
+        # His guided run: she may read it (the class allows it), not step it.
+        run_id = int(bruno.post(f"/scenarios/{EXERCISE}/runs").location.rstrip("/").split("/")[-1])
+        assert ana.get(f"/scenarios/runs/{run_id}").status_code == 200
+        assert f"/scenarios/runs/{run_id}" in ana.get("/scenarios/").get_data(as_text=True)
+        assert ana.post(f"/scenarios/runs/{run_id}/next").status_code == 403
     finally:
         with app.app_context():
             with db.engine.connect() as conn:
@@ -306,6 +386,21 @@ def test_the_board_lists_every_lab_with_its_verdict_starts_an_exercise_for_every
     assert cards_html.count("A naive consumer credits twice · step 0 of 8") == 2
     # Each attendee's dashboard links to their own run.
     assert "Your exercise: 01_naive_double_credit" in ana.get("/").get_data(as_text=True)
+
+    # Ana lost her browser: the instructor hands her lab over (a new rejoin code, shown once on the
+    # board); attendees may not.
+    refused = bruno.post(f"/class/labs/{ana_lab}/hand-over")
+    assert refused.status_code == 302 and "/sign-in" in refused.location   # not without the lab token
+    old_code = rejoin_code(ana)
+    handed = teacher.post(f"/class/labs/{ana_lab}/hand-over")
+    assert handed.status_code == 303 and "rejoin" not in handed.location.lower()
+    shown = teacher.get("/class").get_data(as_text=True)
+    new_code = re.search(rf'data-handed-over="{ana_lab}".*?data-rejoin-code="([A-Z0-9-]+)"', shown, re.S).group(1)
+    assert new_code != old_code and new_code not in teacher.get("/class").get_data(as_text=True)
+    assert class_app.test_client().post("/join", data={"name": "Ana", "code": class_code,
+                                                       "rejoin": old_code}).status_code == 403
+    assert join(class_app, "ana", class_code, rejoin=new_code)[1] == ana_lab
+    assert teacher.post("/class/labs/nobody_0000/hand-over").status_code == 404
 
     exported = teacher.get("/class/results.csv")
     assert exported.status_code == 200 and exported.mimetype == "text/csv"
@@ -394,6 +489,7 @@ def test_list_and_prune_drop_an_idle_labs_topics_groups_and_schemas(class_app, c
 
 # --- three attendees at once ---------------------------------------------------------------------
 
+@pytest.mark.long
 def test_three_attendees_run_exercise_one_at_the_same_time_each_in_their_own_lab(class_app, class_code):
     attendees = [join(class_app, name, class_code) for name in ("Ana", "Bruno", "Carla")]
     outcomes: dict[str, dict] = {}

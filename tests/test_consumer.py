@@ -122,6 +122,8 @@ def test_check_then_act_zombie_and_successor_both_apply(services, app, lab):
     wait_balance(lab, 2000)  # the zombie carries on: its check said "absent" too
     zombie = lab.wait_consumer(c1, lambda c: c["commit_failures"] >= 1, "the zombie's late commit did not fail")
     assert "UNKNOWN_MEMBER_ID" in zombie["last_error"] or "generation" in zombie["last_error"].lower()
+    # The zombie still holds the group's generation it was frozen in; the successor joined a later one.
+    assert zombie["generation"] < lab.consumer(c2)["generation"], (zombie, lab.consumer(c2))
     assert lab.verdict()["duplicates_applied"] == 1
     outcomes = {d["consumer"]: d["outcome"] for d in deliveries(app, lab, record["event_id"])}
     assert outcomes == {"c1": "applied", "c2": "applied"}
@@ -336,14 +338,21 @@ def test_poison_pill_goes_to_the_dlq_with_its_reason_and_the_consumer_continues(
 
 
 def test_kill_one_of_two_consumers_the_other_takes_over_and_nothing_is_lost(lab):
-    c1 = lab.start_consumer(name="c1")["consumer_id"]
+    c1 = start(lab, "c1")  # assigned alone first: c2's join is a second rebalance of the group
+    alone = lab.consumer(c1)["generation"]
     c2 = lab.start_consumer(name="c2")["consumer_id"]
-    lab.wait(lambda s: sorted(p for c in s["consumers"] for p in c["assigned"]) == [0, 1, 2]
-             and all(c["assigned"] for c in s["consumers"]), "the two consumers never shared the partitions", 45)
+    shared = lab.wait(lambda s: sorted(p for c in s["consumers"] for p in c["assigned"]) == [0, 1, 2]
+                      and all(c["assigned"] for c in s["consumers"]) and s,
+                      "the two consumers never shared the partitions", 45)
+    # The generation is the group's, one epoch for every member of a rebalance (not each
+    # consumer's own count of its assignments, which would say 2 for c1 and 1 for c2).
+    generations = {c["name"]: c["generation"] for c in shared["consumers"]}
+    assert generations["c1"] == generations["c2"] > alone, (alone, generations)
     lab.post(f"/consumers/{c1}/kill")
     records = [record for account in ("acc-1", "acc-2", "acc-3", "acc-4", "acc-5")
                for record in lab.publish(account_id=account, amount_cents=100, mode="burst", count=4)["records"]]
-    lab.wait_consumer(c2, lambda c: c["assigned"] == [0, 1, 2], "the survivor never took every partition", 45)
+    survivor = lab.wait_consumer(c2, lambda c: c["assigned"] == [0, 1, 2], "the survivor never took every partition", 45)
+    assert survivor["generation"] > generations["c2"], "the rebalance after the kill did not bump the group's generation"
     state = caught_up(lab, *records, timeout=45)
     assert all(a["actual"] == a["expected"] == 400 for a in state["accounts"])
     assert state["verdict"]["not_yet_applied"] == 0 and state["verdict"]["exactly_once"]
@@ -368,3 +377,58 @@ def test_a_lost_database_session_is_retried_not_dead_lettered_and_the_consumer_c
     assert "AdminShutdown" in consumer["last_error"]  # an OperationalError
     errors = query(services, lab, "SELECT summary FROM timeline WHERE kind = 'error'")
     assert len(errors) == 1 and "attempt 1 failed: AdminShutdown" in errors[0][0]
+
+
+# --- the poll interval (issue 29): nothing a consumer does between two polls takes that long ---------
+
+def set_poll_interval(services, lab, milliseconds: int) -> None:
+    """The lab's max.poll.interval.ms (domain/group_health.py), read by a consumer when it starts:
+    short here, so a test waits past it in seconds."""
+    query(services, lab, "INSERT INTO settings (key, value) VALUES ('max_poll_interval_ms', %s::jsonb) "
+                         "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value RETURNING key", str(milliseconds))
+
+
+def test_a_consumer_blocked_on_a_row_lock_gives_the_statement_up_and_stays_in_its_group(services, lab):
+    """The lab's lock_timeout is 0 (wait for ever), yet the consumer's lock wait ends below its
+    max.poll.interval.ms (6 s here: lock_timeout 1.5 s), its card says why, and past the poll
+    interval it is still the same member (no new generation, its partitions kept); the lock released,
+    the credit is applied once."""
+    set_poll_interval(services, lab, 6000)
+    lab.post("/database-settings", {"lock_timeout_ms": 0})
+    c1 = start(lab, "c1")
+    member = lab.consumer(c1)
+    with connect(services.database_url, schema=lab.lab.schema) as holder:  # a transaction of the test's own
+        holder.execute("SELECT 1 FROM accounts WHERE id = 'acc-1' FOR UPDATE")
+        record = lab.credit("acc-1", 1000)
+        blocked = lab.wait_consumer(c1, lambda c: "lock timeout" in (c["last_error"] or ""),
+                                    "the consumer never gave its statement up")
+        assert "stays in its group" in blocked["last_error"], blocked["last_error"]
+        # The third attempt starts 1.5 + 1 + 1.5 + 2 s after the first: past the 6 s poll interval.
+        later = lab.wait_consumer(c1, lambda c: "attempt 3" in (c["last_error"] or ""),
+                                  "the consumer stopped retrying", timeout=30)
+        assert later["state"] == "running"
+        assert (later["generation"], later["assigned"]) == (member["generation"], member["assigned"]), later
+        holder.rollback()
+    caught_up(lab, record)
+    assert balance(lab) == 1000
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["per-message", "batch"])
+def test_a_consumer_held_at_a_step_keeps_polling_so_a_new_member_is_assigned(services, lab, batch):
+    """Step mode holds a record for as long as a class discusses it. The held consumer polls with its
+    partitions paused, so a member joining meanwhile completes the rebalance and is assigned (on
+    Tansu a member that does not poll wedges the group for good: BROKER.md)."""
+    use_strategy(lab, "eventid-atomic")
+    if batch:
+        lab.post("/groups/payments/throughput", {"batch_size": 10})
+    c1 = start(lab, "c1")
+    lab.post(f"/consumers/{c1}/step-mode", {"on": True})
+    record = lab.credit("acc-1", 1000)
+    lab.wait_state(c1, "stepping")
+    c2 = lab.start_consumer(name="c2")["consumer_id"]
+    lab.wait_consumer(c2, lambda c: c["assigned"], "the new member was never assigned while c1 held its step",
+                      timeout=30)
+    assert lab.consumer(c1)["state"] == "stepping"  # still holding its record
+    lab.post(f"/consumers/{c1}/step-mode", {"on": False})
+    caught_up(lab, record)
+    assert balance(lab) == 1000

@@ -33,7 +33,9 @@ def control_rows(engine, lab_name: str) -> dict[str, list]:
     """The control rows an operation could change: fault proxies, the lab's commands and consumers."""
     with engine.connect() as conn:
         return {"fault_proxies": [tuple(r) for r in conn.execute(text(
-                    "SELECT name, lab, version, blocked_commits FROM lab_control.fault_proxies ORDER BY name"))],
+                    "SELECT name, version FROM lab_control.fault_proxies ORDER BY name"))],
+                "fault_proxy_labs": [tuple(r) for r in conn.execute(text(
+                    "SELECT proxy, lab, blocked_commits FROM lab_control.fault_proxy_labs ORDER BY proxy, lab"))],
                 "commands": [tuple(r) for r in conn.execute(text(
                     "SELECT id, verb, status FROM lab_control.commands WHERE lab = :lab ORDER BY id"), {"lab": lab_name})],
                 "consumers": [tuple(r) for r in conn.execute(text(
@@ -122,7 +124,7 @@ def test_blocking_commits_without_a_fault_proxy_says_so_and_changes_nothing(agen
         # Nothing changed: no fault proxy row (no block recorded), no command, the consumer's row as
         # it was, no fault on the timeline.
         assert control_rows(engine, lab_name) == before
-        assert before["fault_proxies"] == [] and before["commands"] == []
+        assert before["fault_proxies"] == before["fault_proxy_labs"] == before["commands"] == []
         with engine.connect() as conn:
             assert conn.execute(text(f'SELECT count(*) FROM "{Lab(lab_name).schema}".timeline '
                                      "WHERE kind = 'fault'")).scalar_one() == 0
@@ -247,13 +249,13 @@ def test_csrf_is_enforced_on_forms(app_factory, lab, lab_name):
 
 
 def test_lab_token_guards_the_controls(app_factory, lab, lab_name):
-    guarded = app_factory(LAB_NAME=lab_name, LAB_TOKEN="s3cret")
+    guarded = app_factory(LAB_NAME=lab_name, LAB_TOKEN="s3cret-token-of-the-lab")
     client = guarded.test_client()
     assert 'Sign in</a> to use the controls' in client.get("/").get_data(as_text=True)
     response = client.post("/controls/publish", data={"account_id": "acc-1", "amount": "1"})
     assert response.status_code == 302 and "/sign-in" in response.headers["Location"]
     assert client.post("/sign-in", data={"token": "wrong"}).status_code == 401
-    assert client.post("/sign-in", data={"token": "s3cret", "next": "/"}).status_code == 302
+    assert client.post("/sign-in", data={"token": "s3cret-token-of-the-lab", "next": "/"}).status_code == 302
     response = client.post("/controls/publish", data={"account_id": "acc-1", "amount": "1"})
     assert response.status_code == 200
     assert journal_count(lab) == 1

@@ -1,6 +1,7 @@
 """Dedup tables at scale: the partitioned layout of processed_events (webapp/strategies/dedup_layout.py) with
 a real consumer under eventid-atomic, the TTL as dropped day partitions, the agent's sampler and
-the Dedup-at-scale panel. Real PostgreSQL, broker, agent and consumer processes."""
+the Dedup-at-scale panel; the dedup warm-up on the agent (webapp/agent/warmup.py), its progress and
+its cancel. Real PostgreSQL, broker, agent and consumer processes."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
@@ -27,6 +28,44 @@ def start(lab, name="c1") -> int:
 def in_log(lab, record) -> None:
     lab.wait(lambda s: any(p["partition"] == record["partition"] and (p["log_end"] or 0) > record["offset"]
                            for p in s["partitions"]), "the log mirror never read the record")
+
+
+def warm_up(lab, keys: int, days: int) -> dict:
+    """Start a warm-up (it answers at once: the agent inserts the keys) and wait until it is done."""
+    started = lab.post("/dedup/warmup", {"keys": keys, "days": days}, expect=201)
+    assert started["state"] == "running" and started["keys"] == keys, started
+
+    def finished():
+        run = next(r for r in lab.client.get("/api/v1/dedup/warmup").get_json()["runs"] if r["id"] == started["run_id"])
+        return run if run["state"] not in ("starting", "running") else None
+    run = wait_until(finished, timeout=60, interval=0.1, message=f"warm-up run {started['run_id']} never finished")
+    assert (run["state"], run["inserted"]) == ("done", keys), run
+    return run
+
+
+def test_the_warm_up_answers_at_once_and_its_progress_shows_where_the_loads_do(app, lab):
+    run = warm_up(lab, 20_000, 2)
+    assert query(app, lab, "SELECT count(*) FROM processed_events")[0][0] == 20_000
+    page = lab.client.get("/panels/load").get_data(as_text=True)
+    assert f'data-warmup="{run["id"]}" data-state="done"' in page and 'data-inserted="20000"' in page
+
+
+def test_a_warm_up_goes_in_slices_and_stops_after_the_slice_when_cancelled(services, lab, monkeypatch):
+    """The agent's thread, here in the test's process on the lab's real schema: a cancel asked before
+    it starts stops it after its first slice, with that slice's keys in."""
+    from webapp.agent import warmup
+    from webapp.store.connection import connect
+
+    monkeypatch.setattr(warmup, "SLICE", 1000)
+    with connect(services.database_url, schema=lab.lab.schema, autocommit=True) as conn:
+        run_id = conn.execute("INSERT INTO warmup_runs (keys, days, state, cancel_requested) "
+                              "VALUES (5000, 1, 'running', true) RETURNING id").fetchone()[0]
+    run = warmup.WarmupRun(services.database_url, lab.lab, run_id, 5000, 1)
+    run.start()
+    run.join(30)
+    assert not run.is_alive()
+    runs = {r["id"]: r for r in lab.client.get("/api/v1/dedup/warmup").get_json()["runs"]}
+    assert (runs[run_id]["state"], runs[run_id]["inserted"]) == ("cancelled", 1000), runs[run_id]
 
 
 def test_the_partitioned_layout_keeps_keys_and_still_absorbs_every_redelivery(app, lab):
@@ -68,8 +107,7 @@ def test_the_partitioned_layout_keeps_keys_and_still_absorbs_every_redelivery(ap
 
 def test_the_ttl_drops_whole_day_partitions_and_reports_its_duration(app, lab):
     lab.post("/dedup/layout", {"layout": "partitioned-by-day"})
-    warmed = lab.post("/dedup/warmup", {"keys": 6000, "days": 6})
-    assert warmed["keys"] == 6000
+    warm_up(lab, 6000, 6)
     before = {name for (name,) in query(app, lab, (
         "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
         "WHERE i.inhparent = to_regclass('processed_events')"))}
@@ -93,7 +131,7 @@ def test_the_ttl_drops_whole_day_partitions_and_reports_its_duration(app, lab):
 
 
 def test_a_plain_cleanup_deletes_and_says_how_long_it_took(app, lab):
-    lab.post("/dedup/warmup", {"keys": 2000, "days": 4})
+    warm_up(lab, 2000, 4)
     cleaned = lab.post("/ttl/cleanup", {"ttl_seconds": 2 * 86400})
     assert 900 <= cleaned["deleted"][lab.lab.schema]["processed_events"] <= 1100   # by processing time, row by row
     (method, ms), = query(app, lab, "SELECT cleanup_method, cleanup_ms FROM dedup_scale WHERE table_name = 'processed_events'")
@@ -101,7 +139,7 @@ def test_a_plain_cleanup_deletes_and_says_how_long_it_took(app, lab):
 
 
 def test_the_sampler_measures_rows_sizes_and_insert_latency_while_the_lab_is_active(app, lab):
-    lab.post("/dedup/warmup", {"keys": 3000, "days": 1})
+    warm_up(lab, 3000, 1)
     lab.post("/groups/payments/strategy", {"strategy": "eventid-atomic"})
     start(lab)   # an active lab: its consumer reports to the lab
     rows = wait_until(lambda: query(app, lab, (
@@ -176,3 +214,20 @@ def test_each_partitioned_variant_claims_event_id_and_event_time_and_repeats_not
         keys = conn.execute("SELECT count(*), min(occurred_at) FROM processed_events").fetchone()
     assert balance == 1000 and keys[0] == 1
     assert keys[1] == datetime.fromisoformat(event.occurred_at)
+
+
+def test_the_scenarios_one_read_of_the_dedup_tables_agrees_with_the_panels(app, lab):
+    """observe() reads every dedup table's count and oldest age in one statement (dedup_counts): the
+    same figures as the dedup panel's exact count, table by table."""
+    from webapp.readmodel.dedup import dedup_counts, dedup_tables
+    warm_up(lab, 300, 2)
+    with app.app_context(), lab_session(lab.lab.schema) as session:
+        panel = {t["table"]: (t["count"], t["oldest_age"]) for t in dedup_tables(session, None, exact=True)}
+        counted = {table: (c["rows"], c["oldest_age"]) for table, c in dedup_counts(session).items()}
+    assert counted.keys() == panel.keys()
+    assert counted["processed_events"][0] >= 300, counted
+    for table, (rows, oldest) in counted.items():
+        assert rows == panel[table][0], f"{table}: {rows} keys, the panel counts {panel[table][0]}"
+        assert (oldest is None) == (panel[table][1] is None), table
+        if oldest is not None:
+            assert abs(oldest - panel[table][1]) < 5, f"{table}: oldest {oldest} s, the panel {panel[table][1]} s"

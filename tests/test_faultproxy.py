@@ -1,19 +1,23 @@
 """The lost-ack fault proxy, on real frames: a real librdkafka producer through it to a Tansu broker
-that advertises the proxy, then exercise 7 end to end (agent, consumers, PostgreSQL).
+that advertises the proxy, then exercise 7 end to end (agent, consumers, PostgreSQL), and two labs
+whose faults are each their own (issue 28).
 
-Each broker here is the test's own (the session broker does not advertise a proxy), and so is
-the lab agent of the integration tests: the session's agent publishes to the session broker,
-so every command below names this module's agent.
+The session broker does not advertise a proxy: the in-process tests have a broker of their own,
+and the integration tests run on the session's proxied stack (its own PostgreSQL, broker, fault
+proxy and lab agent: the ``proxied_stack`` fixture), so every command below names its agent.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
+from typing import Callable
 import time
 import uuid
 from dataclasses import dataclass
 
 import pytest
+import psutil
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from sqlalchemy import Engine, create_engine, text
@@ -24,15 +28,18 @@ from support import LabDriver, in_process_fault_proxy
 from webapp.store import command_channel
 from webapp import ops
 from webapp.kafka.admin import admin_client, committed_offsets
+from webapp.logreader.reader import LOG_READER_CLIENT_ID
 from webapp.readmodel import partitions as partitions_readmodel
 from webapp.readmodel.partitions import Cell
 from webapp.store.connection import sqlalchemy_url
 from webapp.web.db import lab_session
 from webapp.dev.embedded import EmbeddedBroker
-from webapp.dev.stack import Stack as ServiceStack
+from webapp.domain.vocabulary import FAULT_PROXY_FRESH_SECONDS
+from webapp.faultproxy.control import CHANNEL, DEFAULT_NAME
 from webapp.faultproxy.faults import Faults
-from webapp.faultproxy.protocol import PRODUCE, RequestHeader
+from webapp.faultproxy.protocol import OFFSET_COMMIT, PRODUCE, RequestHeader
 from webapp.faultproxy.proxy import FaultProxy
+from webapp.store import faultproxies
 from webapp.store.labs import Lab, create_database_state, ensure_control_schema
 from webapp.domain.waits import wait_until
 
@@ -52,7 +59,12 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
         future.result()
 
 
-def produce(bootstrap: str, topic: str, values: list[bytes], idempotent: bool, client_id: str = "fp-test") -> list:
+# The in-process proxy's faults are armed for this lab: they act on its clients' requests only.
+FP_LAB = Lab("fp")
+
+
+def produce(bootstrap: str, topic: str, values: list[bytes], idempotent: bool,
+            client_id: str = FP_LAB.producer_client_id) -> list:
     """Produce and wait for every delivery report; returns (error, offset) per value."""
     producer = Producer(quiet({"bootstrap.servers": bootstrap, "client.id": client_id, "acks": "all",
                                "enable.idempotence": idempotent, "linger.ms": 0, "retry.backoff.ms": 200,
@@ -87,6 +99,32 @@ def read_back(bootstrap: str, topic: str, partition: int, until, timeout: float 
     finally:
         consumer.close()
     return records
+
+
+# --- every fault is one lab's: matched by the client id that names the lab ------------------
+
+def test_a_labs_faults_match_only_requests_whose_client_id_names_that_lab():
+    """Pure logic: the faults lab a armed answer only requests of a's clients; a lab whose name
+    starts like a's (ab), another lab (b), and clients of no lab (admin, log reader) pass."""
+    faults, a, b = Faults(), Lab("a"), Lab("b")
+    faults.arm("a", drop_produce_responses=1, delay_ms=100)
+    faults.block_commits("a", {a.client_id("c1"), b.client_id("c1")})  # b's consumer is not a's to block
+    faults.cut_clients = len  # closes, here, one connection per client id it is given
+
+    def request(api_key: int, client_id: str | None) -> RequestHeader:
+        return RequestHeader(api_key, 9, 1, client_id)
+    others = [b.producer_client_id, Lab("ab").producer_client_id, "rdkafka", LOG_READER_CLIENT_ID, None]
+    for client in others:
+        assert faults.delay_for(request(PRODUCE, client)) == 0, client
+        assert not asyncio.run(faults.take_drop(request(PRODUCE, client))), client
+    assert not faults.blocks_commit(request(OFFSET_COMMIT, b.client_id("c1")))
+    assert faults.blocks_commit(request(OFFSET_COMMIT, a.client_id("c1")))
+    assert faults.delay_for(request(PRODUCE, a.producer_client_id)) == 0.1
+    assert asyncio.run(faults.take_drop(request(PRODUCE, a.producer_client_id)))
+    assert faults.cut("a", [a.producer_client_id, b.producer_client_id, b.client_id("c1")]) == 1
+    assert (faults.of("a").responses_dropped, faults.of("a").connections_cut) == (1, 1)
+    for other in ("b", "ab"):
+        assert not faults.of(other).armed and faults.of(other).responses_dropped == faults.of(other).commits_blocked == 0
 
 
 # --- the proxy alone, in this process: frames, drops, delays --------------------------------
@@ -137,11 +175,11 @@ def test_a_dropped_produce_response_makes_librdkafka_retry(in_process, idempoten
     topic = f"drop-{uuid.uuid4().hex[:8]}"
     create_topic(in_process.address, topic)
     dropped_before = in_process.faults.responses_dropped
-    in_process.faults.arm(drop_produce_responses=1)
+    in_process.faults.arm(FP_LAB.name, drop_produce_responses=1)
     try:
         reports = produce(in_process.address, topic, [b"the event", b"sentinel"], idempotent)
     finally:
-        in_process.faults.arm(0, 0)
+        in_process.faults.arm(FP_LAB.name, 0, 0)
     assert [error for error, _ in reports] == [None, None]
     assert in_process.faults.responses_dropped == dropped_before + 1
     records = read_back(in_process.address, topic, 0, lambda r: any(v == b"sentinel" for _, v in r))
@@ -153,24 +191,26 @@ def test_a_delay_holds_produce_responses(in_process):
     create_topic(in_process.address, topic)
     produce(in_process.address, topic, [b"warm-up"], idempotent=True)
     delayed_before = in_process.faults.responses_delayed
-    in_process.faults.arm(delay_ms=400)
+    in_process.faults.arm(FP_LAB.name, delay_ms=400)
     try:
         started = time.monotonic()
         reports = produce(in_process.address, topic, [b"slow"], idempotent=True)
         elapsed = time.monotonic() - started
     finally:
-        in_process.faults.arm(0, 0)
+        in_process.faults.arm(FP_LAB.name, 0, 0)
     assert reports[0][0] is None
     assert elapsed >= 0.4
     assert in_process.faults.responses_delayed > delayed_before
 
 
+@pytest.mark.long
 def test_a_blocked_clients_offset_commits_never_reach_the_broker_while_its_fetches_flow(in_process):
+    blocked_client = FP_LAB.client_id("blocked")
     topic = f"commits-{uuid.uuid4().hex[:8]}"
     create_topic(in_process.address, topic)
     produce(in_process.address, topic, [b"first", b"second", b"third"], idempotent=True)
     consumer = Consumer(quiet({"bootstrap.servers": in_process.address, "group.id": f"g-{topic}",
-                               "client.id": "fp-blocked", "enable.auto.commit": False,
+                               "client.id": blocked_client, "enable.auto.commit": False,
                                "auto.offset.reset": "earliest"}))
 
     def next_record():
@@ -196,7 +236,7 @@ def test_a_blocked_clients_offset_commits_never_reach_the_broker_while_its_fetch
         consumer.subscribe([topic])
         consumer.commit(message=next_record(), asynchronous=False)
         assert committed() == 1
-        in_process.faults.blocked_commit_clients = frozenset({"fp-blocked"})
+        in_process.faults.block_commits(FP_LAB.name, {blocked_client})
         second = next_record()  # fetched through the proxy while commits are blocked
         assert second.value() == b"second"
         with pytest.raises(KafkaException) as failed:
@@ -205,11 +245,11 @@ def test_a_blocked_clients_offset_commits_never_reach_the_broker_while_its_fetch
         consumer.commit(message=second, asynchronous=True)  # returns at once: nothing says it is lost
         assert committed() == 1, "a blocked commit reached the broker"
         assert in_process.faults.commits_blocked > blocked_before
-        in_process.faults.blocked_commit_clients = frozenset()
+        in_process.faults.block_commits(FP_LAB.name, set())
         consumer.commit(message=second, asynchronous=False)
         assert committed() == 2
     finally:
-        in_process.faults.blocked_commit_clients = frozenset()
+        in_process.faults.block_commits(FP_LAB.name, set())
         consumer.close()
 
 
@@ -225,17 +265,16 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(services, tmp_path_factory):
-    """A broker advertising a fault proxy process, and a lab agent whose producer goes through it,
-    on the session's database (webapp/dev/stack.py)."""
-    engine = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool)
+def stack(proxied_stack):
+    """The session's proxied stack: a broker advertising a fault proxy process, and a lab agent
+    whose producer goes through it (webapp/dev/stack.py)."""
+    engine = proxied_stack.engine()
     try:
-        with ServiceStack(tmp_path_factory.mktemp("proxied"), database_url=services.database_url,
-                          fault_proxy=True) as started:
-            with engine.connect() as conn:
-                agent_id = conn.execute(text("SELECT id FROM lab_control.agents WHERE pid = :pid"),
-                                        {"pid": started.agent.pid}).scalar_one()
-            yield Stack(started.broker, started.fault_proxy, started.producer_bootstrap_servers, agent_id, engine)
+        with engine.connect() as conn:
+            agent_id = conn.execute(text("SELECT id FROM lab_control.agents WHERE pid = :pid"),
+                                    {"pid": proxied_stack.agent.pid}).scalar_one()
+        yield Stack(proxied_stack.broker, proxied_stack.fault_proxy, proxied_stack.producer_bootstrap_servers,
+                    agent_id, engine)
     finally:
         engine.dispose()
 
@@ -285,15 +324,26 @@ class ProxiedLab(LabDriver):
 
 
 @pytest.fixture
-def proxied_lab(stack, app_factory, lab_name) -> ProxiedLab:
-    client = app_factory(LAB_NAME=lab_name).test_client()
-    driver = ProxiedLab(client, Lab(lab_name), stack)
-    driver.command("lab.ensure", {"partitions": 3})
-    yield driver
-    ops.call("arm_fault_proxy", ops.Context(stack.engine, driver.lab), {"drop_produce_responses": 0, "delay_ms": 0})
-    for consumer in driver.state()["consumers"]:
-        if consumer["state"] in ("starting", "running", "frozen", "stepping"):
-            driver.command("consumer.stop", {"consumer_id": consumer["id"]})
+def proxied_labs(stack, proxied_stack, app_factory, lab_name) -> Callable[[str], ProxiedLab]:
+    """Make labs on the proxied stack (``lab_name`` + a suffix); each is dropped at the end."""
+    made: list[ProxiedLab] = []
+
+    def make(suffix: str = "") -> ProxiedLab:
+        client = app_factory(LAB_NAME=lab_name + suffix, DATABASE_URL=proxied_stack.database_url,
+                             KAFKA_BOOTSTRAP_SERVERS=proxied_stack.bootstrap_servers).test_client()
+        driver = ProxiedLab(client, Lab(lab_name + suffix), stack)
+        driver.command("lab.ensure", {"partitions": 3})
+        made.append(driver)
+        return driver
+    yield make
+    for driver in made:
+        # The drop stops the lab's consumers and ends its faults; the stack's later tests walk no leftover lab.
+        driver.command("lab.drop", {})
+
+
+@pytest.fixture
+def proxied_lab(proxied_labs) -> ProxiedLab:
+    return proxied_labs("")
 
 
 @pytest.fixture
@@ -343,13 +393,12 @@ def test_disarmed_proxy_passes_10000_events_without_loss(stack):
     records = read_back(stack.proxy_address, topic, 0, lambda r: len(r) >= 10_000, timeout=60)
     assert sorted(v for _, v in records) == sorted(values)
     assert [offset for offset, _ in records] == list(range(10_000))
-    with stack.engine.connect() as conn:
-        dropped, delayed, produce_requests = conn.execute(text(
-            "SELECT responses_dropped, responses_delayed, produce_requests FROM lab_control.fault_proxies "
-            "WHERE name = 'default'")).one()
-    assert (dropped, delayed) == (0, 0)
-    wait_until(lambda: ops.call("get_fault_proxy", ops.Context(stack.engine, Lab("x")))["produce_requests"] > 0, timeout=5,
-               message="the proxy never reported the Produce requests it forwarded")
+    report = ops.call("get_fault_proxy", ops.Context(stack.engine, FP_LAB))
+    assert (report["responses_dropped"], report["responses_delayed"]) == (0, 0)
+    # Counted for the lab the producer's client id names, and for that lab only.
+    wait_until(lambda: ops.call("get_fault_proxy", ops.Context(stack.engine, FP_LAB))["produce_requests"] > 0,
+               timeout=5, message="the proxy never reported the Produce requests it forwarded")
+    assert ops.call("get_fault_proxy", ops.Context(stack.engine, Lab("x")))["produce_requests"] == 0
 
 
 def test_api_and_cli_arm_and_report(proxied_lab):
@@ -527,9 +576,101 @@ def test_chaos_cuts_the_broker_connections_of_a_consumer_and_the_producer_and_bo
         outcomes = list(conn.execute(text(
             f"SELECT detail->>'outcome' FROM \"{proxied_lab.lab.schema}\".timeline WHERE kind = 'chaos' "
             "AND detail->>'action' = 'cut-connections' ORDER BY id")).scalars())
-        cut = conn.execute(text("SELECT connections_cut FROM lab_control.fault_proxies WHERE name = 'default'")).scalar()
+    # The lab's own count: its consumer's connections and its producer's (lab-<lab>.producer).
+    cut = ops.call("get_fault_proxy", ops.Context(proxied_lab.engine, proxied_lab.lab))["connections_cut"]
     assert outcomes == ["done", "done"] and cut >= 2, (outcomes, cut)
     proxied_lab.publish_credit(250, idempotent=True)
     proxied_lab.wait(lambda s: s["verdict"]["status"] == "exactly-once" and s["verdict"]["transactions"] == 2,
                      "the consumer did not go on after its connections were cut", timeout=60)
     assert proxied_lab.consumer(consumer_id)["state"] == "running"
+
+
+# --- two labs at once: every lab's faults are its own (issue 28) ---------------------------------
+
+# Long enough that a publish it held cannot pass for a prompt one on a busy machine.
+HELD_MS = 5000
+
+
+def connections_to_proxy(pid: int, proxy_address: str) -> set[tuple[str, int]]:
+    """The local addresses of a process's open TCP connections to the fault proxy."""
+    port = int(proxy_address.rsplit(":", 1)[1])
+    return {tuple(c.laddr) for c in psutil.Process(pid).net_connections(kind="tcp")
+            if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED}
+
+
+def rebalances(lab: ProxiedLab) -> int:
+    with lab.engine.connect() as conn:
+        return conn.execute(text(f'SELECT count(*) FROM "{lab.lab.schema}".timeline '
+                                 "WHERE kind = 'rebalanced'")).scalar_one()
+
+
+def test_two_labs_at_once_each_labs_faults_act_on_its_own_clients_only(proxied_labs, stack):
+    """Lab A arms exercise 7's lost ack and holds its Produce responses: lab B's publishes pass
+    untouched and promptly; B's disarm leaves A's faults armed and acting; a cut A asks for, even
+    one naming B's clients, closes none of B's connections; neither lab sees the other's faults."""
+    a, b = proxied_labs("a"), proxied_labs("b")
+    a_consumer, b_consumer = a.start_consumer_here("none"), b.start_consumer_here("none")
+    a.wait_assigned(a_consumer)
+    b_row = b.wait_assigned(b_consumer)
+    warm_up = b.publish_credit(SENTINEL, idempotent=False)  # B's producer is connected through the proxy
+    assert warm_up["error"] is None
+
+    armed = a.post("/fault-proxy", {"drop_produce_responses": 1, "delay_ms": HELD_MS})
+    assert armed["armed_by_this_lab"] and (armed["drop_produce_responses"], armed["delay_ms"]) == (1, HELD_MS)
+    seen_by_b = b.client.get("/api/v1/fault-proxy").get_json()
+    assert seen_by_b["running"] and not seen_by_b["armed"] and seen_by_b["armed_by"] is None, seen_by_b
+    assert (seen_by_b["drop_produce_responses"], seen_by_b["delay_ms"]) == (0, 0)
+
+    # B publishes with a plain producer: promptly, and once in the log (A's drop was not B's to take).
+    started = time.monotonic()
+    event = b.publish_credit(CREDIT, idempotent=False)
+    b_elapsed = time.monotonic() - started
+    sentinel = b.publish_credit(SENTINEL, idempotent=False)
+    assert event["error"] is None and b_elapsed < HELD_MS / 1000, b_elapsed
+    assert len(b.copies_in_log(event["event_id"], sentinel["event_id"])) == 1
+
+    # B disarms its own faults, none; A's stay armed ...
+    assert b.post("/fault-proxy", {"drop_produce_responses": 0, "delay_ms": 0})["armed"] is False
+    still = a.client.get("/api/v1/fault-proxy").get_json()
+    assert still["armed"] and (still["drop_produce_responses"], still["delay_ms"]) == (1, HELD_MS), still
+    # ... and act: A's plain publish loses its ack, librdkafka retries, the retry's answer is held.
+    started = time.monotonic()
+    lost = a.publish_credit(CREDIT, idempotent=False)
+    assert time.monotonic() - started >= HELD_MS / 1000
+    records = read_back(stack.broker.bootstrap_servers, a.lab.topic, a.journal_partition(lost["event_id"]),
+                        lambda r: sum(lost["event_id"].encode() in v for _, v in r) >= 2)
+    assert sum(lost["event_id"].encode() in v for _, v in records) == 2
+    a_report = a.post("/fault-proxy", {"drop_produce_responses": 0, "delay_ms": 0})
+    assert a_report["responses_dropped"] == 1 and a_report["responses_delayed"] >= 1, a_report
+    b_report = b.client.get("/api/v1/fault-proxy").get_json()
+    assert (b_report["responses_dropped"], b_report["responses_delayed"]) == (0, 0), b_report
+    assert b_report["produce_requests"] >= 3 and a_report["produce_requests"] >= 2
+    # Each fault went to the timeline of the lab whose client it hit, the lab that armed it.
+    assert any("dropped the response to a Produce request" in s for s in a.fault_timeline())
+    assert not [s for s in b.fault_timeline() if "dropped" in s or "delayed" in s], b.fault_timeline()
+
+    # A cut lab A asks for, naming its own clients and (as a buggy or hostile caller might) B's.
+    b_sockets = connections_to_proxy(b_row["pid"], stack.proxy_address)
+    b_rebalances = rebalances(b)
+    assert b_sockets, "B's consumer has no connection through the proxy"
+    b_name = b.consumer(b_consumer)["name"]
+    with stack.engine.begin() as conn:
+        version = faultproxies.cut(conn, DEFAULT_NAME, a.lab.name, [
+            a.lab.client_id(a.consumer(a_consumer)["name"]), a.lab.producer_client_id,
+            b.lab.client_id(b_name), b.lab.producer_client_id], FAULT_PROXY_FRESH_SECONDS)
+        faultproxies.notify(conn, CHANNEL, DEFAULT_NAME)
+
+    def cut_count() -> int | None:
+        with stack.engine.connect() as conn:
+            return faultproxies.connections_cut(conn, DEFAULT_NAME, a.lab.name, version)
+    wait_until(lambda: cut_count() is not None, timeout=10, message="the proxy did not carry out lab A's cut")
+    assert cut_count() >= 2  # A's consumer's connections and its producer's
+    assert b.client.get("/api/v1/fault-proxy").get_json()["connections_cut"] == 0
+    # B's consumer keeps the very connections it had, and consumes on without a rebalance.
+    assert connections_to_proxy(b_row["pid"], stack.proxy_address) == b_sockets
+    after = b.publish_credit(250, idempotent=False)
+    assert after["error"] is None
+    b.wait(lambda s: s["verdict"]["transactions"] == 4 and s["verdict"]["status"] == "exactly-once",
+           "B's consumer did not consume on after A's cut")
+    assert rebalances(b) == b_rebalances
+    assert connections_to_proxy(b_row["pid"], stack.proxy_address) == b_sockets

@@ -71,8 +71,13 @@ def test_a_paced_load_shows_its_progress_and_stops_when_cancelled(app, loading):
     assert going["sent"] < 20_000
     page = lab.client.get("/panels/load").get_data(as_text=True)
     assert 'data-state="running"' in page
-    refused = lab.client.post("/api/v1/load", json={"events": 10})
-    assert refused.status_code == 400 and refused.get_json()["field"] == "events"  # one load at a time
+    # One heavy job per lab at a time: another load, or a dedup warm-up, is a 409 saying what runs
+    # and how to stop it.
+    for path, body in [("/load", {"events": 10}), ("/dedup/warmup", {"keys": 10})]:
+        refused = lab.client.post(f"/api/v1{path}", json=body)
+        assert refused.status_code == 409, refused.get_json()
+        assert f"load run {run_id} (20,000 events) is running" in refused.get_json()["error"] \
+            and "POST /api/v1/load/cancel" in refused.get_json()["error"], refused.get_json()
     assert lab.post("/load/cancel")["cancelled"] == [run_id]
     stopped = wait_run(lab, lambda r: r["id"] == run_id and r["state"] == "cancelled", "the load never stopped",
                        timeout=20)
@@ -80,6 +85,29 @@ def test_a_paced_load_shows_its_progress_and_stops_when_cancelled(app, loading):
     assert 0 < stopped["sent"] < 20_000
     lab.wait(lambda s: sum(p["log_end"] or 0 for p in s["partitions"]) == stopped["sent"],
              "the log does not hold exactly what the cancelled run sent")
+
+
+def test_a_running_warm_up_holds_the_lab_against_a_load(app, lab):
+    """A warm-up's row as the agent writes it while it inserts: a load is refused (409) naming it."""
+    with app.app_context(), lab_session(lab.lab.schema) as session:
+        run_id = session.execute(text("INSERT INTO warmup_runs (keys, days, state) VALUES (90000, 3, 'running') "
+                                      "RETURNING id")).scalar_one()
+        session.commit()
+    refused = lab.client.post("/api/v1/load", json={"events": 10})
+    assert refused.status_code == 409 and refused.get_json()["field"] == "busy", refused.get_json()
+    assert f"warm-up run {run_id} (90,000 keys) is running" in refused.get_json()["error"] \
+        and "POST /api/v1/dedup/warmup/cancel" in refused.get_json()["error"]
+    assert lab.post("/dedup/warmup/cancel")["cancelled"] == [run_id]
+
+
+def test_as_fast_as_possible_is_paced_at_the_labs_rate_ceiling(app_factory, loading, lab_name):
+    client = app_factory(LAB_NAME=lab_name, LAB_MAX_LOAD_RATE=300).test_client()
+    answer = client.post("/api/v1/load", json={"events": 20_000})
+    assert answer.status_code == 201, answer.get_json()
+    (run,) = [r for r in runs(loading) if r["id"] == answer.get_json()["run_id"]]
+    assert run["rate_per_second"] == 300
+    too_fast = client.post("/api/v1/load", json={"events": 10, "rate_per_second": 301})
+    assert too_fast.status_code == 400 and "LAB_MAX_LOAD_RATE" in too_fast.get_json()["error"]
 
 
 @pytest.mark.parametrize("body,field", [

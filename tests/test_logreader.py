@@ -175,7 +175,7 @@ def test_a_restarted_reader_resumes_from_the_table_and_a_reread_writes_nothing(s
 
 
 def test_produce_raw_writes_exactly_what_was_typed(services, bare_lab, start_reader):
-    config = producer_config(services.bootstrap_servers, idempotent=True)
+    config = producer_config(services.bootstrap_servers, idempotent=True, client_id=bare_lab.producer_client_id)
     where = produce_raw(config, bare_lab.topic, key="acc-9", value="hello, not an event",
                         headers={"from": "the raw form"}, partition=2)
     assert where == {"partition": 2, "offset": 0}
@@ -244,3 +244,24 @@ def test_a_reset_lab_is_mirrored_again_from_the_start_of_its_new_topic(services,
     [fresh] = wait_rows(services, bare_lab, 1)
     assert (fresh["partition"], fresh["offset"], fresh["amount_cents"]) == (0, 0, 42)
     assert len(rows(services, bare_lab)) == 1
+
+
+def test_a_hold_asked_again_right_after_a_release_is_answered_again():
+    """Two lab resets in a row: the agent releases the reader and holds it again before the
+    reader's waiting loop has seen the release. Each hold must be answered, or the agent waits
+    its 10 s and restarts the reader."""
+    reader = LogReader("postgresql://unused@127.0.0.1:1/none", "127.0.0.1:1")
+    answers = threading.Semaphore(0)
+    reader.on_held = answers.release
+    reader.hold()
+    waiting = threading.Thread(target=reader._pause_point, daemon=True)
+    waiting.start()
+    try:
+        assert answers.acquire(timeout=5), "the first hold was never answered"
+        reader.release()
+        reader.hold()  # at once: the loop (it looks every 50 ms) never sees the release
+        assert answers.acquire(timeout=5), "a hold asked again right after a release was never answered"
+    finally:
+        reader.release()
+        waiting.join(timeout=5)
+    assert not waiting.is_alive(), "released, the reader did not leave its wait"

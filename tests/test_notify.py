@@ -227,6 +227,19 @@ def test_after_the_commit_a_crash_before_the_call_loses_the_message(lab):
     assert (seen["sent"], seen["received"], seen["delivered"]) == (0, 0, 0)
 
 
+@pytest.mark.parametrize("mode, undone", [
+    ("before-commit", "the transaction rolled back, the message stayed"),
+    ("after-commit", "the credit had committed, the offset had not: the record came back")])
+def test_the_why_of_a_repeated_message_says_what_the_crash_undid_in_each_mode(mode, undone):
+    """After the commit nothing rolled back: only the offset commit was lost (pure logic, no stack)."""
+    from webapp.readmodel.notifications import why
+    sends = [{"consumer": "c1", "generation": 3, "mode": mode, "keyed": False},
+             {"consumer": "c1", "generation": 5, "mode": mode, "keyed": False}]
+    sentence = why({"account_id": "acc-1", "event_id": "0123456789abcdef", "delivered": 2}, sends,
+                   ["c1 crashed at after-notify-before-commit"])
+    assert sentence.endswith(f"in between, c1 crashed at after-notify-before-commit: {undone}"), sentence
+
+
 def test_set_notification_refuses_bad_input_and_reads_back(lab):
     assert lab.post("/groups/payments/notification", {"notify": "sometimes"}, expect=400)["field"] == "notify"
     assert lab.post("/groups/nosuch/notification", {"notify": "off"}, expect=404)
@@ -253,6 +266,7 @@ def test_notifications_and_batch_mode_refuse_each_other(lab):
 EXERCISE = ROOT / "scenarios" / "13_external_notification_idempotency_key.yaml"
 
 
+@pytest.mark.long
 def test_the_exercise_passes_in_guided_mode(app_factory, agent, lab_name):
     """Each click is a `scenario.step` command the real agent carries out (webapp/scenarios/guided.py)."""
     app = app_factory(LAB_NAME=lab_name)

@@ -23,6 +23,15 @@ from webapp.domain.vocabulary import Limits
     ("reset_lab", {"partitions": Limits.PARTITIONS[1] + 1}, "partitions", "from 1 to 12"),
     ("arm_fault_proxy", {}, "drop_produce_responses", "both 0 disarms"),
     ("arm", {"consumer_id": 2**40}, "consumer_id", "whole number"),
+    # A raw record is bounded: its value, how many headers, each header's name and value.
+    ("produce_raw", {"value": "x" * (Limits.RAW_VALUE_CHARACTERS + 1)}, "value", "at most 131072 characters"),
+    ("produce_raw", {"headers": {f"h{i}": "v" for i in range(Limits.RAW_HEADERS + 1)}}, "headers",
+     "at most 32 headers"),
+    ("produce_raw", {"headers": {"n" * (Limits.RAW_HEADER_NAME_CHARACTERS + 1): "v"}}, "headers",
+     "longer than 256 characters"),
+    ("produce_raw", {"headers": "source: " + "v" * (Limits.RAW_HEADER_VALUE_CHARACTERS + 1)}, "headers",
+     "'source': its value is longer than 4096 characters"),
+    ("produce_raw", {"headers": {"": "no name"}}, "headers", "a header needs a name"),
 ])
 def test_bad_input_names_the_field_and_says_how_to_fix_it(name, body, field, words):
     with pytest.raises(ops.InvalidRequest) as raised:
@@ -64,3 +73,17 @@ def test_hooks_run_around_a_recorded_operation(monkeypatch):
                         [lambda ctx, op, args, token, result: seen.append(("after", token, result))])
     assert ops.run(op, ops.Context(engine=None, lab=None), ops.Args()) == {"done": True}
     assert seen == ["before", ("after", "token", {"done": True})]
+
+
+@pytest.mark.parametrize("setting, body, field", [
+    ("LAB_MAX_RECORD_VALUE_BYTES", {"value": "é" * 6}, "value"),             # 12 bytes, 6 characters
+    ("LAB_MAX_RECORD_HEADERS", {"value": "x", "headers": {f"h{i}": "v" for i in range(11)}}, "headers"),
+    ("LAB_MAX_RECORD_HEADER_BYTES", {"value": "x", "headers": {"source": "b" * 5}}, "headers"),
+])
+def test_a_raw_record_ceiling_set_in_the_environment_reaches_the_operation(app_factory, monkeypatch, setting, body,
+                                                                           field):
+    monkeypatch.setenv(setting, "10")
+    response = app_factory().test_client().post("/api/v1/produce-raw", json=body)
+    assert response.status_code == 400, response.get_data(as_text=True)
+    error = response.get_json()
+    assert error["field"] == field and setting in error["error"] and "10" in error["error"], error

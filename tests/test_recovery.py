@@ -126,18 +126,26 @@ def test_a_postgresql_restart_under_a_running_lab(stack, recovery_lab):
     lab.publish(account_id="acc-1", amount_cents=100, mode="burst", count=300)
     agent = stack.agent
 
-    stack.postgres.stop()  # mid-flight: the consumers are applying the burst
+    stack.postgres.stop()  # SIGINT to the postmaster, mid-flight: the consumers are applying the burst
     for path in ("/api/v1/state", "/", "/live", "/panels/verdict"):
         response = lab.client.get(path)
         assert response.status_code == 503, f"{path}: {response.status_code} {response.get_data(as_text=True)[:300]}"
         assert "database does not answer" in response.get_data(as_text=True) or path == "/", path
     body = lab.client.get("/api/v1/state").get_json()
     assert "recovers by itself" in body["error"]
+    # The status bar still answers, saying so (issue 29); /live names it so an open page asks for it.
+    assert body["services"][0]["part"] == "postgres" and body["services"][0]["up"] is False, body
+    assert lab.client.get("/live").get_json()["fingerprints"] == {"status": "database-unreachable"}
+    bar = lab.client.get("/panels/status")
+    assert bar.status_code == 200 and 'data-part="postgres"' in bar.get_data(as_text=True), bar.get_data(as_text=True)
+    assert "PostgreSQL is unreachable" in bar.get_data(as_text=True)
     assert lab.client.get("/healthz").status_code == 503
 
     stack.postgres.start()  # the same data directory and port
     wait_until(lambda: lab.client.get("/api/v1/state").status_code == 200, timeout=30,
                message="the web app did not answer again after PostgreSQL came back")
+    assert lab.state()["services"][0] == {"part": "postgres", "up": True, "sentence": "", "todo": ""}
+    assert 'data-part="postgres"' not in lab.client.get("/panels/status").get_data(as_text=True)
     wait_until(lambda: lab.client.get("/healthz").status_code == 200, timeout=30,
                message=lambda: f"the agent did not report again: {lab.client.get('/healthz').get_json()} "
                                f"{stack.agent_log()}")
@@ -160,6 +168,10 @@ def test_a_sigkilled_agent_its_consumers_go_and_the_dashboard_says_so(stack, rec
     dead_pid = lab.consumer(consumer_id)["pid"]
     dead.send_signal(signal.SIGKILL)
     dead.wait(timeout=10)
+    # Within 5 s of its death, the state API and the status bar say the agent is down (issue 29).
+    wait_until(lambda: next(p for p in lab.state()["services"] if p["part"] == "agent")["up"] is False
+               and 'data-agent="down"' in lab.client.get("/panels/status").get_data(as_text=True),
+               timeout=5, interval=0.25, message="the agent SIGKILLed, not shown down within 5 s")
     # The consumer notices its agent is gone and leaves; nothing runs it now.
     row = lab.wait_consumer(consumer_id, lambda c: c["state"] == "gone", "did not show as gone",
                             timeout=AGENT_FRESH_SECONDS + 5)
@@ -172,6 +184,7 @@ def test_a_sigkilled_agent_its_consumers_go_and_the_dashboard_says_so(stack, rec
     # A consumer too stuck to notice is the reaper's to mark gone, within 5 s of the next agent's
     # start: test_agent.py::test_the_reaper_fails_a_sigkilled_agents_commands_and_marks_its_consumers_gone.
     stack.start_agent()
+    assert next(p for p in lab.state()["services"] if p["part"] == "agent")["up"] is True
     timeline = lab.client.get("/panels/timeline").get_data(as_text=True)
     assert "k1" in timeline and "agent" in timeline and "died" in timeline, timeline
     # The lab works again through the new agent.

@@ -61,7 +61,7 @@ def test_every_exercise_is_there_and_well_formed():
 
 
 # Exercises whose size is the lesson (a million keys): a lab runs them as written (`flask --app app
-# scenario run 18`, README); the suite runs them scaled down (tests/test_dedup_scale.py), since the
+# scenario run 18`, docs/exercises); the suite runs them scaled down (tests/test_dedup_scale.py), since the
 # test stack caps synthetic keys.
 AT_BENCHMARK_SCALE = ("18_dedup_at_a_million_keys",)
 # Exercises run click by click in guided mode: the guided run drives the same runner, step by step
@@ -100,6 +100,7 @@ def test_built_in_scenario_runs_headless(request, app_factory, path):
 
 # --- record and replay ---------------------------------------------------------------------------
 
+@pytest.mark.long
 def test_a_session_driven_through_the_api_replays_to_the_same_verdict(scenario_app, lab, tmp_path):
     """A person's session (JSON API: start, arm, publish, restart) is recorded as it happens,
     exported as a scenario, and replayed against a fresh lab with the same verdict."""
@@ -239,6 +240,9 @@ def test_guided_pages_render_and_keep_progress_in_postgresql(scenario_app, agent
     run_page = response.headers["Location"]
     page = client.get(run_page).get_data(as_text=True)
     assert "Prepare a fresh lab" in page
+    # One screen: the action and what to watch in view, the story and the source texts folded.
+    assert page.index('id="next-step"') < page.index("data-what-to-watch") < page.index('<details class="panel narrative">')
+    assert '<details class="panel sources">' in page and "From the source texts" in page and "seed" not in page.lower()
     assert client.post(run_page + "/next", headers={"HX-Request": "true"}).status_code == 200
     # The step runs in a lab agent (or, until the agent knows the verb, in the request); the page
     # polls the run's row until it is free. A reload reads the progress back from PostgreSQL.
@@ -248,6 +252,9 @@ def test_guided_pages_render_and_keep_progress_in_postgresql(scenario_app, agent
     assert 'data-step="0"' in page and "Next step (1 of" in page, page
     live = client.get(run_page + "/live").get_data(as_text=True)
     assert "Expectations" in live and "Lane eventid" in live
+    # Nothing published yet and the run not finished: neutral marks and verdicts, never a red ✕.
+    assert 'data-mark="pending"' in live and 'data-mark="bad"' not in live and "✕" not in live, live
+    assert 'data-verdict-status="no-events"' in live and "headline bad" not in live, live
 
 
 def test_a_narrative_with_markup_is_shown_as_text(app):
@@ -402,6 +409,7 @@ def test_the_exercises_page_shows_each_seed_claim_with_its_exercise(client):
     assert "Check-then-act races" in html and "test_check_then_act_zombie_and_successor_both_apply" in html
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("path", GUIDED, ids=[p.stem for p in GUIDED])
 def test_the_new_and_rewritten_exercises_pass_in_guided_mode(scenario_app, app_factory, path):
     """Click by click, as a workshop does: each click is a `scenario.step` command the real agent

@@ -18,6 +18,8 @@ from webapp.scenarios import ScenarioError, built_in
 from webapp.scenarios.loader import ACTIONS, SETUP_KEYS, TOP_KEYS, Scenario, loads
 from webapp.scenarios.marks import MAX_DEPTH
 
+from support import ROOT
+
 SOURCE = "fuzz.yaml"
 # The same examples on every run (no example database in the checkout); a few seconds in all.
 FUZZ = settings(derandomize=True, database=None, deadline=None, max_examples=250,
@@ -104,6 +106,17 @@ def test_the_built_in_exercises_still_load():
         assert isinstance(load_or_located_error(text), Scenario), name
 
 
+def test_every_portuguese_quote_has_an_english_gloss_and_paraphrases_say_so():
+    """Source text 000 is in Portuguese: each of its quotes (not its SQL) carries an English gloss;
+    a source that paraphrases is marked, and the loader keeps both (the guided page shows them)."""
+    from webapp.scenarios import load
+    sources = [(path.stem, s) for path in built_in() for s in load(path).sources]
+    portuguese = [(name, s) for name, s in sources if s["seed"] == "pt" and not re.match(r"(INSERT|DELETE) ", s["quote"])]
+    assert portuguese and all(s["gloss"] for _, s in portuguese), [name for name, s in portuguese if not s["gloss"]]
+    assert sorted(name for name, s in sources if s["paraphrase"]) == ["05_source_duplicate_business_key",
+                                                                       "12_choice_of_key_payload_hash"]
+
+
 ALIAS_BOMB = "recorded:\n  a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
     f"  {this}: &{this} [{', '.join([f'*{previous}'] * 9)}]\n" for previous, this in zip("abcdefgh", "bcdefghi"))
 
@@ -123,3 +136,18 @@ def test_what_the_fuzzer_found_is_a_located_error(text, line, words):
     error = load_or_located_error(text)
     assert isinstance(error, ScenarioError) and error.line == line, str(error)
     assert words in str(error)
+
+
+def test_a_file_is_parsed_once_per_version_and_each_caller_gets_its_own_copy(tmp_path):
+    from webapp.scenarios.loader import _load, load
+    path = tmp_path / "mine.yaml"
+    builtin = sorted((ROOT / "scenarios").glob("*.yaml"))[0].read_text(encoding="utf-8")
+    path.write_text(builtin, encoding="utf-8")
+    first, second = load(path), load(path)
+    assert first == second and first is not second and first.steps[0] is not second.steps[0]
+    hits = _load.cache_info().hits
+    load(path)
+    assert _load.cache_info().hits == hits + 1, "the same version of the file was parsed again"
+    # Longer by a few bytes: a new version even within the file system's timestamp granularity.
+    path.write_text(builtin.replace(first.title, first.title + " (mine)", 1), encoding="utf-8")
+    assert load(path).title == first.title + " (mine)", "an edited file must be read again"

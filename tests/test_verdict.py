@@ -128,6 +128,33 @@ def test_an_old_status_resent_after_a_newer_one_does_not_move_the_expected_statu
     assert (account["status"], account["expected_status"]) == ("CLOSED", "CLOSED")
 
 
+def test_an_old_status_resent_after_a_newer_one_is_a_regression_not_a_harmless_reapplied_set(lab, log_reader):
+    start(lab)  # strategy none: a plain set, whatever its time
+    paid = lab.publish(type="set_status", account_id="acc-4", status="PAID")["records"][0]
+    closed = lab.publish(type="set_status", account_id="acc-4", status="CLOSED")["records"][0]
+    lab.wait_caught_up()
+    resent = lab.publish(mode="resend", event_id=paid["event_id"])["records"][0]
+    lab.wait_caught_up()
+    state = wait_verdict(lab, "anomalies", "the regressed status was never judged", statuses_mismatched=1,
+                         sets_regressed=1)
+    verdict = state["verdict"]
+    # Applied twice, but after CLOSED: not "the same value again".
+    assert (verdict["sets_reapplied"], verdict["reapplied_sets_regressed"], verdict["sets_reapplied_harmless"]) \
+        == (1, 1, 0), verdict
+    regression = next(a for a in verdict["anomalies"] if a["kind"] == "set-regressed")
+    p = resent["partition"]
+    assert regression["severity"] == "bad" and (regression["partition"], regression["offset"]) == (p, resent["offset"])
+    assert re.fullmatch(
+        rf"P{p}@{resent['offset']} \(status acc-4 = PAID\) was applied by c1 \(generation \d+, `none`\) after the "
+        rf"newer P{p}@{closed['offset']} \(status acc-4 = CLOSED\) had been: an older set written over a newer one, a "
+        r"regression, and nothing newer was applied since: the account keeps the older value — a set is idempotent, "
+        r"not commutative", regression["why"]), regression["why"]
+    assert not any(a["kind"] == "re-applied" for a in verdict["anomalies"]), verdict["anomalies"]
+    panel = lab.client.get("/panels/verdict").get_data(as_text=True)
+    assert re.search(r'class="bad"><dt>↶ Sets regressed[^<]*</dt><dd data-verdict="sets_regressed">1<', panel), panel
+    assert '<dd data-verdict="sets_reapplied_harmless">0<' in panel and regression["why"] in panel
+
+
 def test_why_a_double_credit_after_a_kill_at_after_effect_before_commit(lab, log_reader):
     c1 = start(lab)
     record = lab.crash_and_restart(c1, "after-effect-before-commit")
@@ -138,10 +165,13 @@ def test_why_a_double_credit_after_a_kill_at_after_effect_before_commit(lab, log
     [anomaly] = verdict["anomalies"]
     p, o = record["partition"], record["offset"]
     assert anomaly["kind"] == "applied-twice" and (anomaly["partition"], anomaly["offset"]) == (p, o)
-    assert re.fullmatch(
-        rf"P{p}@{o} was applied by c1 \(generation 1\); c1 was killed at after-effect-before-commit before its "
-        rf"offset commit; c1 rejoined \(generation 2\), offset {o} came back and `none` applied it again",
-        anomaly["why"]), anomaly["why"]
+    match = re.fullmatch(
+        rf"P{p}@{o} was applied by c1 \(generation (\d+)\); c1 was killed at after-effect-before-commit before "
+        rf"its offset commit; c1 rejoined the group \(generation (\d+)\), offset {o} came back and `none` applied "
+        r"it again", anomaly["why"])
+    assert match, anomaly["why"]
+    # The group's generations: the restarted process joined a later one than the killed one held.
+    assert int(match[2]) > int(match[1]), anomaly["why"]
     # The drill-down of that record tells the same sentence, and the verdict panel lists it.
     drill = lab.client.get(f"/records/{p}/{o}", headers={"HX-Request": "true"})
     assert drill.status_code == 200 and anomaly["why"] in drill.get_data(as_text=True)
@@ -192,10 +222,14 @@ def test_why_a_zombie_applies_again_under_check_then_act(lab, log_reader):
     state = wait_verdict(lab, "anomalies", "the zombie's second credit was never judged", duplicates_applied=1)
     [anomaly] = state["verdict"]["anomalies"]
     p, o = record["partition"], record["offset"]
-    assert re.fullmatch(
-        rf"P{p}@{o} was applied by s2 \(generation \d+\) while z1 was frozen at between-check-and-act holding it; "
-        r"z1 thawed and, a zombie of generation \d+, applied it again \(`check-then-act`\)", anomaly["why"]), \
-        anomaly["why"]
+    match = re.fullmatch(
+        rf"P{p}@{o} was applied by s2 \(generation (\d+)\) while z1 was frozen at between-check-and-act holding "
+        r"it; z1 thawed and, a zombie still in the group's generation (\d+), applied it again \(`check-then-act`\)",
+        anomaly["why"])
+    assert match, anomaly["why"]
+    # The group's generation, not each consumer's count of assignments (which says 1 for both): the
+    # zombie's is the stale one it was frozen in, the successor's the rebalance that followed.
+    assert int(match[2]) < int(match[1]), anomaly["why"]
 
 
 def test_a_consumer_blocked_by_a_frozen_zombies_lock_says_so(app, lab, log_reader):

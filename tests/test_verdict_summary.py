@@ -192,7 +192,7 @@ class World:
         what = self.rng.randrange(7)
         if what == 0:
             # a payment no record explains, for an event a consumer may deliver later (or did)
-            events = [r["event_id"] for r in self.records if r["valid"]] or [str(uuid.uuid4())]
+            events = [r["event_id"] for r in self.records if r["valid"]] or [str(uuid.UUID(int=self.rng.getrandbits(128)))]
             self.pay(schema, self.rng.choice(events), "tx-by-hand", "acc-1")
         elif what == 1:
             self.sql(schema, "DELETE FROM {s}.payments WHERE id = (SELECT min(id) FROM {s}.payments)")
@@ -206,8 +206,10 @@ class World:
         elif what == 5 and self.rng.random() < 0.3:
             self.sql(schema, "TRUNCATE {s}.payments")
         elif what == 6:
+            # A record picked by the seed, not by the server's random(): the same seed, the same world.
             self.sql(self.lab, 'DELETE FROM {s}.log_records WHERE (partition, "offset") = '
-                     '(SELECT partition, "offset" FROM {s}.log_records ORDER BY random() LIMIT 1)')
+                     '(SELECT partition, "offset" FROM {s}.log_records ORDER BY partition, "offset" '
+                     'OFFSET floor(%s * (SELECT count(*) FROM {s}.log_records))::bigint LIMIT 1)', [self.rng.random()])
 
     # the agent's offset snapshot: forward, and back (a reset)
     def commit(self) -> None:
@@ -278,7 +280,8 @@ def assert_the_applied_twice_listed_agree(engine, lab: str, schema: str, applied
 DIVERGENCES_SEEN: set[str] = set()
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+@pytest.mark.long
+@pytest.mark.parametrize("seed", [1, 2, 3, 5])
 def test_the_summaries_agree_with_the_verdict_after_every_change(engine, schemas, only_this_folder, seed):
     folder = only_this_folder
     lab, lane = schemas

@@ -1,6 +1,7 @@
 // The expected-vs-actual chart. It keeps one uPlot canvas for the life of the page: on each
 // "refresh" event (sent by live.js when the chart's fingerprint changed) it fetches the series
-// as JSON and calls setData, so refreshing never flickers or jumps. Lines differ by dash as
+// as JSON, on a "chart-data" event (pushed: live.js hands it the series) it takes that, and calls
+// setData, so refreshing never flickers or jumps. Lines differ by dash as
 // well as by colour (Okabe-Ito), so they read the same to colourblind eyes and in greyscale.
 (function () {
   "use strict";
@@ -62,29 +63,33 @@
       loading = true;
       fetch(panel.dataset.src, { headers: { Accept: "application/json" }, cache: "no-store" })
         .then(function (response) { return response.json(); })
-        .then(function (data) {
-          panel.dataset.fingerprint = data.fingerprint;
-          empty.hidden = data.x.length > 0;
-          // A slow series (millions of records) comes from its last load while the next one runs.
-          // Shown from a second on, as the panels' note (dashboard/panels/_frame.html).
-          stale.hidden = data.stale_for == null || data.stale_for < 1;
-          if (!stale.hidden) {
-            stale.textContent = "Updating: this shows the lab as it was " + Math.floor(data.stale_for) +
-              " s ago (one load of this chart takes " + data.took.toFixed(1) + " s at this size).";
-          }
-          var names = data.series.map(function (s) { return s.label; }).join("|");
-          if (!plot || names !== labels) {
-            labels = names;
-            build(data);
-          } else {
-            plot.setData([data.x].concat(data.series.map(function (s) { return s.values; })));
-          }
-        })
+        .then(show)
         .catch(function () { /* the next fingerprint change retries */ })
         .finally(function () { loading = false; });
     }
 
+    function show(data) {
+      panel.dataset.fingerprint = data.fingerprint;
+      empty.hidden = data.x.length > 0;
+      // A slow series (millions of records) comes from its last load while the next one runs.
+      // Shown from a second on, as the panels' note (dashboard/panels/_frame.html).
+      stale.hidden = data.stale_for == null || data.stale_for < 1;
+      if (!stale.hidden) {
+        stale.textContent = "Updating: this shows the lab as it was " + Math.floor(data.stale_for) +
+          " s ago (one load of this chart takes " + data.took.toFixed(1) + " s at this size).";
+      }
+      var names = data.series.map(function (s) { return s.label; }).join("|");
+      if (!plot || names !== labels) {
+        labels = names;
+        build(data);
+      } else {
+        plot.setData([data.x].concat(data.series.map(function (s) { return s.values; })));
+      }
+    }
+
     panel.addEventListener("refresh", load);
+    // Pushed (static/js/live.js): the series itself, rendered once for every viewer of the lab.
+    panel.addEventListener("chart-data", function (event) { show(event.detail); });
     new ResizeObserver(function () {
       if (plot && box.clientWidth) plot.setSize({ width: box.clientWidth, height: HEIGHT });
     }).observe(box);

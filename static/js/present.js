@@ -37,9 +37,33 @@
       method: "POST",
       headers: { "X-CSRFToken": csrfToken(), "HX-Request": "true" },
       credentials: "same-origin"
+    }).then(function (response) {
+      if (!response.ok) {
+        return response.text().then(function (html) {
+          // A refusal says why on its error page (a lab viewed read-only, say): show it, not nothing.
+          var page = new DOMParser().parseFromString(html, "text/html");
+          var why = page.querySelector(".error-page p, [data-guide-error]");
+          refused("The next step was refused (HTTP " + response.status + ")"
+                  + (why ? ": " + why.textContent.trim() : "."));
+        });
+      }
+    }).catch(function () {
+      refused("The next step did not reach the server.");
     }).finally(function () {
       if (window.labLive) window.labLive.pollNow();
     });
+  }
+
+  function refused(message) {
+    var box = guide();
+    if (box) box.dataset.busy = "false";  // nothing runs: the key may be pressed again
+    var notices = document.getElementById("notices");
+    if (!notices) return;
+    var notice = document.createElement("p");
+    notice.className = "notice bad";
+    notice.setAttribute("role", "alert");
+    notice.textContent = "✕ " + message;
+    notices.replaceChildren(notice);
   }
 
   function toggleSql() {
@@ -50,7 +74,8 @@
   document.addEventListener("DOMContentLoaded", function () {
     showNotes();
     document.body.addEventListener("htmx:afterSwap", function (event) {
-      if (event.detail.target.classList.contains("present-guide-slot")) showNotes();
+      var target = event.detail.target;  // none in a pushed panel's swap (the SSE extension)
+      if (target && target.classList.contains("present-guide-slot")) showNotes();
     });
     document.addEventListener("keydown", function (event) {
       if (event.altKey || event.ctrlKey || event.metaKey) return;

@@ -81,6 +81,7 @@ def test_publish_from_the_form_and_see_the_cell_appear(dashboard_url, browser_pa
     expect(dialog).to_be_hidden()
 
 
+@pytest.mark.long
 def test_double_credit_under_none_then_absorbed_under_eventid_atomic(dashboard_url, browser_page):
     from playwright.sync_api import expect
     page = browser_page
@@ -100,7 +101,9 @@ def test_double_credit_under_none_then_absorbed_under_eventid_atomic(dashboard_u
     form.locator("[name=group]").select_option("payments")
     form.locator("[name=strategy]").select_option("eventid-atomic")
     form.get_by_role("button", name="Switch").click()
-    expect(page.locator("#form-strategy .banner.ok")).to_contain_text("now uses eventid-atomic")
+    # The switch waits for the running consumers to acknowledge it (settings_changes.settle) and
+    # for the agent: seconds on a loaded machine, not the 5 s of expect's default.
+    expect(page.locator("#form-strategy .banner.ok")).to_contain_text("now uses eventid-atomic", timeout=30_000)
     expect(page.locator("#panel-sql .tab.current")).to_have_text("eventid-atomic", timeout=5_000)
 
     card = page.locator("#panel-consumers [data-consumer]").last
@@ -200,10 +203,11 @@ def test_a_raw_record_to_a_partition_the_topic_lacks_is_refused_in_place(dashboa
 def test_a_panel_served_stale_says_so_and_the_page_fetches_it_again(serve_app, lab, browser_page):
     """At scale a slow panel answers from its last load (here every load counts as slow): the page
     shows the note with that load's fingerprint, asks again on the next poll, and ends on the new
-    state with the note gone."""
+    state with the note gone. The polling page (LIVE_PUSH=0, as the fallback): a pushed one gets
+    the fresh load within a quarter second, before the note shows (it shows from one second on)."""
     from playwright.sync_api import expect
     page = browser_page
-    page.goto(serve_app(LIVE_STALE_AFTER_SECONDS=1e-9))
+    page.goto(serve_app(LIVE_STALE_AFTER_SECONDS=1e-9, LIVE_PUSH=0))
     expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
     expected = page.locator('#panel-accounts tr[data-account="acc-2"] [data-expected]')
     publish(page, "acc-2", "31.00")
@@ -212,3 +216,27 @@ def test_a_panel_served_stale_says_so_and_the_page_fetches_it_again(serve_app, l
     screenshot(page, "dashboard-stale-panels")  # the whole page: the panel may swap itself meanwhile
     expect(expected).to_have_text("31.00", timeout=15_000)
     expect(page.locator("#panel-accounts [data-stale]")).to_have_count(0, timeout=15_000)
+
+
+def test_a_panel_under_a_pressed_pointer_waits_for_the_release_before_it_refreshes(dashboard_url, browser_page, lab):
+    """A click is a press and a release on one element: a refresh swapped in between loses it."""
+    from playwright.sync_api import expect
+    page = browser_page
+    page.goto(dashboard_url)
+    panel = page.locator("#panel-partitions")
+    expect(panel).to_have_attribute("data-fingerprint", re.compile(".+"))
+    page.evaluate("""() => {
+        const panel = document.getElementById('panel-partitions');
+        panel.dataset.pressedMarker = 'old';
+        panel.querySelector('h2').dispatchEvent(new PointerEvent('pointerdown', {bubbles: true}));
+    }""")
+    before = panel.get_attribute("data-fingerprint")
+    lab.credit("acc-1", 100)
+    # The page learns the panel is stale and holds it rather than swap it under the pointer.
+    page.evaluate("window.labLive.pollNow()")
+    expect(panel).to_have_attribute("data-held", "pointer", timeout=15_000)
+    assert panel.get_attribute("data-pressed-marker") == "old", "the panel was swapped under a pressed pointer"
+    page.evaluate("document.getElementById('panel-partitions').dispatchEvent("
+                  "new PointerEvent('pointerup', {bubbles: true}))")
+    expect(panel).not_to_have_attribute("data-pressed-marker", "old", timeout=5_000)
+    expect(panel).not_to_have_attribute("data-fingerprint", before)

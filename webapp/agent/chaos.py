@@ -7,9 +7,10 @@ group's members) on one group:
 - ``restart``: a graceful stop and a start;
 - ``terminate-sessions``: ``pg_terminate_backend`` on the consumer's effects session (named by its
   ``application_name``): its transaction rolls back, it reconnects;
-- ``cut-connections``: the fault proxy closes the consumer's and the lab producer's broker
-  connections (their Kafka client ids); librdkafka reconnects. Only where the broker advertises
-  the proxy to every client (``make run``); elsewhere the action says it cannot and does nothing.
+- ``cut-connections``: the fault proxy closes the consumer's and the lab's producers' broker
+  connections (their Kafka client ids, both naming the lab: no other lab's client is cut);
+  librdkafka reconnects. Only where the broker advertises the proxy to every client
+  (``make run``); elsewhere the action says it cannot and does nothing.
 
 Signals go through the command channel to the consumer's owning agent (this one, or another),
 as a click does, so the pool is only ever touched by an agent's main loop. Every action, and
@@ -30,7 +31,6 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..store import command_channel
-from ..kafka.config import PRODUCER_CLIENT_ID
 from ..domain import chaos as plan
 from ..domain.lab import Lab
 from ..domain.vocabulary import FAULT_PROXY_FRESH_SECONDS
@@ -205,9 +205,9 @@ class ChaosRunner(threading.Thread):
         return "done", f"pg_terminate_backend ended its effects session ({ended}): its transaction rolled back"
 
     def _cut_connections(self, action: plan.ChaosAction, row: consumer_rows.Row) -> tuple[str, str]:
-        clients = [self.lab.client_id(row.name), PRODUCER_CLIENT_ID]
+        clients = [self.lab.client_id(row.name), self.lab.producer_client_id]
         with self.engine.begin() as conn:
-            version = faultproxies.cut(conn, FAULT_PROXY, clients, FAULT_PROXY_FRESH_SECONDS)
+            version = faultproxies.cut(conn, FAULT_PROXY, self.lab.name, clients, FAULT_PROXY_FRESH_SECONDS)
             if version is not None:
                 faultproxies.notify(conn, FAULT_PROXY_CHANNEL, FAULT_PROXY)
         if version is None:
@@ -216,7 +216,7 @@ class ChaosRunner(threading.Thread):
         deadline = time.monotonic() + CUT_TIMEOUT
         while time.monotonic() < deadline:
             with self.engine.connect() as conn:
-                if faultproxies.connections_cut(conn, FAULT_PROXY, version) is not None:
+                if faultproxies.connections_cut(conn, FAULT_PROXY, self.lab.name, version) is not None:
                     return "done", ("the fault proxy closed the broker connections of " + " and ".join(clients)
                                     + " that pass through it; librdkafka reconnects")
             time.sleep(0.05)

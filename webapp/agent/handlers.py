@@ -14,7 +14,7 @@ from confluent_kafka import KafkaException
 
 from ..store import command_channel
 from .. import strategies
-from ..kafka.admin import OffsetReset, alter_offsets, target_offsets
+from ..kafka.admin import OffsetReset, alter_offsets, committed_offsets, target_offsets
 from ..kafka.config import producer_config
 from ..kafka import producer
 from ..domain.lab import Lab
@@ -22,8 +22,11 @@ from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY
 from ..logreader import wait_mirrored
 from ..domain.waits import WaitTimeout, wait_until
 from ..store import consumers as consumer_rows
+from ..store import group_health
+from ..domain.group_health import SESSION_TIMEOUT_MS
 from . import chaos, setup
 from .load import RUNS as LOAD_RUNS, start_load
+from .warmup import RUNS as WARMUP_RUNS, start_warmup
 from .periodic import snapshot_offsets
 from .prune import drop
 from .processes import STOP_TIMEOUT, NotRunning
@@ -81,7 +84,9 @@ def ensure_lab(agent: AgentContext, lab: Lab, args: dict) -> dict:
 
 def quiesce(agent: AgentContext, lab: Lab) -> None:
     """Stop what writes into a lab's topic and tables before they are deleted: its consumers (on
-    whichever agent runs them) and a running load (it would produce into the topic being deleted)."""
+    whichever agent runs them), a running load (it would produce into the topic being deleted) and a
+    running dedup warm-up (it would insert into the tables being deleted); close the agent's
+    producers of the lab."""
     with agent.engine.connect() as conn:
         rows = consumer_rows.live(conn, lab.name)
     for row in rows:
@@ -89,6 +94,8 @@ def quiesce(agent: AgentContext, lab: Lab) -> None:
     for row in rows:
         agent.pool.forget(row.id)
     LOAD_RUNS.stop(lab)
+    WARMUP_RUNS.stop(lab)
+    agent.publisher.forget(lab)
 
 
 def reset_lab(agent: AgentContext, lab: Lab, args: dict) -> dict:
@@ -96,23 +103,17 @@ def reset_lab(agent: AgentContext, lab: Lab, args: dict) -> dict:
     partitions = _partitions(args)
     quiesce(agent, lab)
     # librdkafka crashes a consumer whose assigned topic is deleted (BROKER.md): the log reader is
-    # stopped around the topics' re-creation and started again after, rather than left to crash.
-    agent.log_mirror.stop()
-    try:
+    # held off Kafka (its consumer closed) around the topics' re-creation, rather than left to crash.
+    with agent.log_mirror.held():
         return setup.recreate(agent.engine, agent.admin, lab, partitions)
-    finally:
-        agent.log_mirror.ensure(now=True)
 
 
 def drop_lab(agent: AgentContext, lab: Lab, args: dict) -> dict:
     """The agent's ``lab.drop``: stop the lab's consumers and load, hold the log reader off, drop it."""
     quiesce(agent, lab)
     # librdkafka crashes a reader whose assigned topic is deleted (BROKER.md): hold it off meanwhile.
-    agent.log_mirror.stop()
-    try:
+    with agent.log_mirror.held():
         return drop(agent.engine, agent.admin, lab)
-    finally:
-        agent.log_mirror.ensure(now=True)
 
 
 def publish(agent: AgentContext, lab: Lab, args: dict) -> dict:
@@ -127,7 +128,8 @@ def publish(agent: AgentContext, lab: Lab, args: dict) -> dict:
 
 def produce_raw(agent: AgentContext, lab: Lab, args: dict) -> dict:
     """One record exactly as typed, to the lab's topic, like any other Kafka client would write it."""
-    config = producer_config(agent.producer_bootstrap_servers, bool(args.get("idempotent", True)))
+    config = producer_config(agent.producer_bootstrap_servers, bool(args.get("idempotent", True)),
+                             client_id=lab.producer_client_id)
     try:
         record = producer.produce_raw(config, lab.topic, args.get("key"), args.get("value"),
                                       headers=args.get("headers"), partition=args.get("partition"))
@@ -269,8 +271,9 @@ def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
         on_own_or_remote(agent, lab, row, "consumer.stop")
     agent.say(lab, "offsets-reset", f"stopped {len(members)} consumer(s) of {group_id}: Kafka moves a "
               "group's offsets only while the group is empty", group=group_id)
+    kafka_group_id = group_health.kafka_group_id(agent.conn.execute, lab, group_id)
     try:
-        targets = target_offsets(agent.admin, group_id, lab.topic, reset)
+        targets = target_offsets(agent.admin, kafka_group_id, lab.topic, reset)
     except ValueError as error:
         raise CommandRejected(str(error)) from None
     # A killed member stays in the group until its session times out: retry until empty.
@@ -278,7 +281,7 @@ def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
 
     def altered() -> bool:
         try:
-            alter_offsets(agent.admin, group_id, lab.topic, targets)
+            alter_offsets(agent.admin, kafka_group_id, lab.topic, targets)
             return True
         except KafkaException as error:
             last_error[:] = [str(error)]
@@ -298,7 +301,104 @@ def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
             "restarted": [row.id for row in members]}
 
 
+# How long recovery waits for the broker to assign the restarted members before it moves the group:
+# fresh members that all poll are assigned within a session timeout on a working broker (the first
+# join on Tansu waits about half of it, BROKER.md); twice that leaves room for one more rebalance.
+RECOVERY_ASSIGNMENT_WAIT = 2 * SESSION_TIMEOUT_MS / 1000
+
+
+def _assigned(agent: AgentContext, lab: Lab, group_id: str) -> tuple[list[int], int]:
+    """The partitions the group's live members report, and the topic's partition count."""
+    with agent.engine.connect() as conn:
+        members = consumer_rows.live(conn, lab.name, group_id)
+    ids = [row.id for row in members]
+    assigned = set()
+    if ids:
+        for (partitions,) in agent.conn.execute(
+                f"SELECT assigned FROM {consumer_rows.consumers.fullname} WHERE id = ANY(%s) AND state = 'running'",
+                [ids]).fetchall():
+            assigned.update(partitions or [])
+    row = agent.conn.execute(f'SELECT value FROM "{lab.schema}".settings WHERE key = %s', ["partitions"]).fetchone()
+    return sorted(assigned), int(row[0]) if row else DEFAULT_PARTITIONS
+
+
+def _wait_assigned(agent: AgentContext, lab: Lab, group_id: str, timeout: float) -> bool:
+    """Whether the group's members report every partition assigned within ``timeout`` seconds."""
+    def every_partition() -> bool:
+        assigned, partitions = _assigned(agent, lab, group_id)
+        return len(assigned) >= partitions
+    try:
+        wait_until(every_partition, timeout=timeout, interval=0.25, message="not assigned")
+        return True
+    except WaitTimeout:
+        return False
+
+
+def _restart_members(agent: AgentContext, lab: Lab, members: list[consumer_rows.Row]) -> None:
+    """Stop every member first (each leaves the group), then start them all: one rebalance, not one each."""
+    for row in members:
+        on_own_or_remote(agent, lab, row, "consumer.stop")
+    for row in members:
+        on_own_or_remote(agent, lab, row, "consumer.restart")
+
+
+def recover_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
+    """Recover a group the broker does not assign: restart its members; if the broker still assigns
+    them nothing within RECOVERY_ASSIGNMENT_WAIT, move the group to a fresh Kafka group id with its
+    committed offsets (read from the wedged group, committed for the new id while it is empty, before
+    any member starts), and start them there. Every step is said on the timeline and in the result."""
+    group_id = lab.group_id(str(args.get("group") or ""))
+    exists = agent.conn.execute(f'SELECT 1 FROM "{lab.schema}".consumer_groups WHERE group_id = %s',
+                                [group_id]).fetchone()
+    if exists is None:
+        raise LookupError(f"no group {group_id} in lab {lab.name}")
+    with agent.engine.connect() as conn:
+        members = consumer_rows.live(conn, lab.name, group_id)
+    if not members:
+        raise CommandRejected(f"group: group {group_id} has no live member to recover: start a consumer in it")
+    why = "automatically, stalled past its threshold" if args.get("automatic") else "on request"
+    group_health.start_recovery(agent.conn.execute, lab, group_id)
+    steps: list[str] = []
+    _restart_members(agent, lab, members)
+    steps.append(f"restarted {len(members)} member(s): {', '.join(row.name for row in members)}")
+    agent.say(lab, "recovery", f"recovering {group_id} ({why}): {steps[-1]}", group=group_id)
+    old_id = group_health.kafka_group_id(agent.conn.execute, lab, group_id)
+    if _wait_assigned(agent, lab, group_id, RECOVERY_ASSIGNMENT_WAIT):
+        steps.append(f"the broker assigned every partition within {RECOVERY_ASSIGNMENT_WAIT:g} s")
+        agent.say(lab, "recovery", f"{group_id} recovered by the restart: {steps[-1]}", group=group_id)
+        return {"group_id": group_id, "kafka_group_id": old_id, "moved": False, "steps": steps, "assigned": True}
+    # The broker keeps the group in a rebalance it does not finish (Tansu, BROKER.md): leave it behind.
+    with agent.engine.connect() as conn:
+        members = consumer_rows.live(conn, lab.name, group_id)
+    for row in members:
+        on_own_or_remote(agent, lab, row, "consumer.stop")
+    try:
+        offsets = {p: o for p, o in committed_offsets(agent.admin, old_id, lab.topic).items() if o is not None}
+        new_id = lab.moved_group_id(group_id, Lab.moves_of(old_id, group_id) + 1)
+        alter_offsets(agent.admin, new_id, lab.topic, offsets)
+    except KafkaException as error:
+        for row in members:
+            on_own_or_remote(agent, lab, row, "consumer.restart")
+        raise CommandRejected(f"group: could not carry {group_id}'s committed offsets over: {error}") from None
+    group_health.move_group(agent.conn.execute, lab, group_id, new_id)
+    carried = ", ".join(f"P{p}@{o}" for p, o in sorted(offsets.items())) or "none committed yet"
+    steps.append(f"the broker assigned nothing within {RECOVERY_ASSIGNMENT_WAIT:g} s: moved the group from Kafka "
+                 f"group id {old_id} to {new_id}, committed offsets carried over ({carried})")
+    agent.say(lab, "recovery", f"{group_id}: {steps[-1]}", group=group_id, kafka_group_id=new_id,
+              offsets={str(p): o for p, o in offsets.items()})
+    snapshot_offsets(agent.conn, agent.admin, lab)
+    for row in members:
+        on_own_or_remote(agent, lab, row, "consumer.restart")
+    assigned = _wait_assigned(agent, lab, group_id, RECOVERY_ASSIGNMENT_WAIT)
+    steps.append(f"restarted {len(members)} member(s) in {new_id}: "
+                 + ("every partition assigned" if assigned else "not every partition assigned yet"))
+    agent.say(lab, "recovery", f"{group_id}: {steps[-1]}", group=group_id)
+    return {"group_id": group_id, "kafka_group_id": new_id, "moved": True, "offsets": {str(p): o for p, o in offsets.items()},
+            "steps": steps, "assigned": assigned}
+
+
 HANDLERS: dict[str, Handler] = {
+    "group.recover": recover_group,
     "publish": publish,
     "produce.raw": produce_raw,
     "consumer.start": start_consumer,
@@ -313,4 +413,5 @@ HANDLERS: dict[str, Handler] = {
     "lab.drop": drop_lab,
     "chaos.start": chaos.start,
     "load.start": start_load,
+    "dedup.warmup": start_warmup,
 }

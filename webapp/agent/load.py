@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 from confluent_kafka import Producer
 
-from ..store import timeline
+from ..store import heavy_jobs, timeline
 from ..store.connection import connect
 from ..domain.lab import Lab
 from ..kafka.config import producer_config
@@ -37,7 +37,6 @@ REPORT_EVERY = 0.5          # seconds between progress rows (and cancel checks)
 BATCH = 1000                # records produced between rate and cancel checks
 RECENT = 10_000             # events a resend or a source duplicate is drawn from
 MAX_AMOUNT_CENTS = 10_000
-ACTIVE_STATES = ("starting", "running")
 # Batched for throughput: the log mirror reads every record whatever its batch, and the log end
 # comes from the mirror, never from the broker's high watermark (BROKER.md).
 LOAD_PRODUCER = {"linger.ms": 20, "batch.num.messages": 10_000, "queue.buffering.max.messages": 200_000,
@@ -142,7 +141,8 @@ class LoadRun(threading.Thread):
             conn.close()
 
     def _produce(self, conn: psycopg.Connection) -> tuple[str, str | None]:
-        producer = Producer({**producer_config(self.bootstrap_servers, True), **LOAD_PRODUCER})
+        producer = Producer({**producer_config(self.bootstrap_servers, True, client_id=self.lab.producer_client_id),
+                             **LOAD_PRODUCER})
         source = EventSource(self.spec)
         started = last_report = time.monotonic()
         sent_at_report = 0
@@ -205,9 +205,10 @@ class LoadRuns:
         """Create the accounts the load needs (in the lab and every lane), the run's row, and start it."""
         with conn.transaction():
             schema.enter_psycopg(conn, lab.schema)
-            if conn.execute("SELECT 1 FROM load_runs WHERE state = ANY(%s) AND updated_at > now() - interval '10 seconds'",
-                            [list(ACTIVE_STATES)]).fetchone() or self.running(lab):
-                raise ValueError("events: a load is running in this lab; cancel it first")
+            heavy_jobs.lock(conn.execute, lab.schema)
+            job = heavy_jobs.running(conn.execute) or (("load", 0, 0) if self.running(lab) else None)
+            if job is not None:  # one heavy job per lab: a load, or a dedup warm-up (webapp/agent/warmup.py)
+                raise ValueError(f"busy: {heavy_jobs.describe(job)}")
             lanes = [name for (name,) in conn.execute(
                 "SELECT schema_name FROM information_schema.schemata WHERE schema_name = %s OR schema_name LIKE %s",
                 [lab.schema, f"{lab.schema}\\_\\_%"])]

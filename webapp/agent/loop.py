@@ -24,7 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..store import command_channel, timeline
 from ..kafka.admin import admin_client
 from ..kafka import producer
-from ..settings import load_config
+from ..settings import auto_recover_groups, load_config
 from ..store.connection import connect, sqlalchemy_url
 from ..domain.lab import Lab
 from ..store.labs import ensure_control_schema
@@ -33,13 +33,15 @@ from ..store.commands import CHANNEL, Claimed
 from ..store import schema
 from ..domain.waits import WaitTimeout
 from ..store import consumers as consumer_rows
+from ..store import group_health
 from . import chaos, queue
 from .handlers import HANDLERS, CommandRejected, Handler
 from .dedup_sampler import DedupSampler
 from .load import RUNS as LOAD_RUNS
+from .warmup import RUNS as WARMUP_RUNS
 from .periodic import Heartbeat, Housekeeping, SummaryFolder
 from .notify_service import URL_VARIABLE as NOTIFY_URL, notification_service
-from .processes import Pool, Sidecar, truthy
+from .processes import Pool, Sidecar
 from .relays import RelayKeeper
 
 log = logging.getLogger("idempotency_lab.agent")
@@ -55,7 +57,7 @@ def new_agent_id(host: str, pid: int) -> str:
 
 class Agent:
     def __init__(self, database_url: str, bootstrap_servers: str, producer_bootstrap_servers: str | None = None,
-                 data_dir: str = ".lab", log_to_stdout: bool = False):
+                 data_dir: str = ".lab", log_to_stdout: bool = False, auto_recover: bool = False):
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.id = new_agent_id(self.host, self.pid)
         self.stopping = False
@@ -73,6 +75,7 @@ class Agent:
         self.pool = Pool(database_url, bootstrap_servers, data_dir, log_to_stdout)
         self.heartbeat = Heartbeat(database_url, bootstrap_servers, self.id, self.host, self.pid)
         self.housekeeping = Housekeeping(self.conn)
+        self.auto_recover = auto_recover  # LAB_AUTO_RECOVER_GROUPS: recover stalled groups without being asked
         # Dedup tables at scale (issue 14): sizes and probe insert latency, on a thread of its own.
         self.dedup_sampler = DedupSampler(database_url, loading=LOAD_RUNS.labs)
         # The verdict's running summaries (webapp/summary/fold.py), folded on a thread of their own.
@@ -80,7 +83,7 @@ class Agent:
         # The log mirror (the lab's ground truth: every record of every lab topic), kept running.
         self.log_mirror = Sidecar("log reader", "webapp.logreader",
                                   {**os.environ, "DATABASE_URL": database_url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers},
-                                  self.pool.log_dir, log_to_stdout)
+                                  self.pool.log_dir, log_to_stdout, holdable=True)
         # The notification service (the external side effect): a sidecar too, unless LAB_NOTIFY_URL names one.
         self.notify_service, self.pool.env[NOTIFY_URL] = notification_service(database_url, self.pool.log_dir,
                                                                              log_to_stdout)
@@ -165,6 +168,25 @@ class Agent:
         self.relays.tick()
         self.reap_children()
         self.housekeeping.run(self.admin, broker_ok=self.heartbeat.kafka_error is None)
+        self.watch_groups()
+
+    def watch_groups(self) -> None:
+        """Each lab's groups: a stall and a recovery written once to the timeline (store/group_health.py);
+        with automatic recovery on, a group stalled past its threshold recovered (at most once per
+        threshold, so a broker that refuses the group again is not hammered)."""
+        for lab in self.housekeeping.known_labs():
+            try:
+                stalled = group_health.write_transitions(self.conn.execute, lab)
+                for health, row in stalled if self.auto_recover else ():
+                    started = row["recovery_started_at"]
+                    if started is not None and (row["now"] - started).total_seconds() < health.stall_after:
+                        continue
+                    HANDLERS["group.recover"](self, lab, {"group": health.group_id, "automatic": True})
+            except (psycopg.Error, KafkaException, LookupError, ValueError) as problem:
+                # A lab dropped meanwhile, PostgreSQL or the broker away: looked at again next tick.
+                log.warning("lab %s: group health: %s", lab.name, str(problem).splitlines()[0] if str(problem) else problem)
+                if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    self.conn.rollback()
 
     def run(self) -> int:
         try:
@@ -181,6 +203,10 @@ class Agent:
                     self.tick()
                     while not self.stopping and (command := queue.claim(self.engine, self.id)) is not None:
                         self.carry_out(command)
+                        # Between two commands too: a class's stream of commands must not hold off
+                        # the reaping of exited consumers, the committed offsets and group health
+                        # (bench/classroom.py at 30: minutes without a tick, guided waits gave up).
+                        self.tick()
                     for _ in self.conn.notifies(timeout=0.25, stop_after=1):
                         pass
                 except (psycopg.OperationalError, SQLAlchemyError) as error:
@@ -229,6 +255,7 @@ class Agent:
         how each ended, fail what was still addressed to us, remove our row."""
         try:
             LOAD_RUNS.stop_all()
+            WARMUP_RUNS.stop_all()
             self.dedup_sampler.stop()
             self.summary_folder.stop()
             self.log_mirror.stop()
@@ -259,7 +286,7 @@ def main(extra_handlers: Mapping[str, Handler] | None = None) -> int:
         HANDLERS.setdefault(verb, handler)
     agent = Agent(config["DATABASE_URL"], config["KAFKA_BOOTSTRAP_SERVERS"],
                   config["KAFKA_PRODUCER_BOOTSTRAP_SERVERS"], config["LAB_DATA_DIR"],
-                  log_to_stdout=truthy(os.environ.get("LAB_LOG_TO_STDOUT")))
+                  log_to_stdout=config["LAB_LOG_TO_STDOUT"], auto_recover=auto_recover_groups(config))
 
     def on_term(signum, frame):
         if agent.stopping:

@@ -2,8 +2,8 @@
 
 On a thread of its own, with its own database connection, so it keeps going while the main loop
 carries out a long command (a group reset waits up to 20 s for the group to empty):
-- the heartbeat: the agent's row every half second, the leases of the commands it runs, and the
-  reaper's round (queue.py);
+- the heartbeat: the agent's row and the leases of the commands it runs every half second, the
+  reaper's round (queue.py) every 1.5 s;
 - a look at the broker every second (its own thread: an unanswered metadata request may block for
   its timeout, and must not delay the heartbeat);
 - the running summaries' folder (its own thread and connection: a first build at millions of
@@ -25,7 +25,7 @@ from confluent_kafka import KafkaException
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..kafka.admin import admin_client, broker_error, committed_offsets
+from ..kafka.admin import admin_client, broker_error, committed_offsets_of
 from ..store import timeline
 from ..strategies import ttl
 from ..summary import fold
@@ -39,6 +39,7 @@ from .queue import LEASE_SECONDS, Reaper
 log = logging.getLogger("idempotency_lab.agent")
 
 BEAT_EVERY = 0.5
+REAP_EVERY_BEATS = 3  # the reaper's round every 1.5 s
 PROBE_EVERY = 1.0
 TICK = 1.0
 
@@ -55,6 +56,7 @@ class Heartbeat:
         self.kafka_error: str | None = "not checked yet"
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._beats = 0
 
     def start(self) -> None:
         """Reconcile the rows of a dead agent that had our host and pid, report ourselves, then beat."""
@@ -72,11 +74,18 @@ class Heartbeat:
         self.kafka_error = broker_error(self.admin, timeout=1.5)
 
     def beat(self) -> None:
+        """The agent's row and its leases at every beat; the reaper's round (six queries over every
+        agent's commands and consumers) every REAP_EVERY_BEATS beats: what it finds is at least
+        AGENT_FRESH_SECONDS old, so a second more does not change what a person sees."""
+        reaping = self._beats % REAP_EVERY_BEATS == 0
+        self._beats += 1
         with self.engine.begin() as conn:
             agents.beat(conn, self.agent_id, self.host, self.pid, self.kafka_error)
             commands.renew_leases(conn, self.agent_id, LEASE_SECONDS)
-            self.reaper.reap(conn)
-        self.reaper.tell(self.engine)
+            if reaping:
+                self.reaper.reap(conn)
+        if reaping:
+            self.reaper.tell(self.engine)
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(BEAT_EVERY):
@@ -89,7 +98,16 @@ class Heartbeat:
 
     def _probe_loop(self) -> None:
         while not self._stop.wait(PROBE_EVERY):
+            before = self.kafka_error
             self.probe()
+            if (before is None) != (self.kafka_error is None):
+                # The broker went away or came back: said now, not at the next beat (the status
+                # bar shows the broker down within 5 s of its death; this saves up to BEAT_EVERY).
+                try:
+                    with self.engine.begin() as conn:  # the agent's row alone: the reaper is the beat's
+                        agents.beat(conn, self.agent_id, self.host, self.pid, self.kafka_error)
+                except SQLAlchemyError as error:
+                    log.warning("heartbeat: %s", str(error).splitlines()[0])
 
     def stop(self) -> None:
         """Stop beating and remove our row (after the commands addressed to us are failed)."""
@@ -250,19 +268,26 @@ class Housekeeping:
     def run(self, admin, broker_ok: bool) -> None:
         if not broker_ok:
             return
+        moved = []
         for lab in self.known_labs():
             try:
                 self.scheduled_ttl(lab)
                 if self.offsets_may_have_moved(lab):
-                    snapshot_offsets(self.conn, admin, lab)
-            except KafkaException as problem:
-                # The broker stopped answering mid-round: stop here, the probe reports it.
-                log.warning("lab %s: %s", lab.name, problem)
-                break
+                    moved.append(lab)
             except psycopg.Error as problem:
                 log.warning("lab %s: %s", lab.name, problem)
-                if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                    self.conn.rollback()
+                self._rollback()
+        try:
+            snapshot_offsets_of(self.conn, admin, moved)
+        except KafkaException as problem:  # the broker stopped answering: the probe reports it
+            log.warning("committed offsets: %s", problem)
+        except psycopg.Error as problem:
+            log.warning("committed offsets: %s", problem)
+            self._rollback()
+
+    def _rollback(self) -> None:
+        if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            self.conn.rollback()
 
     def known_labs(self) -> list[Lab]:
         schemas = self.conn.execute(
@@ -308,13 +333,31 @@ class Housekeeping:
 
 
 def snapshot_offsets(conn: psycopg.Connection, admin, lab: Lab) -> None:
-    """Every group's committed offsets, as Kafka has them now, into the lab's ``group_offsets``."""
-    groups = [g for (g,) in conn.execute(f'SELECT group_id FROM "{lab.schema}".consumer_groups')]
-    for group_id in groups:
-        offsets = committed_offsets(admin, group_id, lab.topic)
+    """Every group's committed offsets, as Kafka has them now, into the lab's ``group_offsets``;
+    KafkaException if the broker could not answer for one of them (a command fails with it)."""
+    snapshot_offsets_of(conn, admin, [lab], strict=True)
+
+
+def snapshot_offsets_of(conn: psycopg.Connection, admin, labs: list[Lab], strict: bool = False) -> None:
+    """:func:`snapshot_offsets` of many labs, every group's request in flight together (a class of
+    thirty labs, each asked in turn, took minutes a round, and a guided run's wait for the committed
+    offsets gave up first). A group whose answer failed keeps its last snapshot, and is said."""
+    # A group a recovery moved commits under its new Kafka id; the lab keeps its own id for it.
+    groups = {lab: conn.execute(f'SELECT group_id, coalesce(kafka_group_id, group_id) '
+                                f'FROM "{lab.schema}".consumer_groups').fetchall() for lab in labs}
+    answers = committed_offsets_of(admin, [(kafka_group_id, lab.topic) for lab, rows in groups.items()
+                                           for _, kafka_group_id in rows])
+    for lab, rows in groups.items():
         with conn.transaction():
-            for partition, committed in offsets.items():
-                conn.execute(
-                    f'INSERT INTO "{lab.schema}".group_offsets (group_id, partition, committed) '
-                    "VALUES (%s, %s, %s) ON CONFLICT (group_id, partition) DO UPDATE SET "
-                    "committed = EXCLUDED.committed, read_at = now()", [group_id, partition, committed])
+            for group_id, kafka_group_id in rows:
+                offsets = answers[(kafka_group_id, lab.topic)]
+                if isinstance(offsets, KafkaException):
+                    if strict:
+                        raise offsets
+                    log.warning("lab %s, group %s: %s", lab.name, group_id, offsets)
+                    continue
+                for partition, committed in offsets.items():
+                    conn.execute(
+                        f'INSERT INTO "{lab.schema}".group_offsets (group_id, partition, committed) '
+                        "VALUES (%s, %s, %s) ON CONFLICT (group_id, partition) DO UPDATE SET "
+                        "committed = EXCLUDED.committed, read_at = now()", [group_id, partition, committed])

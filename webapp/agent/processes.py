@@ -1,9 +1,11 @@
 """The agent's process pool: the consumer processes it started, and nothing else.
 
-Spawn ``python -m webapp.consumer``; kill (SIGKILL: no commit, no group leave, even when frozen),
-freeze (SIGSTOP, a real process pause), thaw (SIGCONT), stop (SIGTERM, graceful; SIGKILL after a
-deadline); reap the ones that exited. Every signal goes to a child of this process, by its
-Popen, never by a pid read from the database.
+Spawn a consumer (``python -m webapp.consumer``, forked by the consumer fork server: forks.py);
+kill (SIGKILL: no commit, no group leave, even when frozen), freeze (SIGSTOP, a real process
+pause), thaw (SIGCONT), stop (SIGTERM, graceful; SIGKILL after a deadline); reap the ones that
+exited. Every signal goes to a consumer this agent started, through the handle its start
+returned, never by a pid read from the database. The helper processes (the log reader, the
+notification service, the outbox relays) are Sidecars, started by exec.
 
 Output: a file per consumer under ``<data dir>/logs`` by default; with ``LAB_LOG_TO_STDOUT=1``
 (docker compose sets it) every line goes to the agent's stdout, prefixed with the consumer's
@@ -11,16 +13,21 @@ lab and name, so ``docker compose logs`` shows them all.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Iterator
+
+from ..domain.vocabulary import AGENT_PID, HOLD_ACK_FD, HOLD_DONE, HOLD_READY
+from .forks import ForkedProcess, ForkServer
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 STOP_TIMEOUT = 15.0
@@ -38,7 +45,7 @@ def die_with_parent() -> None:
         pass  # not Linux: the parent's own shutdown is all there is
 
 
-def stop_process(process: subprocess.Popen, stop_signal: int = signal.SIGTERM, timeout: float = 20) -> None:
+def stop_process(process: subprocess.Popen | ForkedProcess, stop_signal: int = signal.SIGTERM, timeout: float = 20) -> None:
     """Stop a child we started, by its PID: ``stop_signal``, up to ``timeout`` s, then SIGKILL; always reap."""
     if process.poll() is not None:
         return
@@ -60,9 +67,8 @@ def truthy(value: str | None) -> bool:
 
 @dataclass
 class Child:
-    process: subprocess.Popen
+    process: ForkedProcess
     label: str
-    reader: threading.Thread | None = field(default=None)
 
 
 def _copy_lines(pipe: BinaryIO, prefix: bytes, out: BinaryIO) -> None:
@@ -84,6 +90,8 @@ class Pool:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         self.children: dict[int, Child] = {}  # consumer id -> its process
         self.env: dict[str, str] = {}  # what every consumer is told on top of the agent's environment
+        # Consumers are forked by the fork server (forks.py); its own lines go to its log file.
+        self.forks = ForkServer(None if log_to_stdout else self.log_dir / "consumer-fork-server.log")
 
     def log_hint(self, lab: str, consumer_id: int) -> str:
         """Where a person finds the consumer's output."""
@@ -91,27 +99,18 @@ class Pool:
             return "see `docker compose logs consumers`: its lines start with [lab/name]"
         return f"see its log {self.log_dir / f'{lab}-consumer-{consumer_id}.log'}"
 
-    def spawn(self, lab: str, consumer_id: int, name: str) -> subprocess.Popen:
+    def spawn(self, lab: str, consumer_id: int, name: str) -> ForkedProcess:
         env = {**os.environ, **self.env, "DATABASE_URL": self.database_url,
-               "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers,
-               "PYTHONUNBUFFERED": "1"}
-        argv = [sys.executable, "-m", "webapp.consumer", "--lab", lab, "--consumer-id", str(consumer_id)]
+               "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers, "PYTHONUNBUFFERED": "1",
+               AGENT_PID: str(os.getpid())}
+        argv = ["--lab", lab, "--consumer-id", str(consumer_id)]
         label = f"{lab}/{name}"
-        if self.log_to_stdout:
-            process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT)
-            reader = threading.Thread(target=_copy_lines, name=f"log {label}", daemon=True,
-                                      args=(process.stdout, f"[{label}] ".encode(), sys.stdout.buffer))
-            reader.start()
-            self.children[consumer_id] = Child(process, label, reader)
-            return process
-        with open(self.log_dir / f"{lab}-consumer-{consumer_id}.log", "ab") as log:
-            process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       start_new_session=True, cwd=ROOT)
+        log = None if self.log_to_stdout else self.log_dir / f"{lab}-consumer-{consumer_id}.log"
+        process = self.forks.spawn(argv, env, log, prefix=f"[{label}] ")
         self.children[consumer_id] = Child(process, label)
         return process
 
-    def running(self, consumer_id: int) -> subprocess.Popen:
+    def running(self, consumer_id: int) -> ForkedProcess:
         child = self.children.get(consumer_id)
         if child is None or child.process.poll() is not None:
             raise NotRunning(f"consumer {consumer_id} is not running")
@@ -149,16 +148,14 @@ class Pool:
         ended = []
         for consumer_id, child in list(self.children.items()):
             code = child.process.poll()
-            if code is None:
-                continue
-            if child.reader is not None:
-                child.reader.join(timeout=2)  # the last lines it wrote before dying
-            ended.append((consumer_id, code))
+            if code is not None:
+                ended.append((consumer_id, code))
         return ended
 
     def stop_all(self) -> None:
         for consumer_id in list(self.children):
             self.stop(consumer_id)
+        self.forks.stop()
 
 
 class Sidecar:
@@ -169,11 +166,18 @@ class Sidecar:
 
     RESTART_AFTER = 1.0  # seconds between two starts
 
-    def __init__(self, name: str, module: str, env: dict[str, str], log_dir: Path, log_to_stdout: bool):
+    HOLD_TIMEOUT = 10.0  # seconds a held sidecar has to acknowledge before it is stopped instead
+
+    def __init__(self, name: str, module: str, env: dict[str, str], log_dir: Path, log_to_stdout: bool,
+                 holdable: bool = False):
+        """``holdable``: the sidecar speaks the hold protocol (:meth:`held`, domain/vocabulary.py)."""
         self.name, self.module, self.env = name, module, env
         self.log_dir, self.log_to_stdout = log_dir, log_to_stdout
+        self.holdable = holdable
         self.process: subprocess.Popen | None = None
         self.reader: threading.Thread | None = None
+        self._acks: int | None = None  # read end of the running process's acknowledgement pipe
+        self._ready = False  # it said its signal handlers are installed
         self.started_at = 0.0
         self.exits: list[int] = []
 
@@ -190,21 +194,98 @@ class Sidecar:
         self.started_at = time.monotonic()
         argv = [sys.executable, "-m", self.module]
         env = {**self.env, "PYTHONUNBUFFERED": "1"}
-        if self.log_to_stdout:
-            self.process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, cwd=ROOT, preexec_fn=die_with_parent)
-            self.reader = threading.Thread(target=_copy_lines, name=f"log {self.name}", daemon=True,
-                                           args=(self.process.stdout, f"[{self.name}] ".encode(), sys.stdout.buffer))
-            self.reader.start()
-        else:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.log_dir / f"{self.name.replace(' ', '-')}.log", "ab") as log:
-                self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, cwd=ROOT, preexec_fn=die_with_parent)
+        ack_write = None
+        if self.holdable:
+            self._close_acks()
+            self._acks, ack_write = os.pipe()
+            os.set_blocking(self._acks, False)
+            self._ready = False
+            env[HOLD_ACK_FD] = str(ack_write)
+        pass_fds = (ack_write,) if ack_write is not None else ()
+        try:
+            if self.log_to_stdout:
+                self.process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, cwd=ROOT, preexec_fn=die_with_parent,
+                                                pass_fds=pass_fds)
+                self.reader = threading.Thread(target=_copy_lines, name=f"log {self.name}", daemon=True,
+                                               args=(self.process.stdout, f"[{self.name}] ".encode(),
+                                                     sys.stdout.buffer))
+                self.reader.start()
+            else:
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+                with open(self.log_dir / f"{self.name.replace(' ', '-')}.log", "ab") as log:
+                    self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                    stdin=subprocess.DEVNULL, cwd=ROOT, preexec_fn=die_with_parent,
+                                                    pass_fds=pass_fds)
+        finally:
+            if ack_write is not None:
+                os.close(ack_write)  # the child has its copy: its death reads as end of file here
+
+    def _close_acks(self) -> None:
+        if self._acks is not None:
+            os.close(self._acks)
+            self._acks = None
+
+    def _drain(self) -> None:
+        """Read what is waiting on the acknowledgement pipe (noting a ready byte)."""
+        while True:
+            try:
+                data = os.read(self._acks, 64)
+            except BlockingIOError:
+                return
+            if not data:
+                return
+            self._ready = self._ready or HOLD_READY in data
+
+    def _await(self, signal_byte: bytes, deadline: float) -> bool:
+        """Read the acknowledgement pipe until ``signal_byte`` comes (True), the process is gone
+        (end of file) or ``deadline`` (a ``time.monotonic()``) passes (False). A ready byte read on
+        the way is remembered."""
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([self._acks], [], [], left)
+            if not ready:
+                continue
+            try:
+                data = os.read(self._acks, 64)
+            except BlockingIOError:
+                continue
+            if not data:
+                return False
+            self._ready = self._ready or HOLD_READY in data
+            if signal_byte in data:
+                return True
+        return False
+
+    @contextlib.contextmanager
+    def held(self, timeout: float | None = None) -> Iterator[None]:
+        """The sidecar held off its work for the block: SIGUSR1 once it has said it is ready
+        (HOLD_READY), acknowledged (HOLD_DONE) on its pipe; SIGUSR2 after. One that cannot be held
+        (not running, not holdable, no answer within ``timeout`` s) is stopped for the block
+        instead and started again after it."""
+        timeout = self.HOLD_TIMEOUT if timeout is None else timeout
+        process = self.process
+        holding = False
+        if process is not None and process.poll() is None and self._acks is not None:
+            deadline = time.monotonic() + timeout
+            # Until it says it is ready, SIGUSR1 would kill it (the default action).
+            if self._ready or self._await(HOLD_READY, deadline):
+                self._drain()  # an answer left over must not pass for this hold's
+                process.send_signal(signal.SIGUSR1)
+                holding = self._await(HOLD_DONE, deadline)
+        if not holding:
+            self.stop()
+        try:
+            yield
+        finally:
+            if holding and process.poll() is None:
+                process.send_signal(signal.SIGUSR2)
+            else:
+                self.ensure(now=True)
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.process is None or self.process.poll() is not None:
             return
+        self.process.send_signal(signal.SIGCONT)  # a stopped process must run to hear SIGTERM
         stop_process(self.process, timeout=timeout)
         if self.reader is not None:
             self.reader.join(timeout=2)

@@ -32,6 +32,9 @@ def lab_group_ids(engine: Engine, lab: Lab) -> list[str]:
             if conn.execute(text("SELECT 1 FROM pg_tables WHERE schemaname = :s AND tablename = 'consumer_groups'"),
                             {"s": schema}).first():
                 ids.update(conn.execute(text(f'SELECT group_id FROM "{schema}".consumer_groups')).scalars())
+                # and the fresh Kafka ids recoveries moved groups to (the wedged ones are above)
+                ids.update(conn.execute(text(f'SELECT kafka_group_id FROM "{schema}".consumer_groups '
+                                             "WHERE kafka_group_id IS NOT NULL")).scalars())
     return sorted(ids)
 
 

@@ -69,8 +69,10 @@ def host_of(agent_id: str | None) -> str | None:
 
 
 def _cmdline(pid: int) -> list[bytes]:
+    """The process's arguments; a title set with setproctitle (a forked consumer) reads as one
+    string, so it is split on spaces too."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").split()
     except OSError:
         return []
 

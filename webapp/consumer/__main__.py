@@ -13,7 +13,7 @@ import time
 import psycopg
 
 from ..store.connection import CONTROL_SCHEMA, connect
-from ..store.labs import Lab
+from ..domain.lab import Lab
 from .loop import ConsumerProcess, _signals
 
 log = logging.getLogger("idempotency_lab.consumer")

@@ -74,11 +74,17 @@ class ControlRow:
 
     def write(self, report: Report) -> None:
         c = report.counts
+        # assigned_at and progressed_at are the clocks of the group's health (domain/group_health.py):
+        # they move only when the assignment or a position does (the right-hand side reads the old row).
+        assigned, positions = json.dumps(report.assigned), json.dumps(report.positions)
         self.conn.execute(
-            f"UPDATE {TABLE} SET state = %s, assigned = %s, positions = %s, applied_positions = %s, "
+            f"UPDATE {TABLE} SET state = %s, "
+            "assigned_at = CASE WHEN assigned IS DISTINCT FROM %s::jsonb THEN now() ELSE assigned_at END, "
+            "progressed_at = CASE WHEN positions IS DISTINCT FROM %s::jsonb THEN now() ELSE progressed_at END, "
+            "assigned = %s, positions = %s, applied_positions = %s, "
             "generation = %s, step_at = %s, last_error = %s, applied = %s, absorbed = %s, dead_lettered = %s, "
             "commit_failures = %s, heartbeat_at = now() WHERE id = %s",
-            [report.state, json.dumps(report.assigned), json.dumps(report.positions),
+            [report.state, assigned, positions, assigned, positions,
              json.dumps(report.applied_positions), report.generation, report.step_at, report.last_error,
              c.applied, c.absorbed, c.dead_lettered, c.commit_failures, self.consumer_id])
 
@@ -86,12 +92,15 @@ class ControlRow:
         self.conn.execute(f"UPDATE {TABLE} SET armed_point = NULL, armed_action = NULL WHERE id = %s",
                           [self.consumer_id])
 
-    def wait_for_advance(self, seen: int, still_wanted, interval: float = 0.1) -> int:
-        """Block until the lab advances the step counter past ``seen`` (or leaves step mode)."""
+    def wait_for_advance(self, seen: int, still_wanted, wait=time.sleep, interval: float = 0.1) -> int:
+        """Wait until the lab advances the step counter past ``seen`` (or leaves step mode).
+
+        ``wait(seconds)`` passes the time between two looks: the consumer's keep_alive, which polls
+        with its partitions paused, so a step held for minutes keeps it in its group."""
         while True:
             desired = self.read()
             if not desired.exists or not desired.step_mode or desired.step_advance > seen:
                 return desired.step_advance
             if not still_wanted():
                 return seen
-            time.sleep(interval)
+            wait(interval)

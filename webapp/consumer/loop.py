@@ -44,13 +44,15 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from ..domain import events
+from ..domain.group_health import lock_timeout_ms as bounded_lock_timeout, statement_timeout_ms
 from .. import strategies
 from ..store import timeline
-from ..store.settings_changes import CHANNEL as SETTINGS_CHANNEL
+from ..domain.vocabulary import AGENT_PID, KAFKA_DEBUG, SETTINGS_CHANNEL
 from ..store import schema
 from ..store.connection import connect
 from ..kafka.config import consumer_config, producer_config
-from ..store.labs import Lab
+from ..kafka.group import group_generation
+from ..domain.lab import Lab
 from ..strategies.base import (ABSORBED, APPLIED, DEAD_LETTERED, FAILED, RECORD_DELIVERY, SESSION_SETTINGS,
                               UNIQUE_VIOLATION_REASON)
 from . import settings as group_settings
@@ -116,7 +118,10 @@ class ConsumerProcess:
         self.current: Message | None = None
         self._last_heartbeat = 0.0
         self._dlq: Producer | None = None
-        self._agent_pid = os.getppid()
+        # Its parent is the agent's fork server, which exits with the agent: a new parent means
+        # the agent is gone. The agent's own pid comes in the environment, to name it.
+        self._parent_pid = os.getppid()
+        self._agent_pid = int(os.environ.get(AGENT_PID) or self._parent_pid)
         self.orphaned = False  # its agent died: it stops itself and reports "gone"
         self.control_broken: psycopg.OperationalError | None = None  # noted in a rebalance callback
         self.retrying: dict[tuple[str, int], Retry] = {}
@@ -127,8 +132,8 @@ class ConsumerProcess:
         self.control = ControlRow(self.control_conn, consumer_id)
         self.desired = self.control.read()
         self.step_seen = self.desired.step_advance
-        # Counts are the consumer's over all its processes: a restart carries on from them, and so do
-        # its generations (each assignment it receives), so a rejoin after a crash is generation 2.
+        # Counts are the consumer's over all its processes: a restart carries on from them. The
+        # generation is the group's (read at each assignment); until then, the last one reported.
         self.report.counts = self.control.counts()
         self.report.generation = self.control.generation()
         self.strategy_name, self.effects_schema = self._group_settings()
@@ -137,7 +142,13 @@ class ConsumerProcess:
         self.batches = BatchLoop(self)
         self.notifier = Notifier(self)  # the external side effect, when the group asks for it
         self.effects_conn: psycopg.Connection | None = self._connect_effects()
-        self.consumer = Consumer({**consumer_config(bootstrap_servers, group_id, client_id=lab.client_id(name)),
+        # The group's Kafka id: its own, or the fresh one a recovery moved it to (ops/groups.py recover).
+        self.kafka_group_id = self.group.kafka_group_id or group_id
+        self._holding = 0  # keep_alive's depth: partitions paused while the process waits
+        self.consumer = Consumer({**consumer_config(bootstrap_servers, self.kafka_group_id,
+                                                    client_id=lab.client_id(name),
+                                                    max_poll_interval_ms=self.group.max_poll_interval_ms,
+                                                    debug=os.environ.get(KAFKA_DEBUG, "")),
                                   **group_settings.client_settings(self.group, group_id, name),
                                   "on_commit": self._on_commit})
 
@@ -203,11 +214,16 @@ class ConsumerProcess:
         return self._dedup_layout[1]
 
     def _apply_session_settings(self, lock_timeout_ms: int, idle_timeout_ms: int) -> None:
-        """The lab's lock_timeout and idle_in_transaction_session_timeout on the effects connection."""
-        wanted = (lock_timeout_ms, idle_timeout_ms)
+        """The lab's lock_timeout and idle_in_transaction_session_timeout on the effects connection,
+        with a statement_timeout and a lock_timeout below max.poll.interval.ms whatever the lab's
+        settings (domain/group_health.py): no statement keeps the consumer from polling that long."""
+        poll_interval = self.group.max_poll_interval_ms
+        wanted = (bounded_lock_timeout(lock_timeout_ms, poll_interval), statement_timeout_ms(poll_interval),
+                  idle_timeout_ms)
         if wanted == self.session_settings:
             return
-        self.effects_conn.execute(SESSION_SETTINGS, {"lock_timeout": f"{lock_timeout_ms}ms",
+        self.effects_conn.execute(SESSION_SETTINGS, {"lock_timeout": f"{wanted[0]}ms",
+                                                     "statement_timeout": f"{wanted[1]}ms",
                                                      "idle_in_transaction_session_timeout": f"{idle_timeout_ms}ms"})
         self.session_settings = wanted
 
@@ -259,7 +275,8 @@ class ConsumerProcess:
         self.report.step_at = point
         self.report.state = "stepping"
         self.control.write(self.report)
-        self.step_seen = self.control.wait_for_advance(self.step_seen, lambda: not self.stopping)
+        self.step_seen = self.control.wait_for_advance(self.step_seen, lambda: not self.stopping,
+                                                       wait=self.keep_alive)
         self.desired = self.control.read()
         self.report.state = "running"
 
@@ -276,6 +293,58 @@ class ConsumerProcess:
             timeline.record(self.control_conn.execute, kind, summary, consumer=self.name,
                             group=self.group_id, **detail)
 
+    # --- waits that keep the consumer in its group -------------------------------------------
+
+    def keep_alive(self, seconds: float) -> None:
+        """Let ``seconds`` pass while staying in the group: poll() with every assigned partition paused.
+
+        librdkafka counts max.poll.interval.ms from the last poll(), and a rebalance waits for every
+        member to poll (its callbacks run inside poll()). A consumer holding a record (step mode, a
+        retried notification or commit) polls here, so it rejoins a rebalance at once instead of
+        holding the group hostage. Paused partitions deliver nothing; a record that still comes (a
+        partition assigned meanwhile) is sought back and its partition paused: it is delivered again
+        after the wait, nothing is skipped. A rebalance meanwhile may move the held record's
+        partition to another member: the records since its last commit go there too (at least once),
+        and this consumer's late commit is the one of a zombie."""
+        deadline = time.monotonic() + seconds
+        self._hold()
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                message = self.consumer.poll(min(left, POLL_TIMEOUT))
+                if message is None:
+                    continue
+                if message.error():
+                    self._on_error(message.error())
+                    continue
+                tp = TopicPartition(message.topic(), message.partition(), message.offset())
+                try:
+                    self.consumer.seek(tp)
+                    self.consumer.pause([tp])
+                except KafkaException:
+                    pass  # revoked meanwhile: its next owner starts from the committed offset
+        finally:
+            self._release()
+
+    def _hold(self) -> None:
+        self._holding += 1
+        if self._holding == 1:
+            try:
+                self.consumer.pause(self.consumer.assignment())
+            except KafkaException:
+                pass  # no assignment yet
+
+    def _release(self) -> None:
+        self._holding -= 1
+        if self._holding:
+            return
+        try:
+            waiting = {key for key, retry in self.retrying.items() if retry.paused}
+            flowing = [tp for tp in self.consumer.assignment() if (tp.topic, tp.partition) not in waiting]
+            if flowing:
+                self.consumer.resume(flowing)
+        except KafkaException:
+            pass  # a rebalance took them: the next assignment starts unpaused
+
     # --- the loop ------------------------------------------------------------------------
 
     @contextmanager
@@ -290,7 +359,14 @@ class ConsumerProcess:
             self.control_broken = error
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self.report.generation += 1
+        # The group's generation, the epoch of this rebalance shared by every member (not a count
+        # of this consumer's assignments): a zombie's deliveries carry the stale one it held.
+        # (No exception may leave a rebalance callback: an unknown format keeps the last one, logged.)
+        generation = group_generation(consumer.consumer_group_metadata())
+        if generation is None:
+            log.warning("%s: librdkafka's group metadata gave no group generation", self.name)
+        else:
+            self.report.generation = generation
         self.report.assigned = sorted(p.partition for p in partitions)
         with self._reporting_from_callback():
             self.control.write(self.report)
@@ -324,7 +400,7 @@ class ConsumerProcess:
         if not self.desired.exists:
             log.info("consumer row deleted (lab reset): stopping")
             self.stopping = True
-        if os.getppid() != self._agent_pid:
+        if os.getppid() != self._parent_pid:
             # Our agent died without stopping us: nobody could kill, freeze or reap us now.
             log.info("the lab agent is gone: stopping")
             self.stopping = self.orphaned = True
@@ -507,6 +583,10 @@ class ConsumerProcess:
         retry.attempts += 1
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         what = f"{type(error).__name__}: {first_line}"
+        if isinstance(error, (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)):
+            # The bound set in _apply_session_settings: say why it is there.
+            what += (f" (the consumer gives a statement up before max.poll.interval.ms, "
+                     f"{self.group.max_poll_interval_ms // 1000} s, so it stays in its group)")
         if limit is not None and retry.attempts >= limit:
             del self.retrying[key]
             self.dead_letter(message, f"gave up after {retry.attempts} attempts: {what}", event)
@@ -596,7 +676,7 @@ class ConsumerProcess:
                           "is tried again, and no further record is processed until it lands",
                           partition=first.partition if first else None, offset=first.offset - 1 if first else None)
             self.heartbeat(force=True)
-        time.sleep(COMMIT_RETRY_PAUSE)  # librdkafka's own retries took a second or more before this
+        self.keep_alive(COMMIT_RETRY_PAUSE)  # librdkafka's own retries took a second or more before this
 
     def _on_commit(self, error: KafkaError | None, offsets: list[TopicPartition]) -> None:
         """librdkafka's answer to a commit; an asynchronous commit's failure is only seen here."""
@@ -615,7 +695,7 @@ class ConsumerProcess:
     def dead_letter(self, message: Message, reason: str, event: events.PaymentEvent | None = None) -> None:
         """Produce the raw record to the DLQ with its reason, then record the delivery."""
         if self._dlq is None:
-            self._dlq = Producer(producer_config(self.bootstrap_servers, idempotent=True))
+            self._dlq = Producer(producer_config(self.bootstrap_servers, idempotent=True, client_id=self.lab.producer_client_id))
         headers = [("dlq.reason", reason.encode()), ("dlq.source.partition", str(message.partition()).encode()),
                    ("dlq.source.offset", str(message.offset()).encode()), ("dlq.group", self.group_id.encode())]
         self._dlq.produce(self.lab.dlq_topic, value=message.value(), key=message.key(), headers=headers)

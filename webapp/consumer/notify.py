@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -127,7 +126,7 @@ class Notifier:
                 process.heartbeat(force=True)
                 if process.stopping:
                     raise NotificationStopped(str(error)) from None
-                time.sleep(delay)
+                process.keep_alive(delay)  # polls meanwhile: the consumer stays in its group
 
     def _record_sent(self, event: events.PaymentEvent, key: str | None, status: int, replayed: bool) -> None:
         process = self.process

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from ..domain.group_health import DEFAULT_MAX_POLL_INTERVAL_MS, max_poll_interval_ms
 from ..store.connection import CONTROL_SCHEMA
 from .control import Desired
 
@@ -26,7 +27,9 @@ READ = (
     "       g.strategy, g.effects_schema, g.batch_size, g.batch_max_wait_ms, g.commit_mode, g.static_membership,\n"
     "       g.notify, g.notify_idempotency_key,\n"
     "       (SELECT value FROM \"{schema}\".settings WHERE key = 'lock_timeout_ms'),\n"
-    "       (SELECT value FROM \"{schema}\".settings WHERE key = 'idle_in_transaction_session_timeout_ms')\n"
+    "       (SELECT value FROM \"{schema}\".settings WHERE key = 'idle_in_transaction_session_timeout_ms'),\n"
+    "       (SELECT value FROM \"{schema}\".settings WHERE key = 'max_poll_interval_ms'),\n"
+    "       g.kafka_group_id\n"
     "FROM \"{schema}\".consumer_groups g\n"
     f"LEFT JOIN {CONTROL_SCHEMA}.consumers c ON c.id = %(consumer_id)s\n"
     "WHERE g.group_id = %(group_id)s")
@@ -45,6 +48,10 @@ class GroupSettings:
     notify_idempotency_key: bool = False
     lock_timeout_ms: int = 0
     idle_in_transaction_session_timeout_ms: int = 0
+    # The lab's max.poll.interval.ms (domain/group_health.py): read when the process starts.
+    max_poll_interval_ms: int = DEFAULT_MAX_POLL_INTERVAL_MS
+    # The Kafka group id the members join: the group's own, or a fresh one after a recovery moved it.
+    kafka_group_id: str | None = None
 
     @property
     def batch_mode(self) -> bool:
@@ -65,7 +72,8 @@ def read(conn: psycopg.Connection, schema: str, group_id: str, consumer_id: int)
     group = GroupSettings(strategy=row[6], effects_schema=row[7], batch_size=row[8], batch_max_wait_ms=row[9],
                           commit_mode=row[10], static_membership=row[11], notify=row[12],
                           notify_idempotency_key=bool(row[13]), lock_timeout_ms=int(row[14] or 0),
-                          idle_in_transaction_session_timeout_ms=int(row[15] or 0))
+                          idle_in_transaction_session_timeout_ms=int(row[15] or 0),
+                          max_poll_interval_ms=max_poll_interval_ms(row[16]), kafka_group_id=row[17])
     return desired, group
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from ..settings import RUNNING_FILE, ConfigError, load_config, running_services
+from ..settings import RUNNING_FILE, ConfigError, database_url, load_config, running_services
 from .embedded import LOOPBACK
 from .stack import ROOT, Stack
 from ..store.labs import Lab
@@ -66,11 +66,11 @@ class Launcher:
         """PostgreSQL and the broker unless the environment names them; with the embedded broker,
         the fault proxy in front of it, which the broker advertises: after the first metadata
         request every client, the producer's retries included, talks to it through the proxy
-        (README, "Lost ack"). The database upgraded to head (a data directory of an earlier release
+        (docs/concepts/lost-ack.md). The database upgraded to head (a data directory of an earlier release
         upgrades in place, Alembic). The lab's settings reach every child from our environment."""
-        database_url = os.environ.get("DATABASE_URL") or None
+        database = database_url() or None  # with DATABASE_PASSWORD_FILE's password, when set
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None
-        self.stack = Stack(self.data_dir, database_url=database_url, bootstrap_servers=bootstrap,
+        self.stack = Stack(self.data_dir, database_url=database, bootstrap_servers=bootstrap,
                            fault_proxy=not bootstrap, agent=False, clean_env=False,
                            env={"LAB_HOST": str(self.config["LAB_HOST"]), "LAB_PORT": str(self.config["LAB_PORT"])})
         self.stack.start()

@@ -12,6 +12,10 @@ NAME = re.compile(r"^[a-z][a-z0-9_]{0,23}$")
 NAME_RULE = "must start with a letter: 1-24 lowercase letters, digits or _"
 SCHEMA_PREFIX = "lab_"
 LANE_SEPARATOR = "__"
+# Every Kafka client of a lab has an id "lab-<lab>" followed by "-<consumer>" or ".<role>": a lab
+# name holds neither "-" nor ".", so the id names its lab unambiguously (Lab.of_client_id).
+CLIENT_ID_PREFIX = "lab-"
+CLIENT_ID = re.compile(r"^lab-([a-z][a-z0-9_]{0,23})[-.]")
 
 
 class InvalidLabName(ValueError):
@@ -44,10 +48,34 @@ class Lab:
         """The Kafka group id of a group name local to this lab."""
         return group if group.startswith(f"{self.name}.") else f"{self.name}.{group}"
 
+    def moved_group_id(self, group_id: str, moves: int) -> str:
+        """The Kafka group id of ``group_id`` after its ``moves``-th recovery that had to leave a wedged
+        group behind (ops recover_group): ``default.payments.r1``. The lab keeps calling the group by
+        its own id (reports, deliveries, offsets snapshots); only its members' Kafka config changes."""
+        return f"{self.group_id(group_id)}.r{moves}"
+
+    @staticmethod
+    def moves_of(kafka_group_id: str, group_id: str) -> int:
+        """How often a group was moved: 0 for its own id, n for ``<group_id>.r<n>``."""
+        suffix = kafka_group_id.removeprefix(f"{group_id}.r") if kafka_group_id != group_id else "0"
+        return int(suffix) if suffix.isdigit() else 0
+
     def client_id(self, consumer: str) -> str:
         """The Kafka client id of one of the lab's consumers: what the fault proxy sees of it, so
         chaos can cut that consumer's broker connections and no other lab's."""
-        return f"lab-{self.name}-{consumer}"
+        return f"{CLIENT_ID_PREFIX}{self.name}-{consumer}"
+
+    @property
+    def producer_client_id(self) -> str:
+        """The Kafka client id of every producer of the lab (the agent's, its load generator's, the
+        outbox relay's, the consumers' dead-letter producers): the fault proxy's faults armed by
+        this lab act on these requests and no other lab's. A consumer name cannot contain ".", so
+        no consumer of the lab has this id."""
+        return f"{CLIENT_ID_PREFIX}{self.name}.producer"
+
+    def owns_client_id(self, client_id: str | None) -> bool:
+        """Whether a Kafka client id is one of this lab's (a consumer's or its producers')."""
+        return Lab.of_client_id(client_id) == self
 
     def lane_schema(self, lane: str) -> str:
         """The schema of a strategy lane: its own copy of the accounts."""
@@ -75,6 +103,13 @@ class Lab:
         if not schema.startswith(SCHEMA_PREFIX):
             raise InvalidLabName(f"not a lab schema: {schema!r}")
         return cls(schema.removeprefix(SCHEMA_PREFIX).split(LANE_SEPARATOR, 1)[0])
+
+    @classmethod
+    def of_client_id(cls, client_id: str | None) -> "Lab | None":
+        """The lab whose client a Kafka client id names (``lab-t1-c1``, ``lab-t1.producer``: t1);
+        None for any other client (an admin client, the log reader, a tool's)."""
+        match = CLIENT_ID.match(client_id or "")
+        return cls(match.group(1)) if match else None
 
     @classmethod
     def of_group_id(cls, group_id: str) -> "Lab":

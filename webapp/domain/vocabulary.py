@@ -59,7 +59,16 @@ PUBLISH_MODES = ("normal", "burst", "resend", "source-duplicate", "poison")
 AGENT_FRESH_SECONDS = 5.0
 CONSUMER_FRESH_SECONDS = 5.0
 FAULT_PROXY_FRESH_SECONDS = 5.0
+# The parts a lab depends on, shown down within 5 s of going down (readmodel/service_health.py):
+# the log reader and the notification service beat every SERVICE_BEAT_SECONDS (one UPDATE of one
+# row: negligible next to a consumer's), and are down after SERVICE_DOWN_AFTER_SECONDS without a
+# beat: three beats missed, so a beat a busy machine delays by two seconds is no false alarm, and
+# the dashboard (polling once a second) says so within about four seconds of the last beat.
+SERVICE_BEAT_SECONDS = 1.0
+SERVICE_DOWN_AFTER_SECONDS = 3.0
 FAULT_PROXY_CHANNEL = "lab_fault_proxy"  # the proxy LISTENs here for new settings
+LAB_CHANGE_CHANNEL = "lab_change"  # the web processes LISTEN here for any change a panel shows (store/lab_changes.py)
+SETTINGS_CHANNEL = "lab_settings"  # consumers LISTEN here for changes of what they apply (store/settings_changes.py)
 
 
 class Limits:
@@ -79,6 +88,9 @@ class Limits:
     SESSION_TIMEOUT_MS = (0, 600_000)     # lock_timeout, idle_in_transaction_session_timeout (0: none)
     RAW_VALUE_BYTES = 512 * 1024           # a raw record's value, as the producer sends it
     RAW_VALUE_CHARACTERS = RAW_VALUE_BYTES // 4   # as typed: every character fits in the bytes
+    RAW_HEADERS = 32                       # headers on one raw record
+    RAW_HEADER_NAME_CHARACTERS = 256       # a raw record header's name
+    RAW_HEADER_VALUE_CHARACTERS = 4096     # a raw record header's value, as typed
     MAX_IN_FLIGHT = (1, 5)                 # the producer's max.in.flight.requests.per.connection (5: idempotence's cap)
     BATCH_SIZE = (1, 5000)                 # records per batch; 1 is per-message mode
     BATCH_MAX_WAIT_MS = (1, 3000)          # how long consume(n) waits to fill a batch (under the 5 s freshness)
@@ -107,3 +119,17 @@ EXACT_COUNT_BELOW = 100_000
 DEFAULT_GROUP = "payments"
 DEFAULT_STRATEGY = "none"
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600
+
+# A sidecar the agent can hold off its work without stopping it (the log reader around a lab's
+# drop or reset): the agent passes it the write end of a pipe in this variable; the sidecar writes
+# HOLD_READY there once its signal handlers are installed, and HOLD_DONE each time SIGUSR1 has
+# held it; SIGUSR2 releases it (webapp/agent/processes.py, Sidecar.held).
+HOLD_ACK_FD = "LAB_SIDECAR_ACK_FD"
+HOLD_READY, HOLD_DONE = b"r", b"h"
+
+# librdkafka's debug contexts for the consumers, from the environment (the setting LAB_KAFKA_DEBUG).
+KAFKA_DEBUG = "LAB_KAFKA_DEBUG"
+
+# The lab agent's pid, in a consumer's environment: its parent is the agent's consumer fork
+# server, and the consumer names the agent when it finds itself orphaned.
+AGENT_PID = "LAB_AGENT_PID"

@@ -3,10 +3,11 @@ May import store and domain (its control rows and migrations); ops imports its c
 
 ``python -m webapp.faultproxy --listen 127.0.0.1:P --upstream host:port``, its own process
 (never inside gunicorn). It forwards every byte unchanged in both directions and reads only
-frame headers. The rooms: protocol.py (Kafka's wire framing, the headers it reads), faults.py
-(what a fault does: drop or delay Produce responses, block a client's OffsetCommit), control.py
-(the control row in ``lab_control.fault_proxies``: arming, acknowledgements, heartbeat, the
-timeline), proxy.py (the asyncio proxy, serve and main).
+frame headers. Every fault is one lab's and acts only on requests whose client id names that lab.
+The rooms: protocol.py (Kafka's wire framing, the headers it reads), faults.py (what a fault does:
+drop or delay Produce responses, block a client's OffsetCommit; per lab), control.py (the control
+rows: ``lab_control.fault_proxies`` for the process, ``fault_proxy_labs`` for each lab's faults;
+arming, acknowledgements, heartbeat, the timeline), proxy.py (the asyncio proxy, serve and main).
 """
 from .proxy import main
 

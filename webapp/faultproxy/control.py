@@ -1,15 +1,17 @@
-"""The fault proxy's control row in PostgreSQL (ControlledFaults): faults armed through
-``lab_control.fault_proxies``, reported back there and to the timeline of the lab that armed them.
+"""The fault proxy's control rows in PostgreSQL (ControlledFaults): each lab's faults in its row of
+``lab_control.fault_proxy_labs``, the proxy's own report in ``lab_control.fault_proxies``.
 
-Control goes through PostgreSQL so it works across containers: the lab writes a row in
-``lab_control.fault_proxies`` (operations.arm_fault_proxy) and NOTIFYs; the proxy LISTENs (and
-polls, in case a notification is missed), acknowledges each setting by its version, reports
-counters with a heartbeat, and writes every injected fault to the timeline of the lab that
-armed it.
+Control goes through PostgreSQL so it works across containers: a lab writes its row
+(operations.arm_fault_proxy, block_commits, chaos's cuts; webapp/store/faultproxies.py), bumps the
+proxy's version and NOTIFYs; the proxy LISTENs (and polls, in case a notification is missed),
+acknowledges each setting by its version, reports counters with a heartbeat (each lab's in its
+row), and writes every injected fault to the timeline of the lab whose client it hit: faults act
+only on the clients of the lab that armed them, so that is the lab that armed it.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import socket
@@ -20,10 +22,10 @@ from psycopg.types.json import Jsonb
 
 from ..store import timeline
 from ..store.connection import CONTROL_SCHEMA, psycopg_conninfo
-from ..domain.lab import InvalidLabName, Lab
+from ..domain.lab import Lab
 from ..domain.vocabulary import FAULT_PROXY_CHANNEL
 from ..store.schema import enter_psycopg
-from .faults import Faults
+from .faults import Faults, lab_of
 from .protocol import RequestHeader
 
 log = logging.getLogger("idempotency_lab.faultproxy")
@@ -31,12 +33,15 @@ log = logging.getLogger("idempotency_lab.faultproxy")
 DEFAULT_NAME = "default"
 CHANNEL = FAULT_PROXY_CHANNEL
 TABLE = f"{CONTROL_SCHEMA}.fault_proxies"
+LAB_TABLE = f"{CONTROL_SCHEMA}.fault_proxy_labs"
 HEARTBEAT_EVERY = 1.0
 POLL_EVERY = 0.5
 
 
 class ControlledFaults(Faults):
-    """Faults armed through ``lab_control.fault_proxies``, reported back there and to the timeline."""
+    """Faults armed through ``lab_control.fault_proxy_labs`` (a row per lab), reported back there,
+    the whole proxy's counters in ``lab_control.fault_proxies``, each injected fault on the
+    timeline of the lab whose client it hit (the lab that armed it)."""
 
     def __init__(self, database_url: str, name: str, listen: str, upstream: str):
         super().__init__()
@@ -44,70 +49,91 @@ class ControlledFaults(Faults):
         self.name = name
         self.listen = listen
         self.upstream = upstream
-        self.lab: str | None = None
         self.seen_version = 0
-        self.seen_cut_version = 0
         self._control: psycopg.AsyncConnection | None = None
         self._faults: psycopg.AsyncConnection | None = None
         # Drop claims and timeline writes share one connection; one transaction at a time.
         self._faults_lock = asyncio.Lock()
-        self._delayed_unreported = 0
+        self._delayed_unreported: dict[str, int] = {}  # lab -> responses delayed since the last report
+        self._rows: set[str] = set()  # the labs whose row this proxy read at its last refresh
+        self._reported: dict[str, tuple[int, ...]] = {}  # lab -> the counters last written to its row
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
-        """Register this proxy, disarmed, and start following its control row."""
+        """Register this proxy, every lab disarmed, and start following the control rows."""
         self._control = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
         self._faults = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
         # A proxy starts disarmed: a fault armed for a previous run must not fire on a fresh one.
-        await self._control.execute(
-            f"INSERT INTO {TABLE} (name, listen, upstream, host, pid, started_at, heartbeat_at) "
-            "VALUES (%(name)s, %(listen)s, %(upstream)s, %(host)s, %(pid)s, now(), now()) "
-            "ON CONFLICT (name) DO UPDATE SET listen = EXCLUDED.listen, upstream = EXCLUDED.upstream, "
-            "host = EXCLUDED.host, pid = EXCLUDED.pid, started_at = now(), heartbeat_at = now(), "
-            "drop_produce_responses = 0, delay_ms = 0, seen_version = fault_proxies.version, connections = 0, "
-            "seen_cut_version = fault_proxies.cut_version, connections_cut = 0, "
-            "produce_requests = 0, responses_dropped = 0, responses_delayed = 0, "
-            "blocked_commits = '{}', commits_blocked = 0, blocked_seen = '[]'",
-            {"name": self.name, "listen": self.listen, "upstream": self.upstream,
-             "host": socket.gethostname(), "pid": os.getpid()})
+        async with self._control.transaction():
+            await self._control.execute(f"DELETE FROM {LAB_TABLE} WHERE proxy = %s", [self.name])
+            await self._control.execute(
+                f"INSERT INTO {TABLE} (name, listen, upstream, host, pid, started_at, heartbeat_at) "
+                "VALUES (%(name)s, %(listen)s, %(upstream)s, %(host)s, %(pid)s, now(), now()) "
+                "ON CONFLICT (name) DO UPDATE SET listen = EXCLUDED.listen, upstream = EXCLUDED.upstream, "
+                "host = EXCLUDED.host, pid = EXCLUDED.pid, started_at = now(), heartbeat_at = now(), "
+                "seen_version = fault_proxies.version, connections = 0, connections_cut = 0, "
+                "produce_requests = 0, responses_dropped = 0, responses_delayed = 0, commits_blocked = 0",
+                {"name": self.name, "listen": self.listen, "upstream": self.upstream,
+                 "host": socket.gethostname(), "pid": os.getpid()})
         await self._control.execute(f"LISTEN {CHANNEL}")
         await self.refresh()
         self._task = asyncio.create_task(self._follow(), name="fault-proxy-control")
 
     async def refresh(self) -> None:
-        """Read the control row; acknowledge a new setting by its version."""
-        row = await (await self._control.execute(
-            f"SELECT lab, drop_produce_responses, delay_ms, version, cut_version, cut_client_ids, seen_cut_version, "
-            # a block ends at its time on the database's clock, the same clock that set it
-            "ARRAY(SELECT key FROM jsonb_each_text(blocked_commits) WHERE value::float8 > extract(epoch FROM now())) "
-            f"FROM {TABLE} WHERE name = %s", [self.name])).fetchone()
-        if row is None:
+        """Read every lab's row; acknowledge a new setting by its version."""
+        # The version first: a lab's row written with a version up to it is visible to the next read.
+        version = await (await self._control.execute(
+            f"SELECT version FROM {TABLE} WHERE name = %s", [self.name])).fetchone()
+        if version is None:
             return
-        lab, drop, delay, version, cut_version, cut_client_ids, seen_cut_version, blocked = row
-        self.blocked_commit_clients = frozenset(blocked)
-        if not self.seen_cut_version:
-            self.seen_cut_version = seen_cut_version  # a cut asked for before this proxy started is not ours
-        if cut_version != self.seen_cut_version:
-            await self._cut(cut_version, list(cut_client_ids or []))
-        self.lab, self.drop_produce_responses, self.delay_ms = lab, drop, delay
+        (version,) = version
+        rows = await (await self._control.execute(
+            f"SELECT lab, drop_produce_responses, delay_ms, cut_version, cut_client_ids, seen_cut_version, "
+            # a block ends at its time on the database's clock, the same clock that set it
+            "ARRAY(SELECT key FROM jsonb_each_text(blocked_commits) WHERE value::float8 > extract(epoch FROM now())), "
+            f"blocked_seen FROM {LAB_TABLE} WHERE proxy = %s", [self.name])).fetchall()
+        present = {row[0] for row in rows}
+        for lab in [lab for lab in self.labs if lab not in present]:
+            if lab in self._rows:
+                # Its row was deleted (the lab was reset or dropped): its faults and counts end.
+                del self.labs[lab]
+                self._reported.pop(lab, None)
+                self._delayed_unreported.pop(lab, None)
+            else:
+                self.labs[lab].disarm()
+        self._rows = present
+        seen_changes = []
+        for lab, drop, delay, cut_version, cut_client_ids, seen_cut_version, blocked, blocked_seen in rows:
+            self.arm(lab, drop, delay)
+            self.block_commits(lab, set(blocked))
+            if cut_version != seen_cut_version:
+                await self._cut(lab, cut_version, list(cut_client_ids or []))
+            # Which blocked clients pass through here: one that goes straight to the broker cannot be blocked.
+            seen = sorted(self.labs[lab].blocked_commit_clients & set(self.connected_clients()))
+            if version != self.seen_version and seen != blocked_seen:
+                seen_changes.append((lab, seen))
         if version != self.seen_version:
             self.seen_version = version
-            # Which blocked clients pass through here: one that goes straight to the broker cannot be blocked.
-            seen = sorted(self.blocked_commit_clients & self.connected_clients())
-            await self._control.execute(f"UPDATE {TABLE} SET seen_version = %s, blocked_seen = %s WHERE name = %s",
-                                        [version, Jsonb(seen), self.name])
-            log.info("armed by lab %s: drop the next %s Produce response(s), delay %s ms; block the offset "
-                     "commits of %s", lab, drop, delay, ", ".join(sorted(blocked)) or "no client")
+            async with self._control.transaction():
+                for lab, seen in seen_changes:
+                    await self._control.execute(f"UPDATE {LAB_TABLE} SET blocked_seen = %s WHERE proxy = %s "
+                                                "AND lab = %s", [Jsonb(seen), self.name, lab])
+                await self._control.execute(f"UPDATE {TABLE} SET seen_version = %s WHERE name = %s",
+                                            [version, self.name])
+            for lab, faults in sorted(self.labs.items()):
+                if faults.armed:
+                    log.info("armed by lab %s: drop its next %s Produce response(s), delay them %s ms; block the "
+                             "offset commits of %s", lab, faults.drop_produce_responses, faults.delay_ms,
+                             ", ".join(sorted(faults.blocked_commit_clients)) or "no client")
 
-    async def _cut(self, cut_version: int, client_ids: list[str]) -> None:
-        """Close every client connection of ``client_ids`` (chaos: a broken network path), once per version."""
-        count = self.cut_clients(client_ids) if self.cut_clients is not None else 0
-        self.seen_cut_version = cut_version
-        self.connections_cut += count
+    async def _cut(self, lab: str, cut_version: int, client_ids: list[str]) -> None:
+        """Close every connection of ``client_ids``, clients of ``lab`` (chaos: a broken network
+        path), once per version of the lab's cuts."""
+        count = self.cut(lab, client_ids)
         await self._control.execute(
-            f"UPDATE {TABLE} SET seen_cut_version = %s, connections_cut = connections_cut + %s WHERE name = %s",
-            [cut_version, count, self.name])
-        log.info("cut %s connection(s) of %s", count, ", ".join(client_ids))
+            f"UPDATE {LAB_TABLE} SET seen_cut_version = %s, connections_cut = connections_cut + %s "
+            "WHERE proxy = %s AND lab = %s", [cut_version, count, self.name, lab])
+        log.info("cut %s connection(s) of lab %s's %s", count, lab, ", ".join(client_ids))
 
     async def _follow(self) -> None:
         last_heartbeat = 0.0
@@ -136,53 +162,82 @@ class ControlledFaults(Faults):
             log.warning("still no database: %s", error)
 
     async def _heartbeat(self) -> None:
+        """The proxy alive and its totals; each lab's counters in its row, when they changed."""
         await self._control.execute(
             f"UPDATE {TABLE} SET heartbeat_at = now(), connections = %s, produce_requests = %s, "
-            "responses_delayed = %s, commits_blocked = %s WHERE name = %s",
-            [self.connections, self.produce_requests, self.responses_delayed, self.commits_blocked, self.name])
+            "responses_dropped = %s, responses_delayed = %s, commits_blocked = %s, connections_cut = %s "
+            "WHERE name = %s",
+            [self.connections, self.produce_requests, self.responses_dropped, self.responses_delayed,
+             self.commits_blocked, self.connections_cut, self.name])
+        connected = collections.Counter(lab_of(client) for client in self.connected_clients())
+        for lab, faults in list(self.labs.items()):
+            counts = (connected[lab], faults.produce_requests, faults.responses_delayed, faults.commits_blocked)
+            if self._reported.get(lab) == counts:
+                continue
+            values = {"proxy": self.name, "lab": lab, "connections": counts[0], "produce_requests": counts[1],
+                      "responses_delayed": counts[2], "commits_blocked": counts[3]}
+            if lab in self._rows:
+                await self._control.execute(
+                    f"UPDATE {LAB_TABLE} SET connections = %(connections)s, produce_requests = %(produce_requests)s, "
+                    "responses_delayed = %(responses_delayed)s, commits_blocked = %(commits_blocked)s "
+                    "WHERE proxy = %(proxy)s AND lab = %(lab)s", values)
+            else:  # a lab that armed nothing yet: its counters get a row of their own
+                await self._control.execute(
+                    f"INSERT INTO {LAB_TABLE} (proxy, lab, connections, produce_requests, responses_delayed, "
+                    "commits_blocked) VALUES (%(proxy)s, %(lab)s, %(connections)s, %(produce_requests)s, "
+                    "%(responses_delayed)s, %(commits_blocked)s) ON CONFLICT (proxy, lab) DO UPDATE SET "
+                    "connections = EXCLUDED.connections, produce_requests = EXCLUDED.produce_requests, "
+                    "responses_delayed = EXCLUDED.responses_delayed, commits_blocked = EXCLUDED.commits_blocked",
+                    values)
+            self._reported[lab] = counts
 
     async def _report_delays(self) -> None:
-        """One timeline entry per second for delayed responses, not one per response."""
-        if not self._delayed_unreported:
-            return
-        count, self._delayed_unreported = self._delayed_unreported, 0
-        await self._record(f"fault proxy delayed {count} Produce response(s) by {self.delay_ms} ms",
-                           responses=count, delay_ms=self.delay_ms)
+        """One timeline entry per lab per second for delayed responses, not one per response."""
+        unreported, self._delayed_unreported = self._delayed_unreported, {}
+        for lab, count in sorted(unreported.items()):
+            delay_ms = self.labs[lab].delay_ms if lab in self.labs else 0
+            await self._record(lab, f"fault proxy delayed {count} Produce response(s) by {delay_ms} ms",
+                               responses=count, delay_ms=delay_ms)
 
     def delay_for(self, request: RequestHeader) -> float:
         seconds = super().delay_for(request)
         if seconds:
-            self._delayed_unreported += 1
+            lab = lab_of(request.client_id)
+            self._delayed_unreported[lab] = self._delayed_unreported.get(lab, 0) + 1
         return seconds
 
     async def take_drop(self, request: RequestHeader) -> bool:
-        if self.drop_produce_responses <= 0:
+        faults = self.of_request(request)
+        if faults is None or faults.drop_produce_responses <= 0:
             return False  # the common, disarmed case never touches the database
+        lab = lab_of(request.client_id)
         try:
             async with self._faults_lock:
-                # The row is the truth: exactly N drops however many connections race for them.
+                # The lab's row is the truth: exactly N drops however many connections race for them.
                 row = await (await self._faults.execute(
-                    f"UPDATE {TABLE} SET drop_produce_responses = drop_produce_responses - 1, "
+                    f"UPDATE {LAB_TABLE} SET drop_produce_responses = drop_produce_responses - 1, "
                     "responses_dropped = responses_dropped + 1 "
-                    "WHERE name = %s AND drop_produce_responses > 0 RETURNING lab, drop_produce_responses",
-                    [self.name])).fetchone()
+                    "WHERE proxy = %s AND lab = %s AND drop_produce_responses > 0 RETURNING drop_produce_responses",
+                    [self.name, lab])).fetchone()
         except psycopg.Error as error:
             # Without the database no drop can be accounted for: pass the response on.
             log.warning("cannot claim a drop: %s", error)
             await self._reconnect_faults()
             return False
         if row is None:
-            self.drop_produce_responses = 0
+            faults.drop_produce_responses = 0
             return False
-        self.lab, self.drop_produce_responses = row
+        (faults.drop_produce_responses,) = row
+        faults.responses_dropped += 1
         self.responses_dropped += 1
         return True
 
     async def dropped(self, request: RequestHeader, peer: str) -> None:
         await super().dropped(request, peer)
-        left = self.drop_produce_responses
+        lab = lab_of(request.client_id)
+        left = self.labs[lab].drop_produce_responses if lab in self.labs else 0
         await self._record(
-            f"fault proxy dropped the response to a Produce request (correlation id {request.correlation_id}) "
+            lab, f"fault proxy dropped the response to a Produce request (correlation id {request.correlation_id}) "
             f"and closed the producer's connection: the broker wrote the record, the producer never heard; "
             f"librdkafka will retry ({left} more to drop)",
             correlation_id=request.correlation_id, api_version=request.api_version,
@@ -191,18 +246,17 @@ class ControlledFaults(Faults):
     async def commit_blocked(self, request: RequestHeader, peer: str) -> None:
         await super().commit_blocked(request, peer)
         await self._record(
+            lab_of(request.client_id),
             f"fault proxy closed {request.client_id}'s connection carrying an OffsetCommit (correlation id "
             f"{request.correlation_id}): the broker never saw the commit, the group's committed offset did not move",
             correlation_id=request.correlation_id, client_id=request.client_id)
 
-    async def _record(self, summary: str, **detail) -> None:
-        """Append a 'fault' entry to the timeline of the lab that armed the proxy."""
-        if not self.lab:
+    async def _record(self, lab: str | None, summary: str, **detail) -> None:
+        """Append a 'fault' entry to ``lab``'s timeline: the lab whose client the fault hit, the one
+        that armed it."""
+        if not lab:
             return
-        try:
-            schema = Lab(self.lab).schema
-        except InvalidLabName:
-            return
+        schema = Lab(lab).schema
         statements: list[tuple[str, dict]] = []
         timeline.record(lambda sql, params: statements.append((sql, params)), "fault", summary,
                         proxy=self.name, **detail)
@@ -214,7 +268,7 @@ class ControlledFaults(Faults):
                         await self._faults.execute(sql, params)
         except psycopg.Error as error:
             # The lab may have been reset meanwhile; the fault happened all the same.
-            log.warning("could not write to lab %s's timeline: %s", self.lab, error)
+            log.warning("could not write to lab %s's timeline: %s", lab, error)
             if self._faults.broken:
                 await self._reconnect_faults()
 

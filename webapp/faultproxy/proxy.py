@@ -16,6 +16,7 @@ import os
 import signal
 from typing import Callable
 
+from ..settings import database_url
 from .control import DEFAULT_NAME, ControlledFaults, ensure_control_table
 from .faults import DROP_HOLD_SECONDS, Faults
 from .protocol import (OFFSET_COMMIT, PRODUCE, ProtocolError, RequestHeader, parse_request_header,
@@ -41,7 +42,7 @@ class FaultProxy:
         self.clients: dict[asyncio.Task, asyncio.StreamWriter] = {}  # serving task -> client's writer
         self.client_ids: dict[asyncio.Task, str] = {}  # serving task -> the client id its requests carry
         self.faults.cut_clients = self.cut
-        self.faults.connected_clients = lambda: set(self.client_ids.values())
+        self.faults.connected_clients = lambda: list(self.client_ids.values())
 
     def cut(self, client_ids: list[str]) -> int:
         """Abort the connections whose requests carry one of ``client_ids``; how many."""
@@ -198,8 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m webapp.faultproxy", description=__doc__.split("\n")[0])
     parser.add_argument("--listen", type=_address, required=True, help="host:port clients connect to")
     parser.add_argument("--upstream", type=_address, required=True, help="host:port of the broker's listener")
-    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"),
-                        help="PostgreSQL for the control row (default: DATABASE_URL)")
+    parser.add_argument("--database-url", default=database_url(),
+                        help="PostgreSQL for the control row (default: DATABASE_URL, with DATABASE_PASSWORD_FILE's "
+                             "password)")
     parser.add_argument("--name", default=DEFAULT_NAME, help="the control row's name")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO,

@@ -10,6 +10,7 @@ Lives in the lab agent (never in a web process). Modes:
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import uuid
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ from ..store.labs import Lab
 
 MODES = ("normal", "burst", "resend", "source-duplicate", "poison")
 MAX_BURST = 10_000
+# The agent's producers kept at once (each a librdkafka instance with its threads and connections).
+MAX_PRODUCERS = 16
 FLUSH_TIMEOUT = 30.0
 
 
@@ -60,26 +63,44 @@ class SequencedProducer:
 
 
 class Publisher:
-    """One producer per setting (idempotence, requests in flight), created on first use and kept."""
+    """One producer per lab and setting (idempotence, requests in flight), created on first use and
+    kept: each lab's producers carry its client id, so the fault proxy's faults armed by one lab
+    act on that lab's publishes only. At most ``max_producers`` are kept; the least recently used
+    is flushed and closed first (a class's scenario runs are a lab each)."""
 
-    def __init__(self, bootstrap_servers: str):
+    def __init__(self, bootstrap_servers: str, max_producers: int = MAX_PRODUCERS):
         self.bootstrap_servers = bootstrap_servers
-        self._producers: dict[tuple[bool, int | None], SequencedProducer] = {}
+        self.max_producers = max_producers
+        # Least recently used first.
+        self._producers: collections.OrderedDict[tuple[str, bool, int | None], SequencedProducer] = \
+            collections.OrderedDict()
 
-    def producer(self, idempotent: bool, max_in_flight: int | None = None) -> SequencedProducer:
-        setting = (idempotent, max_in_flight)
-        if setting not in self._producers:
-            # The id names the setting, so the strip can say which producer wrote a record.
-            name = ("idempotent" if idempotent else "plain") + (f"-inflight{max_in_flight}" if max_in_flight else "")
-            self._producers[setting] = SequencedProducer(
-                Producer(producer_config(self.bootstrap_servers, idempotent, max_in_flight)),
-                f"{name}-{uuid.uuid4().hex[:8]}")
+    def producer(self, lab: Lab, idempotent: bool, max_in_flight: int | None = None) -> SequencedProducer:
+        setting = (lab.name, idempotent, max_in_flight)
+        if setting in self._producers:
+            self._producers.move_to_end(setting)
+            return self._producers[setting]
+        while len(self._producers) >= self.max_producers:
+            _, oldest = self._producers.popitem(last=False)
+            oldest.producer.flush(5)
+        # The id names the setting, so the strip can say which producer wrote a record.
+        name = ("idempotent" if idempotent else "plain") + (f"-inflight{max_in_flight}" if max_in_flight else "")
+        self._producers[setting] = SequencedProducer(
+            Producer(producer_config(self.bootstrap_servers, idempotent, max_in_flight,
+                                     client_id=lab.producer_client_id)),
+            f"{name}-{uuid.uuid4().hex[:8]}")
         return self._producers[setting]
 
-    def send(self, topic: str, records: list[tuple[bytes | None, bytes]], idempotent: bool,
+    def forget(self, lab: Lab) -> None:
+        """Flush and close the lab's producers (the lab is being reset or dropped)."""
+        for setting in [setting for setting in self._producers if setting[0] == lab.name]:
+            self._producers.pop(setting).producer.flush(5)
+
+    def send(self, lab: Lab, topic: str, records: list[tuple[bytes | None, bytes]], idempotent: bool,
              max_in_flight: int | None = None) -> list[Report]:
-        """Produce ``(key, value)`` records and wait for every delivery report, in order."""
-        producer = self.producer(idempotent, max_in_flight).producer
+        """Produce ``(key, value)`` records with the lab's producer and wait for every delivery
+        report, in order."""
+        producer = self.producer(lab, idempotent, max_in_flight).producer
         reports: list[Report | None] = [None] * len(records)
 
         def on_delivery(index: int):
@@ -234,8 +255,8 @@ def publish(conn: psycopg.Connection, publisher: Publisher, lab: Lab, args: dict
     idempotent = bool(args.get("idempotent", True))
     max_in_flight = _int(args, "max_in_flight", *Limits.MAX_IN_FLIGHT) if args.get("max_in_flight") is not None else None
     mode, built = build_records(conn, args)
-    built = publisher.producer(idempotent, max_in_flight).stamp(built)
-    reports = publisher.send(lab.topic, [(e.key if e else None, value) for e, value in built], idempotent,
+    built = publisher.producer(lab, idempotent, max_in_flight).stamp(built)
+    reports = publisher.send(lab, lab.topic, [(e.key if e else None, value) for e, value in built], idempotent,
                              max_in_flight)
     rows = []
     with conn.transaction():

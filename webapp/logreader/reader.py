@@ -39,7 +39,7 @@ from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer,
 from ..domain import events
 from ..domain.waits import WaitTimeout, wait_until
 from ..store.connection import connect
-from ..store.labs import Lab
+from ..domain.lab import Lab
 from ..store.schema import quoted
 
 log = logging.getLogger("idempotency_lab.logreader")
@@ -173,6 +173,10 @@ class Stats:
     labs: int = 0
 
 
+# Not "lab-...": the reader serves every lab, and no lab's faults may match it (Lab.of_client_id).
+LOG_READER_CLIENT_ID = "idempotency-lab-log-reader"
+
+
 class LogReader:
     """Mirror every lab topic into its lab's ``log_records``.
 
@@ -184,7 +188,7 @@ class LogReader:
 
     def __init__(self, database_url: str, bootstrap_servers: str,
                  labs: Callable[[psycopg.Connection], Iterable[Lab]] | None = None,
-                 batch: int = BATCH, poll_timeout: float = POLL_TIMEOUT, client_id: str = "lab-log-reader"):
+                 batch: int = BATCH, poll_timeout: float = POLL_TIMEOUT, client_id: str = LOG_READER_CLIENT_ID):
         self.database_url = database_url
         self.bootstrap_servers = bootstrap_servers
         self.labs_provider = labs or default_labs
@@ -201,6 +205,11 @@ class LogReader:
         self._pause_lock = threading.Lock()
         self._paused = threading.Event()
         self._reading_thread: threading.Thread | None = None
+        # Holding (the agent's signal, around a lab drop or reset in the sidecar process): see hold().
+        self._held = False
+        self._holds = 0  # holds asked so far: each one is acknowledged once (on_held)
+        self.on_held: Callable[[], None] | None = None
+        self._turned_at = time.monotonic()  # the reading loop's last round (turning())
 
     # --- clients ---------------------------------------------------------------------------
 
@@ -313,15 +322,33 @@ class LogReader:
             with self._pause_lock:
                 self._pause_requests -= 1
 
+    def hold(self) -> None:
+        """Ask the reading thread to close its consumer, call ``on_held``, and read nothing until
+        :meth:`release`: :meth:`paused` for a caller in another process (the agent signals the log
+        reader's process). Safe in a signal handler: it only sets a flag."""
+        self._held = True
+        self._holds += 1
+
+    def release(self) -> None:
+        """End a :meth:`hold`: the next round starts a new consumer, each lab from its table."""
+        self._held = False
+
     def _pause_point(self) -> bool:
-        """On the reading thread: while a pause is requested, close the consumer and wait.
-        True when it paused (the round reads nothing)."""
-        if not self._pause_requests:
+        """On the reading thread: while a pause or a hold is requested, close the consumer and
+        wait. True when it paused (the round reads nothing)."""
+        if not (self._pause_requests or self._held):
             return False
         self._recycle()
         self._paused.set()
-        while self._pause_requests:
-            time.sleep(0.05)
+        acknowledged = 0
+        while self._pause_requests or self._held:
+            # Each hold answered once, including one asked again just after a release, before
+            # this loop saw the release (two lab resets in a row).
+            if self._held and self._holds != acknowledged and self.on_held is not None:
+                acknowledged = self._holds
+                self.on_held()
+            self._turned_at = time.monotonic()  # held on purpose, not stuck: it keeps beating
+            time.sleep(0.05)  # a signal (release) interrupts it; the flags are looked at again
         self._paused.clear()
         return True
 
@@ -435,6 +462,14 @@ class LogReader:
         """Where the mirror of each topic's partitions ends (the next offset it expects)."""
         return {topic: dict(mirror.positions) for topic, mirror in list(self._mirrors.items())}
 
+    # A round of the reading loop lasts at most a poll (0.2 s) or a wait for the writer (0.2 s); a
+    # loop that has not turned for this long is stuck, and the process stops beating (__main__.py).
+    STUCK_AFTER = 2.0
+
+    def turning(self) -> bool:
+        """Whether the reading loop went round lately (its heartbeat's condition)."""
+        return time.monotonic() - self._turned_at < self.STUCK_AFTER
+
     def run(self, stop: threading.Event) -> None:
         """Mirror until ``stop`` is set; then close the clients.
 
@@ -452,10 +487,12 @@ class LogReader:
         self._reading_thread = threading.current_thread()
         try:
             while not stop.is_set():
+                self._turned_at = time.monotonic()
                 try:
                     self._handle_failures(failures)
                     for mirror, rows in self._read(None):
                         while not stop.is_set():
+                            self._turned_at = time.monotonic()
                             try:
                                 batches.put((mirror, rows), timeout=0.2)
                                 break

@@ -15,6 +15,8 @@ import threading
 
 from werkzeug.serving import make_server
 
+from ..settings import database_url
+from ..store.service_heartbeats import NOTIFICATION_SERVICE, Beater
 from .protocol import DEFAULT_LISTEN
 from .service import create_service
 
@@ -32,19 +34,22 @@ def main(argv: list[str] | None = None) -> int:
                         default=parse_listen(os.environ.get("LAB_NOTIFY_LISTEN") or DEFAULT_LISTEN))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s notify[{os.getpid()}] %(message)s")
-    database_url = os.environ.get("DATABASE_URL")
-    if not database_url:
+    url = database_url()
+    if not url:
         print("DATABASE_URL must be set", file=sys.stderr)
         return 2
     host, port = args.listen
-    server = make_server(host, port, create_service(database_url), threaded=True)
+    server = make_server(host, port, create_service(url), threaded=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
     serving = threading.Thread(target=server.serve_forever, name="notify http", daemon=True)
     serving.start()
     logging.info("notification service listening on http://%s:%d", host, port)
+    # Beats while its HTTP server runs: the dashboard shows it down within 5 s of its last beat.
+    beater = Beater(url, NOTIFICATION_SERVICE, alive=serving.is_alive).start()
     stop.wait()
+    beater.stop()
     server.shutdown()
     server.server_close()
     return 0

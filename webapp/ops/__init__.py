@@ -12,8 +12,8 @@ from . import throughput  # noqa: F401  (batch mode, commit mode, static members
 from . import outbox  # noqa: F401  (the transactional outbox, issue 13)
 from .agent_commands import NoAgent
 from .faults import NoFaultProxy
-from .registry import (OPERATIONS, Args, Context, InvalidRequest, NotFound, Operation, add_hooks, by_step, call,
+from .registry import (OPERATIONS, Args, Busy, Context, InvalidRequest, NotFound, Operation, add_hooks, by_step, call,
                        get, run, validate)
 
-__all__ = ["OPERATIONS", "Args", "Context", "InvalidRequest", "NoAgent", "NoFaultProxy", "NotFound", "Operation",
+__all__ = ["OPERATIONS", "Args", "Busy", "Context", "InvalidRequest", "NoAgent", "NoFaultProxy", "NotFound", "Operation",
            "add_hooks", "by_step", "call", "get", "run", "validate"]

@@ -5,16 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from ..store import command_channel
-from .registry import Context, InvalidRequest, NotFound
+from .registry import Busy, Context, InvalidRequest, NotFound
 
 NoAgent = command_channel.NoAgent
 
 
 def run_command(ctx: Context, verb: str, args: dict[str, Any], *, agent_id: str | None = None,
-                field: str = "request") -> dict:
+                field: str = "request", timeout: float = 30.0) -> dict:
     """Carry out ``verb`` on an agent; its refusals become InvalidRequest naming their field."""
     try:
-        return command_channel.run(ctx.engine, ctx.lab.name, verb, args, agent_id=agent_id)
+        return command_channel.run(ctx.engine, ctx.lab.name, verb, args, agent_id=agent_id, timeout=timeout)
     except command_channel.CommandNotFound as error:
         raise NotFound(str(error)) from None
     except command_channel.NoAgent:
@@ -22,4 +22,6 @@ def run_command(ctx: Context, verb: str, args: dict[str, Any], *, agent_id: str 
     except command_channel.CommandError as error:
         message = str(error)
         named = message.split(":", 1)[0] if ":" in message else ""
+        if named == "busy":  # the agent found the lab busy (two requests at once): what runs, how to stop it
+            raise Busy(message.removeprefix("busy: ")) from None
         raise InvalidRequest(named if named.isidentifier() else field, message) from None

@@ -1,6 +1,7 @@
 """The fault proxy: a real Kafka-aware proxy between the lab's Kafka clients and the broker that
 can drop or delay Produce responses (lost ack) and keep one consumer's offset commits from the
-broker (commit mode) (see webapp/faultproxy/faults.py)."""
+broker (commit mode) (see webapp/faultproxy/faults.py). Every operation here reads and changes the
+calling lab's faults only, and those act only on that lab's clients (by their Kafka client ids)."""
 from __future__ import annotations
 
 from pydantic import Field, model_validator
@@ -48,37 +49,40 @@ class NoArgs(Args):
 
 
 NO_PROXY_RUNNING = ("no fault proxy is running: `make run` starts one with the embedded broker; "
-                    "with docker compose, the faultproxy service (see README, \"Lost ack\")")
+                    "with docker compose, the faultproxy service (see the docs: /docs/concepts/lost-ack/)")
 
 
 @operation("get_fault_proxy", method="GET", path="/fault-proxy", tags=("faults",),
-           summary="The fault proxy as it last reported: running, armed (and by which lab), counters")
+           summary="The fault proxy as it last reported (running, where) and this lab's own faults and "
+                   "counters: every lab's faults act on its own Kafka clients only, and no lab sees another's")
 def get_fault_proxy(ctx: Context, args: NoArgs) -> dict:
     with ctx.engine.connect() as conn:
-        row = store.report(conn, DEFAULT_NAME, FAULT_PROXY_FRESH_SECONDS)
-        blocked = store.blocked_commit_clients(conn, DEFAULT_NAME) if row is not None else {}
-        ours = store.blocked_commits_of(conn, DEFAULT_NAME, ctx.lab.client_id("")) if blocked else {}
+        row = store.report(conn, DEFAULT_NAME, ctx.lab.name, FAULT_PROXY_FRESH_SECONDS)
+        ours = store.blocked_commits_of(conn, DEFAULT_NAME, ctx.lab.name, ctx.lab.client_id("")) \
+            if row is not None else {}
     if row is None:
         return {"name": DEFAULT_NAME, "running": False, "armed": False, "armed_by": None,
                 "armed_by_this_lab": False, "drop_produce_responses": 0, "delay_ms": 0, "listen": None,
                 "upstream": None, "connections": 0, "produce_requests": 0, "responses_dropped": 0,
-                "responses_delayed": 0, "commits_blocked_of": {}, "commits_blocked": 0, "heartbeat_age": None}
-    # armed: by any lab; commits_blocked_of: this lab's consumers, by name, with the seconds left.
-    armed = bool(row["running"]) and (row["drop_produce_responses"] > 0 or row["delay_ms"] > 0
-                                      or bool(blocked))
+                "responses_delayed": 0, "commits_blocked_of": {}, "commits_blocked": 0, "connections_cut": 0,
+                "heartbeat_age": None}
+    # Everything below is this lab's: its faults, and what the proxy did to its clients.
+    armed = bool(row["running"]) and (row["drop_produce_responses"] > 0 or row["delay_ms"] > 0 or bool(ours))
     return {"name": row["name"], "running": bool(row["running"]), "armed": armed,
-            "armed_by": row["lab"] if armed else None, "armed_by_this_lab": armed and row["lab"] == ctx.lab.name,
+            "armed_by": ctx.lab.name if armed else None, "armed_by_this_lab": armed,
             "drop_produce_responses": row["drop_produce_responses"], "delay_ms": row["delay_ms"],
             "listen": row["listen"], "upstream": row["upstream"], "connections": row["connections"],
             "produce_requests": row["produce_requests"], "responses_dropped": row["responses_dropped"],
             "responses_delayed": row["responses_delayed"],
-            "commits_blocked_of": {name: round(left, 1) for name, left in ours.items()}, "commits_blocked": row["commits_blocked"],
+            "commits_blocked_of": {name: round(left, 1) for name, left in ours.items()},
+            "commits_blocked": row["commits_blocked"], "connections_cut": row["connections_cut"],
             "heartbeat_age": float(row["heartbeat_age"]) if row["heartbeat_age"] is not None else None}
 
 
 @operation("arm_fault_proxy", path="/fault-proxy", step="lost_ack", cli="lost-ack", tags=("faults",),
-           summary="Arm the lost-ack fault proxy: drop the next N Produce responses and/or delay them "
-                   "(both 0 disarms); returns once the proxy took the setting")
+           summary="Arm the lost-ack fault proxy on this lab's producer: drop its next N Produce responses "
+                   "and/or delay them (both 0 disarms); other labs' clients are untouched; returns once the "
+                   "proxy took the setting")
 def arm_fault_proxy(ctx: Context, args: ArmFaultProxyArgs) -> dict:
     drops, delay = args.drop_produce_responses or 0, args.delay_ms or 0
     with ctx.engine.begin() as conn:
@@ -106,7 +110,7 @@ def block_commits(ctx: Context, args: BlockCommitsArgs) -> dict:
     _set_commit_block(ctx, client, args.seconds if args.blocked else None)
     if args.blocked:
         with ctx.engine.connect() as conn:
-            passes_the_proxy = client in store.blocked_seen(conn, DEFAULT_NAME)
+            passes_the_proxy = client in store.blocked_seen(conn, DEFAULT_NAME, ctx.lab.name)
         if not passes_the_proxy:
             # Nothing would keep its commits from the broker: undo, and say why instead of pretending.
             _set_commit_block(ctx, client, None)

@@ -136,6 +136,18 @@ def set_group_settings(ctx: Context, args: GroupSettingsArgs) -> dict:
     return {"group_id": group_id, "on_unique_violation": args.on_unique_violation}
 
 
+# A recovery restarts the members, waits up to twice a session timeout for an assignment, and may
+# move the group and wait again (agent/handlers.py recover_group): longer than a command's usual 30 s.
+RECOVER_TIMEOUT = 90.0
+
+
+@operation("recover_group", path="/groups/<group>/recover", step="recover_group", cli="recover-group",
+           tags=("groups",), summary="Recover a stalled group: restart its members; if the broker still assigns "
+                                     "them nothing, move it to a fresh Kafka group id with its committed offsets")
+def recover_group(ctx: Context, args: GroupRef) -> dict:
+    return run_command(ctx, "group.recover", {"group": args.group}, field="group", timeout=RECOVER_TIMEOUT)
+
+
 @operation("reset_offsets", path="/groups/<group>/reset-offsets", step="reset_offsets", tags=("groups",),
            summary="Stop the group's consumers, move its committed offsets, restart them (redelivery)")
 def reset_offsets(ctx: Context, args: ResetOffsetsArgs) -> dict:

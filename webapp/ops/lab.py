@@ -4,6 +4,8 @@ from __future__ import annotations
 from pydantic import model_validator
 
 from ..strategies import ttl
+from ..domain.group_health import (MAX_POLL_INTERVAL_SETTING, lock_timeout_ms, max_poll_interval_ms,
+                                   statement_timeout_ms)
 from ..domain.vocabulary import DEFAULT_TTL_SECONDS, Limits
 from ..store.labs import lab_schemas
 from ..store import labdata, schema
@@ -33,7 +35,8 @@ class CleanupArgs(Args):
 
 class DatabaseSettingsArgs(Args):
     lock_timeout_ms: Whole = within(Limits.SESSION_TIMEOUT_MS, "a statement waiting for a lock longer than this "
-                                    "fails (lock_timeout; 0: waits for ever)", unit=" ms")
+                                    "fails (lock_timeout; 0: no lab limit, the consumer's own bound below "
+                                    "max.poll.interval.ms applies)", unit=" ms")
     idle_in_transaction_session_timeout_ms: Whole = within(
         Limits.SESSION_TIMEOUT_MS, "a session idle inside an open transaction longer than this is terminated by "
         "PostgreSQL, its transaction rolled back (a frozen zombie's; 0: never)", unit=" ms")
@@ -91,7 +94,13 @@ DATABASE_SETTINGS = ("lock_timeout_ms", "idle_in_transaction_session_timeout_ms"
 def get_database_settings(ctx: Context, args: NoArgs) -> dict:
     with schema.connect_in(ctx.engine, ctx.lab.schema) as conn:
         values = labdata.settings(conn)
-    return {key: int(values.get(key) or 0) for key in DATABASE_SETTINGS}
+    chosen = {key: int(values.get(key) or 0) for key in DATABASE_SETTINGS}
+    # What the consumers' effects connections run with: the lab's settings bounded below their
+    # max.poll.interval.ms (domain/group_health.py), so no statement keeps one from polling.
+    poll_interval = max_poll_interval_ms(values.get(MAX_POLL_INTERVAL_SETTING))
+    return {**chosen, "max_poll_interval_ms": poll_interval,
+            "effective_lock_timeout_ms": lock_timeout_ms(chosen["lock_timeout_ms"], poll_interval),
+            "statement_timeout_ms": statement_timeout_ms(poll_interval)}
 
 
 @operation("set_database_settings", settles=True, path="/database-settings", step="database_settings", cli="database-settings",

@@ -33,3 +33,19 @@ def check_burst(ctx: Context, count: int | None) -> None:
         return
     raise LimitReached("count", f"at most {most} events per burst in this class (LAB_MAX_BURST), so that every "
                                 "attendee's lab keeps up: publish a smaller burst")
+
+
+def check_ceiling(ctx: Context, field: str, setting: str, value: int) -> None:
+    """Refuse ``value`` above the ceiling ``setting`` (unset: only the field's own bounds). A class
+    gets its ceilings by default (webapp/settings/model.py); any deployment may set them."""
+    ceiling = ctx.config.get(setting)
+    if ceiling is not None and value > int(ceiling):
+        raise LimitReached(field, f"must be at most {int(ceiling):,} on this lab ({setting})")
+
+
+def check_raw_record(ctx: Context, value: str | None, headers: dict[str, str] | None) -> None:
+    """A raw record within this lab's ceilings: its value's bytes, its headers and each header's bytes."""
+    check_ceiling(ctx, "value", "LAB_MAX_RECORD_VALUE_BYTES", len((value or "").encode()))
+    check_ceiling(ctx, "headers", "LAB_MAX_RECORD_HEADERS", len(headers or {}))
+    for name, header in (headers or {}).items():
+        check_ceiling(ctx, "headers", "LAB_MAX_RECORD_HEADER_BYTES", len(name.encode()) + len(header.encode()))

@@ -109,7 +109,9 @@ class ProduceRawArgs(Args):
     value: str | None = Field(None, max_length=Limits.RAW_VALUE_CHARACTERS, description="the record's value exactly as typed: "
                               "JSON or any text; empty: no value (a tombstone)")
     headers: dict[str, str] | None = Field(None, description='headers, as a JSON object like {"source": "bank-b"} '
-                                           'or one `name: value` per line')
+                                           f'or one `name: value` per line; at most {Limits.RAW_HEADERS} headers, '
+                                           f'names of at most {Limits.RAW_HEADER_NAME_CHARACTERS} characters, '
+                                           f'values of at most {Limits.RAW_HEADER_VALUE_CHARACTERS}')
     partition: Whole = within(Limits.PARTITION_INDEX, "the partition; empty: chosen from the key")
     idempotent: bool = Field(True, description="enable.idempotence on the producer")
 
@@ -129,10 +131,30 @@ class ProduceRawArgs(Args):
             raise ValueError("give one `name: value` per line, or a JSON object")
         return {name.strip(): header.strip() for name, header in pairs}
 
+    @field_validator("headers")
+    @classmethod
+    def _headers_within_bounds(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        """Bounded like the value: a record's headers travel to the broker and into every panel."""
+        if not value:
+            return value
+        if len(value) > Limits.RAW_HEADERS:
+            raise ValueError(f"at most {Limits.RAW_HEADERS} headers on one record ({len(value)} given)")
+        for name, header in value.items():
+            if not name:
+                raise ValueError("a header needs a name")
+            if len(name) > Limits.RAW_HEADER_NAME_CHARACTERS:
+                raise ValueError(f"header name {name[:20]!r}… is longer than "
+                                 f"{Limits.RAW_HEADER_NAME_CHARACTERS} characters")
+            if len(header) > Limits.RAW_HEADER_VALUE_CHARACTERS:
+                raise ValueError(f"header {name[:40]!r}: its value is longer than "
+                                 f"{Limits.RAW_HEADER_VALUE_CHARACTERS} characters")
+        return value
+
 
 @operation("produce_raw", path="/produce-raw", status=201, step="produce_raw", tags=("events",),
            summary="Produce one record exactly as typed (key, value, headers, partition), like any Kafka client")
 def produce_raw(ctx: Context, args: ProduceRawArgs) -> dict:
+    limits.check_raw_record(ctx, args.value, args.headers)
     if args.partition is not None:
         with schema.connect_in(ctx.engine, ctx.lab.schema) as conn:
             partitions = int(labdata.settings(conn).get("partitions") or 1)

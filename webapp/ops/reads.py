@@ -5,9 +5,11 @@ from pydantic import Field
 
 from ..readmodel import state
 from ..readmodel.consumers import consumers
+from ..readmodel.group_health import group_health
 from ..readmodel.groups import effects_schemas, groups_list
 from ..readmodel.partitions import partitions
 from ..readmodel.producer_duplicates import producer_duplicates
+from ..readmodel.service_health import service_health
 from ..readmodel import verdict as verdict_module
 from ..store.schema import enter
 from ..store.schema import session_in
@@ -39,13 +41,16 @@ def get_state(ctx: Context, args: StateArgs) -> dict:
     # One snapshot for the whole answer: read committed would let the accounts and the verdict each
     # see a different moment (a record the log reader mirrors in between), and contradict each other.
     with session_in(ctx.engine.execution_options(isolation_level="REPEATABLE READ"), lab.schema) as session:
+        health = group_health(session, lab)
         return {
             "lab": lab.name, "topic": lab.topic,
             "accounts": [{**line.__dict__, "difference": line.difference}
                          for line in state.accounts(session, lab, exact=args.exact)],
             "verdict": state.verdict(session, lab, exact=args.exact).as_dict(),
             "producer_duplicates": producer_duplicates(session, lab, exact=args.exact),
-            "groups": groups_list(session),
+            # Each group with its health (readmodel/group_health.py): stable, rebalancing, stalled,
+            # recovering or empty, and the sentence the status bar shows.
+            "groups": [{**group, "health": health.get(group["group_id"])} for group in groups_list(session)],
             "consumers": [consumer_json(c) for c in consumers(session, lab)],
             "partitions": [{"partition": p.partition, "log_end": p.log_end, "committed": p.committed,
                             "positions": p.positions,
@@ -55,7 +60,18 @@ def get_state(ctx: Context, args: StateArgs) -> dict:
                            for p in partitions(session, lab, cells=False)],
             "ttl": get_ttl(ctx, NoArgs()),
             "lanes": lane_states(session, lab, exact=args.exact),
+            # The parts the lab depends on (readmodel/service_health.py): each up (true), down
+            # (false, with the status bar's sentence and what to do) or unknown (null).
+            "services": service_health(session, lab),
         }
+
+
+@operation("list_consumers", method="GET", path="/consumers", cli="consumers", tags=("consumers",),
+           summary="The lab's consumers as they last reported (the consumers panel), without the rest of "
+                   "the state: a cheap read to poll")
+def list_consumers(ctx: Context, args: NoArgs) -> dict:
+    with session_in(ctx.engine, ctx.lab.schema) as session:
+        return {"consumers": [consumer_json(c) for c in consumers(session, ctx.lab)]}
 
 
 def lane_states(session, lab, exact: bool = False) -> list[dict]:

@@ -34,6 +34,14 @@ class InvalidRequest(Exception):
         self.message = message
 
 
+class Busy(InvalidRequest):
+    """The lab is busy with a job that must finish (or be stopped) first: the API answers 409, a
+    form shows it at its top. The message says what runs and how to stop it."""
+
+    def __init__(self, message: str):
+        super().__init__("busy", message)
+
+
 class NotFound(LookupError):
     """The request names a consumer, group or command that does not exist."""
 

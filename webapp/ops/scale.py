@@ -6,8 +6,13 @@
 - ``set_dedup_layout``: ``processed_events`` plain or range-partitioned by the event's own time
   (webapp/strategies/dedup_layout.py), converted in place with its keys, only while the lab's consumers are
   stopped.
-- ``dedup_warmup``: fill ``processed_events`` with synthetic keys (set-based, no events) to
-  measure a dedup table at a million keys without producing a million events.
+- ``dedup_warmup`` / ``cancel_dedup_warmup`` / ``get_dedup_warmup``: fill ``processed_events`` with
+  synthetic keys (set-based, no events) to measure a dedup table at a million keys without
+  producing a million events; run by a lab agent (webapp/agent/warmup.py) like the load, progress
+  in the lab's ``warmup_runs``.
+
+A load and a warm-up are the lab's heavy jobs: one at a time per lab (webapp/store/heavy_jobs.py),
+a second is refused (409, ``Busy``) saying what runs and how to stop it.
 """
 from __future__ import annotations
 
@@ -21,11 +26,12 @@ from ..strategies import dedup_layout
 from ..store.connection import CONTROL_SCHEMA
 from ..domain.vocabulary import LIVE_STATES, Limits
 from ..store.labs import lab_schemas
-from ..store import labdata, schema
+from ..store import heavy_jobs, labdata, schema
+from . import limits
 from .agent_commands import run_command
 from .faults import NoArgs
 from .fields import Number, Whole, within
-from .registry import Args, Context, InvalidRequest, operation
+from .registry import Args, Busy, Context, InvalidRequest, operation
 
 
 class LoadArgs(Args):
@@ -60,27 +66,40 @@ class WarmupArgs(Args):
                          default=10)
 
 
-def _ceiling(ctx: Context, name: str, key: str, value: int) -> None:
-    # A deployment (or the test suite) may keep loads smaller than the lab's limits.
-    ceiling = ctx.config.get(key)
-    if ceiling is not None and value > int(ceiling):
-        raise InvalidRequest(name, f"must be at most {int(ceiling):,} on this lab ({key})")
+# The operations that start a heavy job (the API documents their 409).
+HEAVY_JOBS = ("start_load", "dedup_warmup")
+
+
+def _lab_is_free(ctx: Context) -> None:
+    """Refuse a second heavy job while one runs in the lab (the agent checks again as it starts one)."""
+    with schema.connect_in(ctx.engine, ctx.lab.schema) as conn:
+        job = heavy_jobs.running(conn.exec_driver_sql)
+    if job is not None:
+        raise Busy(heavy_jobs.describe(job))
 
 
 @operation("start_load", path="/load", status=201, step="load", cli="load", tags=("load",),
            summary="Start the load generator: N events over M accounts, paced or as fast as possible, with "
                    "ratios of resends and source duplicates")
 def start_load(ctx: Context, args: LoadArgs) -> dict:
-    _ceiling(ctx, "events", "LAB_MAX_LOAD_EVENTS", args.events)
-    return run_command(ctx, "load.start", args.model_dump(), field="events")
+    limits.check_ceiling(ctx, "events", "LAB_MAX_LOAD_EVENTS", args.events)
+    limits.check_ceiling(ctx, "rate_per_second", "LAB_MAX_LOAD_RATE", args.rate_per_second)
+    _lab_is_free(ctx)
+    return run_command(ctx, "load.start", {**args.model_dump(), "rate_per_second": _paced(ctx, args.rate_per_second)},
+                       field="events")
+
+
+def _paced(ctx: Context, rate_per_second: int) -> int:
+    """The run's rate: "as fast as possible" (0) is the lab's LAB_MAX_LOAD_RATE when it sets one."""
+    ceiling = ctx.config.get("LAB_MAX_LOAD_RATE")
+    return int(ceiling) if rate_per_second == 0 and ceiling is not None else rate_per_second
 
 
 @operation("cancel_load", path="/load/cancel", step="cancel_load", tags=("load",),
            summary="Ask the running load to stop (it stops within half a second)")
 def cancel_load(ctx: Context, args: NoArgs) -> dict:
     with schema.begin_in(ctx.engine, ctx.lab.schema) as conn:
-        runs = conn.execute(text("UPDATE load_runs SET cancel_requested = true "
-                                 "WHERE state IN ('starting', 'running') RETURNING id")).scalars().all()
+        runs = conn.execute(text(heavy_jobs.cancel_sql("load"))).scalars().all()
         if runs:
             labdata.say(conn, "published", f"load run {', '.join(map(str, runs))}: cancel requested")
     return {"cancelled": list(runs)}
@@ -128,16 +147,32 @@ def set_dedup_layout(ctx: Context, args: LayoutArgs) -> dict:
     return {"layout": args.layout, "converted": converted, "seconds": round(seconds, 3)}
 
 
-@operation("dedup_warmup", path="/dedup/warmup", step="dedup_warmup", cli="dedup-warmup", tags=("dedup",),
-           summary="Insert N synthetic keys into processed_events (set-based, no events), spread over the last "
-                   "days: a dedup table at a million keys in seconds")
+@operation("dedup_warmup", path="/dedup/warmup", status=201, step="dedup_warmup", cli="dedup-warmup",
+           tags=("dedup",),
+           summary="Start inserting N synthetic keys into processed_events (set-based, no events), spread over "
+                   "the last days, on a lab agent: a dedup table at a million keys in seconds; its progress in "
+                   "GET /dedup/warmup and the Load panel")
 def dedup_warmup(ctx: Context, args: WarmupArgs) -> dict:
-    _ceiling(ctx, "keys", "LAB_MAX_WARMUP_KEYS", args.keys)
+    limits.check_ceiling(ctx, "keys", "LAB_MAX_WARMUP_KEYS", args.keys)
+    _lab_is_free(ctx)
+    return run_command(ctx, "dedup.warmup", args.model_dump(), field="keys")
+
+
+@operation("cancel_dedup_warmup", path="/dedup/warmup/cancel", step="cancel_dedup_warmup", tags=("dedup",),
+           summary="Ask the running dedup warm-up to stop (after the slice it is inserting; the keys in stay)")
+def cancel_dedup_warmup(ctx: Context, args: NoArgs) -> dict:
     with schema.begin_in(ctx.engine, ctx.lab.schema) as conn:
-        started = time.perf_counter()
-        inserted = dedup_layout.warm_up(conn.exec_driver_sql, args.keys, args.days)
-        conn.exec_driver_sql("ANALYZE processed_events")  # the panel's row estimate and the planner see them
-        seconds = time.perf_counter() - started
-        labdata.say(conn, "ttl", f"{inserted:,} synthetic key(s) inserted into processed_events in {seconds:.2f} s "
-                    f"(spread over {args.days} day(s); no events behind them)", keys=inserted)
-    return {"keys": inserted, "days": args.days, "seconds": round(seconds, 3)}
+        runs = conn.execute(text(heavy_jobs.cancel_sql("warm-up"))).scalars().all()
+        if runs:
+            labdata.say(conn, "ttl", f"warm-up run {', '.join(map(str, runs))}: cancel requested")
+    return {"cancelled": list(runs)}
+
+
+@operation("get_dedup_warmup", method="GET", path="/dedup/warmup", tags=("dedup",),
+           summary="The newest dedup warm-ups: keys asked, keys inserted, rate, state")
+def get_dedup_warmup(ctx: Context, args: NoArgs) -> dict:
+    with schema.connect_in(ctx.engine, ctx.lab.schema) as conn:
+        rows = conn.execute(text(
+            "SELECT id, keys, days, state, inserted, rate, cancel_requested, error FROM warmup_runs "
+            "ORDER BY id DESC LIMIT 5")).mappings().all()
+    return {"runs": [dict(row) for row in rows]}

@@ -84,7 +84,7 @@ class Relay:
         self.batch, self.poll_interval = batch, poll_interval
         # The lab's producer config: the relay's duplicates are not producer retries, so
         # enable.idempotence, on here, cannot stop them.
-        self.producer = Producer(producer_config(bootstrap_servers, idempotent=True))
+        self.producer = Producer(producer_config(bootstrap_servers, idempotent=True, client_id=lab.producer_client_id))
         self.pid = os.getpid()
         self.conn: psycopg.Connection | None = None     # the claim-publish-mark transaction
         self.reports: psycopg.Connection | None = None  # reports, committed at once

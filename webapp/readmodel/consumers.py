@@ -78,4 +78,4 @@ def consumers(session: Session, lab: Lab) -> list[dict[str, Any]]:
 def commit_blocks(session: Session, lab: Lab) -> dict[str, float]:
     """The lab's consumers whose offset commits the fault proxy keeps from the broker, with the
     seconds left (webapp/faultproxy/control.py); across every proxy row, the default one in practice."""
-    return faultproxies.blocked_commits_of(session.connection(), None, lab.client_id(""))
+    return faultproxies.blocked_commits_of(session.connection(), None, lab.name, lab.client_id(""))

@@ -36,3 +36,16 @@ def dedup_tables(session: Session, ttl_seconds: float | None, exact: bool = Fals
                        "oldest_age": float(oldest) if oldest is not None else None,
                        "newest": [{"key": k, "processed_at": at} for k, at in newest], "ttl_seconds": ttl_seconds})
     return tables
+
+
+# Every dedup table's exact count and oldest key's age in one round trip: what a scenario waits on.
+DEDUP_COUNTS_SQL = " UNION ALL ".join(
+    f"SELECT '{table}' AS dedup_table, count(*) AS keys, extract(epoch FROM now() - min(processed_at)) AS oldest_age "
+    f"FROM {table}" for table in DEDUP_TABLES)
+
+
+def dedup_counts(session: Session) -> dict[str, dict[str, Any]]:
+    """Per dedup table: its keys, counted exactly, and the oldest key's age in seconds (None: empty)."""
+    return {row.dedup_table: {"rows": row.keys, "oldest_age": float(row.oldest_age) if row.oldest_age is not None
+                              else None}
+            for row in session.execute(text(DEDUP_COUNTS_SQL))}

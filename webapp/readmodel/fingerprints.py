@@ -8,9 +8,11 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from . import group_health as group_health_readmodel
 from . import outbox as outbox_readmodel
 from . import notifications as notifications_readmodel
 from . import scale as scale_readmodel
+from . import service_health as service_health_readmodel
 from .consumers import commit_blocks
 from .groups import effects_schemas
 from .health import AGENT_STALE_SECONDS, agent_health
@@ -76,6 +78,10 @@ def fingerprint_parts(session: Session, lab: Lab) -> dict[str, Any]:
         for schema in effects_schemas(session, lab))
     oldest_age = session.execute(text(OLDEST_KEY_AGE_SQL)).scalar_one()
     parts["oldest_key_age"] = float(oldest_age) if oldest_age is not None else None
+    # A group stalls when nothing changes for long enough: its health is a part of its own.
+    parts["group_health"] = group_health_readmodel.fingerprint(session, lab)
+    # Each part the lab depends on, up or down (the status bar).
+    parts["services"] = service_health_readmodel.fingerprint(service_health_readmodel.service_health(session, lab))
     parts["outbox"] = outbox_readmodel.fingerprint(session)
     parts["notifications"] = notifications_readmodel.fingerprint(session)
     parts.update(scale_readmodel.fingerprint_parts(session))  # load runs, dedup tables at scale

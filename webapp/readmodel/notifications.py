@@ -101,7 +101,12 @@ def why(row: dict[str, Any], sends: list[dict[str, Any]], crashes: list[str]) ->
     keyed = [s for s in sends if s["keyed"]]
     key_part = ("without an Idempotency-Key, so the service could not tell the repeat from a new payment"
                 if not keyed else f"{len(keyed)} of {len(sends)} calls with the key")
-    between = f"; in between, {'; '.join(crashes)}: the transaction rolled back, the message stayed" if crashes else ""
+    # What the crash undid depends on where the call was: inside the transaction (before-commit)
+    # the credit rolled back and the message stayed; after it (after-commit) the credit had
+    # committed, only the offset commit was lost, and the record came back all the same.
+    undone = ("the credit had committed, the offset had not: the record came back"
+              if sends[0]["mode"] == "after-commit" else "the transaction rolled back, the message stayed")
+    between = f"; in between, {'; '.join(crashes)}: {undone}" if crashes else ""
     return (f"{row['account_id']} got the message for event {row['event_id'][:8]}… {times}: called by {callers}, "
             f"{key_part}{between}")
 

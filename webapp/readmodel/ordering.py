@@ -7,12 +7,18 @@ producer had already written to the same partition when that is above the record
 partition gets seq 7 after seq 8.
 
 How it happens: with ``enable.idempotence=false`` a lost acknowledgement makes librdkafka send
-the batch again. With more than one request in flight, or a batch of several records, the
-retried batch lands after records that were sent after it. Through the lab's fault proxy the
-first attempt is always written (the proxy drops only the response), so the retried batch is
-also a copy; a broker that refuses a batch (NOT_LEADER_OR_FOLLOWER, a timeout) would make the
-retry the first copy, landing after a later batch. With idempotence the broker checks each
-producer's sequence numbers per partition and neither happens.
+the batch again. Two different things then show as a lower number after a higher one:
+
+- a *copy*: the broker had written the first attempt (the lab's fault proxy drops only the
+  response), so the retried batch is appended again. With one request in flight it can only be
+  appended after its own first copy: seq 0 after seq 19 of the same batch, a duplicate batch,
+  not a reordering;
+- a *reordering*: the broker refused the first attempt (NOT_LEADER_OR_FOLLOWER, a timeout), a
+  later batch already in flight was written (only with more than one request in flight), and the
+  retry, the only copy, lands after it. The lab's proxy does not produce this case.
+
+With idempotence the broker checks each producer's sequence numbers per partition and neither
+happens.
 """
 from __future__ import annotations
 
@@ -54,12 +60,13 @@ class OutOfOrder:
     def why(self) -> str:
         """One sentence a class can read aloud, naming both records."""
         after = f" (P{self.partition}@{self.after_offset})" if self.after_offset is not None else ""
-        sentence = (f"out of order: seq {self.producer_seq} after seq {self.after_seq}{after} from producer "
-                    f"{self.producer_id}, a retried batch that landed after a later one")
+        sentence = f"out of order: seq {self.producer_seq} after seq {self.after_seq}{after} from producer {self.producer_id}"
         if self.copy_of is not None:
-            sentence += (f"; seq {self.producer_seq} is also at P{self.partition}@{self.copy_of}: the broker had "
-                         "written the first attempt, so the retry is a copy too")
-        return sentence
+            # The first attempt was written: a batch appended again, behind its own first copy
+            # (and, with several requests in flight, behind later batches too).
+            return sentence + (f"; seq {self.producer_seq} is also at P{self.partition}@{self.copy_of}: the broker had "
+                               "written the first attempt, and the retried batch was appended again after it")
+        return sentence + ", a retried batch that landed after a later batch sent while it was in flight"
 
 
 def out_of_order(conn: Any, partition: int, low: int, high: int) -> dict[int, OutOfOrder]:

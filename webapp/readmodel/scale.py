@@ -1,4 +1,5 @@
-"""What the Load and Dedup-at-scale panels show: the load generator's newest runs, and per dedup
+"""What the Load and Dedup-at-scale panels show: the load generator's and the dedup warm-up's newest
+runs (the lab's heavy jobs, both run by an agent), and per dedup
 table its rows, sizes, sampled key-insert latency and last TTL cleanup (``dedup_scale``, written
 by the agent's sampler and by the cleanup). Every query reads a handful of rows or catalog
 entries: none of them grows with the log or the dedup tables.
@@ -23,6 +24,13 @@ SELECT id, events, accounts, rate_per_second, resend_ratio, source_duplicate_rat
 FROM load_runs ORDER BY id DESC LIMIT :limit
 """
 
+WARMUP_RUNS_SQL = """
+SELECT id, keys, days, state, inserted, rate, cancel_requested, error, started_at, finished_at,
+       extract(epoch FROM now() - updated_at) AS report_age,
+       extract(epoch FROM coalesce(finished_at, now()) - started_at) AS elapsed
+FROM warmup_runs ORDER BY id DESC LIMIT :limit
+"""
+
 DEDUP_SCALE_SQL = """
 SELECT table_name, rows, rows_estimated, table_bytes, index_bytes, insert_p50_ms, insert_p99_ms, insert_samples,
        extract(epoch FROM now() - sampled_at) AS sample_age, cleanup_ms, cleanup_method, cleanup_removed,
@@ -33,7 +41,8 @@ FROM dedup_scale
 # Cheap facts that change when a panel of this module changes: the load runs' newest report, the
 # sampler's newest sample and the newest cleanup.
 FINGERPRINT_SQL = """
-SELECT (SELECT concat_ws(':', max(id), max(updated_at), bool_or(cancel_requested)) FROM load_runs) AS load,
+SELECT (SELECT concat_ws(':', max(id), max(updated_at), bool_or(cancel_requested)) FROM load_runs)
+       || '/' || (SELECT concat_ws(':', max(id), max(updated_at), bool_or(cancel_requested)) FROM warmup_runs) AS load,
        (SELECT concat_ws(':', max(sampled_at), max(cleanup_at)) FROM dedup_scale) AS dedup_scale
 """
 
@@ -48,6 +57,18 @@ def load_runs(session: Session, limit: int = 3) -> list[dict[str, Any]]:
     for row in session.execute(text(LOAD_RUNS_SQL), {"limit": limit}).mappings():
         run = dict(row)
         run["progress"] = run["sent"] / run["events"] if run["events"] else 0.0
+        run["active"] = run["state"] in ("starting", "running")
+        run["stalled"] = run["active"] and float(run["report_age"] or 0) > LOAD_STALE_SECONDS
+        runs.append(run)
+    return runs
+
+
+def warmup_runs(session: Session, limit: int = 3) -> list[dict[str, Any]]:
+    """The newest dedup warm-ups, newest first, with their progress and whether they stalled."""
+    runs = []
+    for row in session.execute(text(WARMUP_RUNS_SQL), {"limit": limit}).mappings():
+        run = dict(row)
+        run["progress"] = run["inserted"] / run["keys"] if run["keys"] else 0.0
         run["active"] = run["state"] in ("starting", "running")
         run["stalled"] = run["active"] and float(run["report_age"] or 0) > LOAD_STALE_SECONDS
         runs.append(run)

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from ..summary import reads as summary
 from ..store.schema import quoted
 from .accounts import AccountLine, accounts, accounts_sql  # noqa: F401  (AccountLine, accounts: re-exported)
+from .regressions import REGRESSED_SETS
 from .why import explain as explain_anomalies
 
 SET_TYPES = ("set_status", "set_balance", "set_score")
@@ -134,6 +135,12 @@ SELECT j.transactions, j.duplicates_applied, j.transactions_applied_twice, j.eff
 FROM judged j, outcomes, log, orphans
 """
 
+REGRESSED_SETS_SQL = "WITH " + REGRESSED_SETS + """
+SELECT count(DISTINCT transaction_id) AS sets_regressed,
+       count(DISTINCT transaction_id) FILTER (WHERE applications > 1) AS reapplied_sets_regressed
+FROM regressions
+"""
+
 # Accounts whose balance or status differs from the log's truth.
 MISMATCHES_SQL = """
 SELECT count(*) FILTER (WHERE actual <> expected) AS balances_mismatched,
@@ -159,17 +166,24 @@ class Verdict:
     records_pending: int = 0             # records no group applying to this copy has consumed yet
     invalid_records: int = 0             # records that are not valid events: expected in the DLQ
     invalid_not_dead_lettered: int = 0   # invalid records consumed without reaching the DLQ
-    sets_reapplied: int = 0              # sets applied more than once: harmless
+    sets_reapplied: int = 0              # sets applied more than once (harmless unless regressed)
     effects_without_record: int = 0      # effect rows no record in the log explains (added by hand)
     effects_not_yet_mirrored: int = 0    # effects of records the log reader has not mirrored yet
     balances_mismatched: int = 0
     statuses_mismatched: int = 0
+    sets_regressed: int = 0              # sets applied after a newer set of their account: a regression
+    reapplied_sets_regressed: int = 0    # of those, sets applied more than once (in sets_reapplied too)
     anomalies: tuple = field(default=(), compare=False)  # one dict per anomaly, with its "why"
 
     @property
     def pending(self) -> int:
         """Records (or effects) not settled yet: what "pending: N records not yet applied" counts."""
         return self.records_pending + self.effects_not_yet_mirrored
+
+    @property
+    def sets_reapplied_harmless(self) -> int:
+        """Sets applied more than once with nothing newer applied before them: the same value again."""
+        return self.sets_reapplied - self.reapplied_sets_regressed
 
     @property
     def status(self) -> str:
@@ -190,7 +204,8 @@ class Verdict:
     def as_dict(self) -> dict:
         data = asdict(self)
         data["anomalies"] = [dict(a) for a in self.anomalies]
-        return {**data, "exactly_once": self.exactly_once, "status": self.status, "pending": self.pending}
+        return {**data, "exactly_once": self.exactly_once, "status": self.status, "pending": self.pending,
+                "sets_reapplied_harmless": self.sets_reapplied_harmless}
 
 
 def _journal(journal_schema: str) -> str:
@@ -211,8 +226,13 @@ def verdict(session: Session, journal_schema: str, explain: bool = True, exact: 
     mismatch = session.execute(text(MISMATCHES_SQL.format(
         accounts=accounts_sql(session, journal_schema, exact)))).one()
     values["balances_mismatched"], values["statuses_mismatched"] = int(mismatch[0]), int(mismatch[1])
+    if values["sets_reapplied"] or values["statuses_mismatched"]:
+        # Looked for only then: an older set applied after a newer one either was applied twice
+        # (a resend, a redelivery) or, applied once and not overwritten since, left a status wrong.
+        regressed = session.execute(text(REGRESSED_SETS_SQL.format(journal=_journal(journal_schema)))).one()
+        values["sets_regressed"], values["reapplied_sets_regressed"] = int(regressed[0]), int(regressed[1])
     result = Verdict(**values)
-    if explain and (result.status == "anomalies" or result.sets_reapplied):
+    if explain and (result.status == "anomalies" or result.sets_reapplied or result.sets_regressed):
         anomalies = explain_anomalies(session, journal_schema, result, summarized=summarized)
         result = Verdict(**values, anomalies=tuple(anomalies))
     return result

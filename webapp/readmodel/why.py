@@ -1,5 +1,7 @@
 """Why, for every anomaly: one sentence a class can read aloud, built from the delivery ledger
 (``deliveries``, in the effects schema) and the timeline (``timeline``, in the lab's schema).
+A "generation" is the group's (the coordinator's epoch, bumped at every rebalance, the same for
+every member of it), as each consumer read it at its last assignment.
 
 Called by ``verdict.verdict`` only when the verdict has anomalies (or harmless re-applied sets),
 for the first few of each kind: a handful of index lookups, never a scan of the log.
@@ -16,6 +18,7 @@ from ..summary.reads import APPLIED_TWICE_SQL
 from .accounts import accounts
 from .outbox import republish_origin
 from ..store.schema import quoted
+from .regressions import REGRESSED_SETS
 
 LIMIT = 10
 
@@ -106,6 +109,23 @@ WHERE r.invalid_reason IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM deliveries x WHERE x.partition = r.partition AND x."offset" = r."offset"
                   AND x.outcome = 'dead-lettered')
 ORDER BY r.partition, r."offset" LIMIT :limit
+"""
+
+# The first regression of a few regressed set transactions (REGRESSED_SETS, verdict.py): the
+# newer set it was written over, and the newer set applied after it again, if one was.
+REGRESSED_SQL = "WITH " + REGRESSED_SETS + """
+SELECT g.transaction_id, g.consumer, g.generation, g.strategy, g.partition, g."offset", g.type, g.account_id,
+       g.status, g.balance_cents, g.score,
+       (g.newest_before >> 40)::int AS newer_partition, g.newest_before & 1099511627775 AS newer_offset,
+       n.status AS newer_status, n.balance_cents AS newer_balance_cents, n.score AS newer_score,
+       o.partition AS overwritten_by_partition, o."offset" AS overwritten_by_offset
+FROM (SELECT DISTINCT ON (transaction_id) * FROM regressions ORDER BY transaction_id, id) g
+JOIN {journal}.log_records n ON n.partition = (g.newest_before >> 40)::int
+                            AND n."offset" = g.newest_before & 1099511627775
+LEFT JOIN LATERAL (SELECT a.partition, a."offset" FROM applied a
+                   WHERE a.account_id = g.account_id AND a.type = g.type AND a.id > g.id AND a.place >= g.newest_before
+                   ORDER BY a.id LIMIT 1) o ON true
+ORDER BY g.id LIMIT :limit
 """
 
 # For an account whose status differs from the truth: the set delivery applied last.
@@ -217,8 +237,8 @@ def why_applied_twice(ctx: _Context, transaction_id: str, effects: int) -> dict[
             point = (frozen[-1]["detail"] or {}).get("point") if frozen else None
             item["why"] = (f"{p1} was applied by {d1['consumer']} (generation {d1['generation']}) while "
                            f"{d2['consumer']} was frozen{f' at {point}' if point else ''} holding it; "
-                           f"{d2['consumer']} thawed and, a zombie of generation {d2['generation']}, applied it "
-                           f"again (`{strategy}`)")
+                           f"{d2['consumer']} thawed and, a zombie still in the group's generation "
+                           f"{d2['generation']}, applied it again (`{strategy}`)")
             return item
         faults = (ctx.happened(d1["consumer"], ("crashed", "killed", "frozen", "commit-failed"),
                                d1["delivered_at"], d2["delivered_at"])
@@ -232,7 +252,7 @@ def why_applied_twice(ctx: _Context, transaction_id: str, effects: int) -> dict[
         else:
             reason = "its offset was not committed"
         if d2["consumer"] == d1["consumer"]:
-            back = f"{d2['consumer']} rejoined (generation {d2['generation']})"
+            back = f"{d2['consumer']} rejoined the group (generation {d2['generation']})"
         else:
             back = f"{d2['consumer']} was assigned P{d2['partition']} (generation {d2['generation']})"
         item["why"] = (f"{p1} was applied by {d1['consumer']} (generation {d1['generation']}); {reason}; {back}, "
@@ -303,6 +323,23 @@ def why_reapplied(ctx: _Context, transaction_id: str, applied: int) -> dict[str,
                     "same value again — re-applied, harmless")}
 
 
+def why_regressed(row: dict[str, Any]) -> dict[str, Any]:
+    """An older set applied after a newer one of the same account: a regression, lasting unless a
+    newer set was applied again after it (a replay in log order converges)."""
+    older = _describe(row)
+    newer = _describe({**row, "status": row["newer_status"], "balance_cents": row["newer_balance_cents"],
+                       "score": row["newer_score"]})
+    until = (f"until {_at(row['overwritten_by_partition'], row['overwritten_by_offset'])} was applied again after it "
+             "(a replay in log order converges)") if row["overwritten_by_partition"] is not None \
+        else "and nothing newer was applied since: the account keeps the older value"
+    return {"kind": "set-regressed", "severity": "bad" if row["overwritten_by_partition"] is None else "neutral",
+            "transaction_id": row["transaction_id"], "partition": row["partition"], "offset": row["offset"],
+            "why": (f"{_at(row['partition'], row['offset'])} ({older}) was applied by {row['consumer']} "
+                    f"(generation {row['generation']}, `{row['strategy']}`) after the newer "
+                    f"{_at(row['newer_partition'], row['newer_offset'])} ({newer}) had been: an older set written over "
+                    f"a newer one, a regression, {until} — a set is idempotent, not commutative")}
+
+
 def explain(session: Session, journal_schema: str, verdict, summarized: bool = False) -> list[dict[str, Any]]:
     """The anomalies of ``verdict`` (first few of each kind), each with its one-sentence ``why``;
     ``summarized``: the verdict was read from the running summaries, which can name them too."""
@@ -313,8 +350,11 @@ def explain(session: Session, journal_schema: str, verdict, summarized: bool = F
         session.execute(text(doubled_sql.format(**fmt)), {"limit": LIMIT}).all()
     lost = [] if not verdict.effects_lost else \
         session.execute(text(LOST_SQL.format(**fmt)), {"limit": LIMIT}).scalars().all()
+    regressed = [] if not verdict.sets_regressed else \
+        [dict(r) for r in session.execute(text(REGRESSED_SQL.format(**fmt)), {"limit": LIMIT}).mappings()]
     reapplied = [] if not verdict.sets_reapplied else \
         session.execute(text(REAPPLIED_SQL.format(**fmt)), {"limit": LIMIT}).all()
+    reapplied = [(tx, n) for tx, n in reapplied if tx not in {r["transaction_id"] for r in regressed}]
     ids = sorted({t for t, _ in doubled} | set(lost) | {t for t, _ in reapplied})
     ctx = _Context(session, journal, ids) if ids else None
     result = [why_applied_twice(ctx, tx, n) for tx, n in doubled]
@@ -347,6 +387,7 @@ def explain(session: Session, journal_schema: str, verdict, summarized: bool = F
                            "offset": latest["offset"] if latest else None,
                            "why": f"{line.id} is {line.status} but its latest status transaction in the log{said} "
                                   f"sets {line.expected_status}{cause}"})
+    result += [why_regressed(row) for row in regressed]
     result += [why_reapplied(ctx, tx, n) for tx, n in reapplied]
     return result
 

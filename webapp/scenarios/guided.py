@@ -9,12 +9,12 @@ releases the run; the page polls that row until it is free.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any, Mapping
 
 from sqlalchemy import Engine
 
+from ..settings import load_config
 from ..store import command_channel
 from ..store import scenario_runs
 from . import built_in, journal
@@ -24,8 +24,6 @@ from .runner import OPERATION_ERRORS, RunState, Runner, broker_kind
 log = logging.getLogger("idempotency_lab.scenarios")
 
 VERB = "scenario.step"
-# What the agent's environment says about the stack (the fault proxy, the broker).
-AGENT_SETTINGS = ("KAFKA_BOOTSTRAP_SERVERS", "KAFKA_PRODUCER_BOOTSTRAP_SERVERS", "LAB_BROKER_KIND")
 
 
 def scenario_named(name: str) -> Scenario | None:
@@ -61,7 +59,9 @@ def run_guided_step(engine: Engine, run_id: int, config: Mapping[str, Any] | Non
             return {"run_id": run_id, "error": "no such run or scenario"}
         run = RunState.from_dict(row["progress"])
         run.error = None
-        config = dict(config if config is not None else {k: os.environ[k] for k in AGENT_SETTINGS if k in os.environ})
+        # The agent's settings (its environment and .env), classroom ceilings included: a guided
+        # step is bound by what the lab's own requests are.
+        config = dict(config if config is not None else load_config())
         journal.install()
         broker, _ = broker_kind(config, probe=probe)
         try:

@@ -8,10 +8,12 @@ a pydantic error is mapped back to the YAML key and line it came from, and an un
 the runner resolves: ``consumer: NAME`` (a name given in an earlier start step) for a consumer
 id, ``event: NAME`` for an event published earlier ``as: NAME``. Short forms: ``kill: c1`` and
 ``disarm: c1`` (arm with no point). Waits, expectations, setup and the header are the format's
-own (conditions.py). The format is documented in the README ("Scenarios").
+own (conditions.py). The format is documented in docs/reference/scenario-format.md.
 """
 from __future__ import annotations
 
+import copy
+import functools
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -26,8 +28,8 @@ from .conditions import (VERDICT_FIELDS, ConditionChecker, Expectation, Group, c
                          describe_condition, format_comparison)
 from .marks import LocatedDict, ScenarioError, hint, kind, located, parse_yaml
 
-SEEDS = {"pt": "Idempotência — o pilar do at-least-once (seeds/000)",
-         "en": "Idempotency, Part IV — Reliability (seeds/001)"}
+SEEDS = {"pt": "Idempotência — o pilar do at-least-once (source text 000, in Portuguese)",
+         "en": "Idempotency, Part IV — Reliability (source text 001)"}
 # What a scenario may require of the broker, and why (../shared/BROKER.md).
 CAPABILITIES = {
     "max-poll-interval-handover": "a member that stalls past max.poll.interval.ms hands its partitions to a "
@@ -252,7 +254,19 @@ class StepChecker(ConditionChecker):
 # --- the whole file ---------------------------------------------------------------------------
 
 def load(path: str | Path) -> Scenario:
+    """The scenario in ``path``, checked. Parsed once per version of the file (its modification
+    time and size): the guided page and the agent load it at every step, and parsing the YAML
+    with line numbers costs tens of milliseconds. Each caller gets its own copy."""
     path = Path(path)
+    try:
+        stat = path.stat()
+    except OSError as error:
+        raise ScenarioError(str(path), None, f"cannot read: {error}") from None
+    return copy.deepcopy(_load(path, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=64)
+def _load(path: Path, mtime_ns: int, size: int) -> Scenario:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
@@ -287,10 +301,15 @@ def _header(c: StepChecker, top: LocatedDict, scenario: Scenario) -> None:
         for i, item in enumerate(sources):
             where = f"sources[{i + 1}]"
             item = c.mapping(item, sources.line_of(i), where)
-            c.keys(item, ("seed", "quote", "why"), required=("seed", "quote"), where=where)
+            c.keys(item, ("seed", "quote", "why", "paraphrase", "gloss"), required=("seed", "quote"), where=where)
+            # paraphrase: the text says in other words what the source text says (shown as such,
+            # never as a quotation); without it, the quote is the source text's own words.
+            # gloss: an English rendering of a Portuguese quote (source text 000), shown under it.
             scenario.sources.append({"seed": c.choice(item, "seed", tuple(SEEDS), where),
                                      "quote": c.text(item, "quote", where, required=True).strip(),
-                                     "why": (c.text(item, "why", where) or "").strip()})
+                                     "why": (c.text(item, "why", where) or "").strip(),
+                                     "paraphrase": c.flag(item, "paraphrase", where, default=False),
+                                     "gloss": (c.text(item, "gloss", where) or "").strip()})
     if "requires" in top:
         requires = top["requires"]
         if not isinstance(requires, list):

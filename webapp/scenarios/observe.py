@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 from ..readmodel import verdict as verdict_module
-from ..readmodel.dedup import dedup_tables
+from ..readmodel.dedup import dedup_counts
 from ..readmodel import partitions as partitions_readmodel
 from ..store.connection import CONTROL_SCHEMA
 from ..domain.lab import Lab
@@ -94,8 +94,7 @@ def observe(engine: Engine, lab: Lab) -> Snapshot:
             snap.accounts[lane] = {line.id: {"actual": line.actual, "expected": line.expected, "status": line.status,
                                              "expected_status": line.expected_status, "difference": line.difference}
                                    for line in verdict_module.accounts(conn, lab.schema)}
-            snap.dedup[lane] = {item["table"]: {"rows": item["count"], "oldest_age": item["oldest_age"]}
-                                for item in dedup_tables(conn, None, exact=True)}
+            snap.dedup[lane] = dedup_counts(conn)
             enter(conn, lab.schema)
             snap.log_ends[lane] = partitions_readmodel.log_ends(conn, schema)
         conn.rollback()

@@ -1,92 +1,33 @@
-"""Settings: defaults, then the environment (and a .env file), then a test dict.
+"""Settings: one typed model (settings/model.py, pydantic-settings) read from a ``.env`` file, then
+the environment, then a test dict; ``load_config`` turns it into the dict every process reads.
 Imports nothing of the project; web, cli, agent, launcher and sidecars read it.
 
 ``load_config`` is pure apart from reading the environment and the data dir, so the rules
-(loopback unless a token is set, a SECRET_KEY kept across restarts) are tested directly.
+(loopback unless a token is set, a SECRET_KEY kept across restarts, classroom defaults) are
+tested directly. ``python -m webapp.settings`` prints the table of every setting.
 """
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import secrets
 from pathlib import Path
 from typing import Any, Mapping
 
-from dotenv import dotenv_values
+from .model import ConfigError, LabSettings, is_loopback, load_settings, read_secret, value_type, with_password
+from .reference import reference_markdown
 
-DEFAULTS: dict[str, Any] = {
-    "DATABASE_URL": None,
-    "KAFKA_BOOTSTRAP_SERVERS": None,
-    # Where the lab's producer reaches the broker; the fault proxy when one runs.
-    "KAFKA_PRODUCER_BOOTSTRAP_SERVERS": None,
-    "LAB_HOST": "127.0.0.1",
-    "LAB_PORT": 5000,
-    "LAB_DATA_DIR": ".lab",
-    "LAB_NAME": "default",
-    "LAB_PARTITIONS": 3,
-    "LAB_TOKEN": None,
-    # 1 when browsers reach the lab over HTTPS (a TLS proxy in front): the session cookie gets Secure.
-    "LAB_HTTPS": 0,
-    "SECRET_KEY": None,
-    # How long the web waits for the lab agent to carry out a command.
-    "LAB_COMMAND_TIMEOUT": 30.0,
-    # Classroom mode (webapp/store/classroom.py): on with a class code or LAB_CLASSROOM=1; limits per lab.
-    "LAB_CLASS_CODE": None,
-    "LAB_CLASSROOM": 0,
-    "LAB_CLASS_VIEW_OTHERS": 0,
-    "LAB_MAX_LABS": 60,
-    "LAB_MAX_CONSUMERS": 4,
-    "LAB_MAX_BURST": 200,
-    # How long one computation of a lab's panel fingerprints serves every viewer's /live (seconds; 0: per request).
-    "LIVE_CACHE_SECONDS": 0.5,
-    # A panel whose last load took this long or more is served at once from that load, marked with
-    # its age, while it loads again in the background (seconds; 0: always loaded in the request).
-    "LIVE_STALE_AFTER_SECONDS": 0.1,
-    # Ceilings on what one request may start on the shared PostgreSQL and broker (unset: only the
-    # operation's own bounds): events of one load-generator run, synthetic keys of one dedup warm-up.
-    "LAB_MAX_LOAD_EVENTS": None,
-    "LAB_MAX_WARMUP_KEYS": None,
-    # "kafka" or "tansu" when the broker cannot be probed (a scenario needs to know which it runs on).
-    "LAB_BROKER_KIND": None,
-    # Wrong LAB_TOKEN guesses allowed per client address within the window, before 429.
-    "SIGN_IN_MAX_FAILURES": 5,
-    "SIGN_IN_WINDOW_SECONDS": 60.0,
-    # 0 turns the shared panel cache off (every panel loaded in its request).
-    "PANEL_CACHE": 1,
-}
+__all__ = ["DEFAULTS", "FLOAT_KEYS", "INTEGER_KEYS", "RUNNING_FILE", "ConfigError", "LabSettings", "is_loopback",
+           "auto_recover_groups", "database_url", "load_config", "reference_markdown", "running_services"]
 
-INTEGER_KEYS = {"LAB_PORT", "LAB_PARTITIONS", "LAB_HTTPS", "LAB_CLASSROOM", "LAB_CLASS_VIEW_OTHERS", "LAB_MAX_LABS",
-                "LAB_MAX_CONSUMERS", "LAB_MAX_BURST", "LAB_MAX_LOAD_EVENTS", "LAB_MAX_WARMUP_KEYS",
-                "SIGN_IN_MAX_FAILURES", "PANEL_CACHE"}
-FLOAT_KEYS = {"LAB_COMMAND_TIMEOUT", "LIVE_CACHE_SECONDS", "LIVE_STALE_AFTER_SECONDS", "SIGN_IN_WINDOW_SECONDS"}
+# Each setting's default outside classroom mode, from the model (tests and the deploy checks read it).
+DEFAULTS: dict[str, Any] = {name: field.default for name, field in LabSettings.model_fields.items()}
+
+
+# The numeric settings by kind (older callers and tests group them so).
+INTEGER_KEYS = {name for name, field in LabSettings.model_fields.items() if value_type(field) is int}
+FLOAT_KEYS = {name for name, field in LabSettings.model_fields.items() if value_type(field) is float}
 RUNNING_FILE = "running.json"
-
-
-class ConfigError(ValueError):
-    """The settings cannot start a safe lab; the message says which and why."""
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _coerce(key: str, value: Any) -> Any:
-    if value in (None, ""):
-        return None if DEFAULTS.get(key) is None else DEFAULTS[key]
-    try:
-        if key in INTEGER_KEYS:
-            return int(value)
-        if key in FLOAT_KEYS:
-            return float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{key} must be a number, got {value!r}") from None
-    return value
 
 
 def running_services(data_dir: Path) -> dict[str, str]:
@@ -114,14 +55,15 @@ def _secret_key(data_dir: Path) -> str:
 
 def load_config(environ: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None,
                 env_file: str | os.PathLike | None = ".env") -> dict[str, Any]:
-    """Defaults, then ``.env``, then the environment, then ``overrides`` (a test dict)."""
-    environ = os.environ if environ is None else environ
-    file_values = dotenv_values(env_file) if env_file and Path(env_file).exists() else {}
-    config: dict[str, Any] = {}
-    for key in DEFAULTS:
-        raw = environ.get(key, file_values.get(key))
-        config[key] = _coerce(key, raw)
-    config.update(overrides or {})
+    """Every setting: defaults, then ``env_file``, then ``environ`` (None: os.environ), then
+    ``overrides`` (a test dict; its keys that are not settings, Flask's ``TESTING`` say, pass through).
+    Then the rules no single value holds: a running lab's addresses, the producer's bootstrap
+    servers, the SECRET_KEY kept in the data dir. A value that does not fit raises ConfigError."""
+    overrides = dict(overrides or {})
+    fields = LabSettings.model_fields
+    settings = load_settings(environ, {k: v for k, v in overrides.items() if k in fields},
+                             env_file if env_file and Path(env_file).exists() else None)
+    config: dict[str, Any] = {**settings.model_dump(), **{k: v for k, v in overrides.items() if k not in fields}}
 
     data_dir = Path(config["LAB_DATA_DIR"]).resolve()
     config["LAB_DATA_DIR"] = str(data_dir)
@@ -133,17 +75,24 @@ def load_config(environ: Mapping[str, str] | None = None, overrides: Mapping[str
         config["KAFKA_PRODUCER_BOOTSTRAP_SERVERS"] or config["KAFKA_BOOTSTRAP_SERVERS"])
     if not config["SECRET_KEY"]:
         config["SECRET_KEY"] = _secret_key(data_dir)
-    validate(config)
     return config
 
 
-def validate(config: Mapping[str, Any]) -> None:
-    """Refuse settings that would expose the controls or cannot work."""
-    if not is_loopback(str(config["LAB_HOST"])) and not config.get("LAB_TOKEN"):
-        raise ConfigError(
-            f"LAB_HOST={config['LAB_HOST']} is not a loopback address: anyone on the network could "
-            "drive the lab. Set LAB_TOKEN to a secret to protect the controls, or bind 127.0.0.1.")
-    if not 1 <= int(config["LAB_PARTITIONS"]) <= 12:
-        raise ConfigError(f"LAB_PARTITIONS must be between 1 and 12, got {config['LAB_PARTITIONS']}")
-    if not 1 <= int(config["LAB_PORT"]) <= 65535:
-        raise ConfigError(f"LAB_PORT must be a TCP port, got {config['LAB_PORT']}")
+def database_url(environ: Mapping[str, str] | None = None) -> str | None:
+    """DATABASE_URL as the environment (None: os.environ) gives it, with DATABASE_PASSWORD_FILE's
+    password put in, as load_config does: for the sidecars and healthchecks that read no other setting."""
+    environ = os.environ if environ is None else environ
+    url = environ.get("DATABASE_URL") or None
+    path = environ.get("DATABASE_PASSWORD_FILE")
+    if not path:
+        return url
+    try:
+        return with_password(url, read_secret("DATABASE_PASSWORD_FILE", path))
+    except ValueError as problem:
+        raise ConfigError(str(problem)) from None
+
+
+def auto_recover_groups(config: Mapping[str, Any]) -> bool:
+    """Whether the agent recovers stalled groups by itself (LAB_AUTO_RECOVER_GROUPS; its classroom
+    default, on, is applied by the model)."""
+    return bool(config.get("LAB_AUTO_RECOVER_GROUPS"))

@@ -6,9 +6,16 @@ ordinary lab (its own schema, topics and groups, see domain/lab.py) whose name i
 theirs, kept in ``lab_control.attendees``. The web layer binds the browser session to it
 (webapp/web/classroom.py); this module holds what does not need a request: names, the attendee
 rows, the board's cards and the limits every operation checks.
+
+A name is unique in its class whatever its letter case (``name_key``, the name casefolded), and
+it is not a secret: joining gives the attendee a short personal rejoin code, and opening the
+same lab from another browser needs it (or the instructor issues a new one from the board). The
+code is kept as a salted PBKDF2 hash, like a password, and compared in constant time.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 import secrets
 import unicodedata
@@ -26,7 +33,16 @@ from .schema import all_lab_schemas
 
 C = CONTROL_SCHEMA
 NAME_LENGTH = 40        # an attendee's name as typed (collapsed spaces)
+KEY_LENGTH = 64         # attendees.name_key
 SLUG_LENGTH = 15        # the name's part of the lab name; the rest is "_" and 4 hex digits
+# A rejoin code: 8 characters of an alphabet without look-alikes (no 0/O, 1/I/L), shown as XXXX-XXXX:
+# 40 bits, against guesses limited to a handful a minute per browser (web/ratelimit.py).
+REJOIN_ALPHABET = "23456789ABCDEFGHJKMNPQRSTUVWXYZ"
+REJOIN_LENGTH = 8
+# PBKDF2-SHA256 iterations for a rejoin code's hash: about 40 ms a join or rejoin on a laptop core.
+REJOIN_HASH_ITERATIONS = 100_000
+_ATTENDEE_COLUMNS = ("id, name, lab, class_code, joined_at, seen_at, "
+                     "extract(epoch FROM localtimestamp - seen_at)::float8")
 
 
 class ClassroomError(ValueError):
@@ -60,6 +76,12 @@ def clean_name(raw: str | None) -> str:
     return name
 
 
+def name_key(name: str) -> str:
+    """What makes two names the same in a class: ``Ana``, ``ANA`` and ``ana`` are one attendee.
+    Cut to the column's 64 characters: casefolding can lengthen a name (``ß`` is ``ss``)."""
+    return clean_name(name).casefold()[:KEY_LENGTH]
+
+
 def lab_slug(name: str) -> str:
     """``Ana Souza`` → ``ana_souza``: ASCII letters and digits of the name, starting with a letter."""
     ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode().lower()
@@ -90,23 +112,23 @@ class Attendee:
 
 
 def find_attendee(conn: Connection, code: str, name: str) -> Attendee | None:
-    row = conn.execute(text(f"SELECT id, name, lab, class_code, joined_at, seen_at, extract(epoch FROM localtimestamp - seen_at)::float8 FROM {C}.attendees "
-                            "WHERE class_code = :code AND lower(name) = lower(:name)"),
-                       {"code": code, "name": name}).first()
+    """The attendee of class ``code`` with this name, in any letter case."""
+    row = conn.execute(text(f"SELECT {_ATTENDEE_COLUMNS} FROM {C}.attendees "
+                            "WHERE class_code = :code AND name_key = :key"),
+                       {"code": code, "key": name_key(name)}).first()
     return Attendee(*row) if row else None
 
 
 def attendee_of_lab(conn: Connection, lab: str) -> Attendee | None:
-    row = conn.execute(text(f"SELECT id, name, lab, class_code, joined_at, seen_at, extract(epoch FROM localtimestamp - seen_at)::float8 FROM {C}.attendees "
-                            "WHERE lab = :lab"), {"lab": lab}).first()
+    row = conn.execute(text(f"SELECT {_ATTENDEE_COLUMNS} FROM {C}.attendees WHERE lab = :lab"), {"lab": lab}).first()
     return Attendee(*row) if row else None
 
 
 def attendees(conn: Connection, code: str | None = None) -> list[Attendee]:
     """The attendees of one class (every class when ``code`` is None), by name."""
     where, params = ("WHERE class_code = :code", {"code": code}) if code is not None else ("", {})
-    rows = conn.execute(text(f"SELECT id, name, lab, class_code, joined_at, seen_at, extract(epoch FROM localtimestamp - seen_at)::float8 FROM {C}.attendees {where} "
-                             "ORDER BY lower(name), id"), params).all()
+    rows = conn.execute(text(f"SELECT {_ATTENDEE_COLUMNS} FROM {C}.attendees {where} "
+                             "ORDER BY name_key, id"), params).all()
     return [Attendee(*row) for row in rows]
 
 
@@ -115,19 +137,91 @@ def lab_names(conn: Connection) -> list[str]:
     return sorted({Lab.of_schema(schema).name for schema in all_lab_schemas(conn)})
 
 
-def add_attendee(engine: Engine, code: str, name: str, lab: str) -> Attendee:
-    """Insert the attendee; the one already there when two joined under the same name at once."""
+class NameTaken(ClassroomError):
+    """The name is an attendee's of this class already: their rejoin code, or the instructor, opens it."""
+
+    def __init__(self, name: str):
+        super().__init__("name", f"{name} has already joined this class. If that is you, type your rejoin code "
+                                 "(your lab's page shows it in the browser you joined with), or ask the "
+                                 "instructor to hand your lab over from the class board.")
+
+
+def add_attendee(engine: Engine, code: str, name: str, lab: str) -> tuple[Attendee, str]:
+    """Insert the attendee and their first rejoin code: (the attendee, the code to show them once).
+    NameTaken when someone joined under the same name first (at the same moment, say)."""
+    rejoin = new_rejoin_code()
     try:
         with engine.begin() as conn:
-            conn.execute(text(f"INSERT INTO {C}.attendees (class_code, name, lab) VALUES (:code, :name, :lab)"),
-                         {"code": code, "name": name, "lab": lab})
+            conn.execute(text(f"INSERT INTO {C}.attendees (class_code, name, name_key, lab, rejoin_hash) "
+                              "VALUES (:code, :name, :key, :lab, :hash)"),
+                         {"code": code, "name": name, "key": name_key(name), "lab": lab,
+                          "hash": hash_rejoin_code(rejoin)})
     except IntegrityError:
-        pass
+        raise NameTaken(name) from None
     with engine.connect() as conn:
         found = find_attendee(conn, code, name)
     if found is None:
         raise ClassroomError("name", "could not register this name; try again")
-    return found
+    return found, rejoin
+
+
+# --- rejoin codes -----------------------------------------------------------------------------
+
+def new_rejoin_code() -> str:
+    """A fresh rejoin code as shown: ``XXXX-XXXX``."""
+    raw = "".join(secrets.choice(REJOIN_ALPHABET) for _ in range(REJOIN_LENGTH))
+    return f"{raw[:4]}-{raw[4:]}"
+
+
+def normal_rejoin_code(typed: str | None) -> str:
+    """A rejoin code as typed, made comparable: letter case, spaces and dashes do not matter."""
+    return re.sub(r"[\s-]+", "", str(typed or "")).upper()
+
+
+def shown_rejoin_code(typed: str | None) -> str:
+    """A rejoin code as the attendee's page shows it: ``XXXX-XXXX``."""
+    code = normal_rejoin_code(typed)
+    return f"{code[:4]}-{code[4:]}" if len(code) == REJOIN_LENGTH else code
+
+
+def hash_rejoin_code(code: str) -> str:
+    """``pbkdf2_sha256$<iterations>$<salt>$<digest>``: what the table keeps of a rejoin code."""
+    salt = secrets.token_bytes(16)
+    digest = hashlib.pbkdf2_hmac("sha256", normal_rejoin_code(code).encode(), salt, REJOIN_HASH_ITERATIONS)
+    return f"pbkdf2_sha256${REJOIN_HASH_ITERATIONS}${salt.hex()}${digest.hex()}"
+
+
+def rejoin_code_matches(stored: str | None, typed: str | None) -> bool:
+    """Whether ``typed`` is the code ``stored`` was made from (constant-time compare)."""
+    code = normal_rejoin_code(typed)
+    if not stored or not code:
+        return False
+    try:
+        scheme, iterations, salt, digest = stored.split("$")
+        if scheme != "pbkdf2_sha256":
+            return False
+        computed = hashlib.pbkdf2_hmac("sha256", code.encode(), bytes.fromhex(salt), int(iterations))
+    except ValueError:
+        return False
+    return hmac.compare_digest(computed.hex(), digest)
+
+
+def check_rejoin_code(conn: Connection, attendee: Attendee, typed: str | None) -> bool:
+    """Whether ``typed`` is this attendee's current rejoin code."""
+    stored = conn.execute(text(f"SELECT rejoin_hash FROM {C}.attendees WHERE id = :id"),
+                          {"id": attendee.id}).scalar()
+    return rejoin_code_matches(stored, typed)
+
+
+def issue_rejoin_code(engine: Engine, lab: str) -> tuple[Attendee, str] | None:
+    """A new rejoin code for the attendee of ``lab`` (the old one stops working): (attendee, code),
+    or None when nobody works in that lab."""
+    rejoin = new_rejoin_code()
+    with engine.begin() as conn:
+        updated = conn.execute(text(f"UPDATE {C}.attendees SET rejoin_hash = :hash WHERE lab = :lab RETURNING id"),
+                               {"hash": hash_rejoin_code(rejoin), "lab": lab}).first()
+        found = attendee_of_lab(conn, lab) if updated else None
+    return (found, rejoin) if found else None
 
 
 def touch(engine: Engine, lab: str) -> None:

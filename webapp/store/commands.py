@@ -17,6 +17,8 @@ from .tables import Agent, Command
 T = Command.__table__
 AGENTS = Agent.__table__
 CHANNEL = "lab_commands"
+# NOTIFYed with a command's id when it is done or failed, on commit: whoever waits for it wakes then.
+DONE_CHANNEL = "lab_command_done"
 
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 
@@ -88,13 +90,22 @@ def renew_leases(conn: Connection, agent_id: str, lease_seconds: float) -> int:
 def finish(conn: Connection, command_id: int, result: dict[str, Any]) -> None:
     conn.execute(update(T).where(T.c.id == command_id)
                  .values(status=DONE, result=result, finished_at=func.now(), lease_expires_at=None))
+    announce_done(conn, command_id)
+
+
+def announce_done(conn: Connection, command_id: int) -> None:
+    """Wake the waiters of ``command_id`` when this transaction commits (command_channel.wait_for)."""
+    conn.execute(select(func.pg_notify(DONE_CHANNEL, str(command_id))))
 
 
 def fail(conn: Connection, command_id: int, error: str, kind: str, *, only_if: str | None = None) -> bool:
     """Mark a command failed with its reason; ``only_if``: only while it still has that status."""
     where = [T.c.id == command_id] + ([T.c.status == only_if] if only_if else [])
-    return bool(conn.execute(update(T).where(*where).values(status=FAILED, error=error, result={"kind": kind},
-                                                             finished_at=func.now(), lease_expires_at=None)).rowcount)
+    failed = bool(conn.execute(update(T).where(*where).values(status=FAILED, error=error, result={"kind": kind},
+                                                               finished_at=func.now(), lease_expires_at=None)).rowcount)
+    if failed:
+        announce_done(conn, command_id)
+    return failed
 
 
 def _orphans(conn: Connection, where, who) -> list[Orphan]:

@@ -6,14 +6,19 @@ in ``lab_control``.
 """
 from __future__ import annotations
 
+import re
+
 import psycopg
-from sqlalchemy.engine import make_url
 
 CONTROL_SCHEMA = "lab_control"
+# A SQLAlchemy URL's scheme, with or without a driver (postgresql+psycopg://): libpq wants postgresql://.
+DRIVER_SCHEME = re.compile(r"^postgres(?:ql)?(?:\+\w+)?://")
 
 
 def sqlalchemy_url(url: str) -> str:
     """Any PostgreSQL URL as the psycopg-3 SQLAlchemy dialect wants it."""
+    # Imported here: a consumer process connects with psycopg alone and never loads SQLAlchemy.
+    from sqlalchemy.engine import make_url
     parsed = make_url(url)
     if parsed.get_backend_name() != "postgresql":
         raise ValueError(f"DATABASE_URL must be a PostgreSQL URL, got {parsed.drivername}")
@@ -21,8 +26,10 @@ def sqlalchemy_url(url: str) -> str:
 
 
 def psycopg_conninfo(url: str) -> str:
-    """The same URL as plain psycopg (libpq) accepts it."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    """The same URL as plain psycopg (libpq) accepts it: the scheme without a driver name."""
+    if not DRIVER_SCHEME.match(url):
+        raise ValueError(f"DATABASE_URL must be a PostgreSQL URL, got {url.split('://', 1)[0]}://…")
+    return DRIVER_SCHEME.sub("postgresql://", url, count=1)
 
 
 def connect(url: str, schema: str | None = None, **kwargs) -> psycopg.Connection:

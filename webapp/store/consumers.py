@@ -87,13 +87,15 @@ def create(conn: Connection, lab: str, name: str, group_id: str, agent_id: str) 
 
 def spawned(conn: Connection, consumer_id: int, pid: int) -> None:
     conn.execute(update(consumers).where(consumers.c.id == consumer_id)
-                 .values(pid=pid, state=ConsumerState.STARTING.value, exit_code=None, heartbeat_at=None))
+                 .values(pid=pid, state=ConsumerState.STARTING.value, exit_code=None, heartbeat_at=None,
+                         assigned=[], assigned_at=func.now()))  # a new member: its group rebalances
 
 
 def set_state(conn: Connection, consumer_id: int, state: str, exit_code: int | None = None) -> None:
     values = {"state": state, "exit_code": exit_code}
     if state in NO_ASSIGNMENT:
         values["assigned"] = []
+        values["assigned_at"] = func.now()  # a member gone: its group rebalances
     conn.execute(update(consumers).where(consumers.c.id == consumer_id).values(**values))
 
 
@@ -115,4 +117,4 @@ def orphaned(conn: Connection, live_agent_ids: list[str]) -> list[Row]:
 def mark_gone(conn: Connection, consumer_id: int) -> bool:
     """Gone, unless it ended meanwhile (a consumer that saw its agent die stops itself)."""
     return bool(conn.execute(update(consumers).where(consumers.c.id == consumer_id, consumers.c.state.in_(LIVE_STATES))
-                             .values(state=ConsumerState.GONE.value, assigned=[])).rowcount)
+                             .values(state=ConsumerState.GONE.value, assigned=[], assigned_at=func.now())).rowcount)

@@ -1,14 +1,26 @@
-"""``lab_control.fault_proxies``: what the lab asks of the lost-ack fault proxy, and what it reports."""
+"""``lab_control.fault_proxies`` and ``fault_proxy_labs``: what each lab asks of the lost-ack fault
+proxy, and what the proxy reports.
+
+Every lab's faults are its own row in ``fault_proxy_labs``: a function here that reads or changes
+faults takes the lab, and touches that lab's row only. Any change bumps the proxy's ``version``
+in the same transaction; the proxy acknowledges the version it read (``taken``).
+"""
 from __future__ import annotations
 
 from typing import Any
 
 from sqlalchemy import Connection, func, select, text, update
+from sqlalchemy.dialects.postgresql import insert
 
 from ..domain.vocabulary import FAULT_PROXY_CHANNEL
-from .tables import FaultProxy
+from .tables import FaultProxy, FaultProxyLab
 
 proxies = FaultProxy.__table__
+lab_faults = FaultProxyLab.__table__
+
+# What a lab reads of its own row when it has none yet: nothing armed, nothing counted.
+UNARMED = {"drop_produce_responses": 0, "delay_ms": 0, "connections": 0, "produce_requests": 0,
+           "responses_dropped": 0, "responses_delayed": 0, "commits_blocked": 0, "connections_cut": 0}
 
 
 def fresh(seconds: float):
@@ -16,40 +28,61 @@ def fresh(seconds: float):
     return proxies.c.heartbeat_at > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, seconds)
 
 
-def report(conn: Connection, name: str, fresh_seconds: float) -> dict[str, Any] | None:
-    row = conn.execute(select(proxies, func.coalesce(fresh(fresh_seconds), False).label("running"),
+def report(conn: Connection, name: str, lab: str, fresh_seconds: float) -> dict[str, Any] | None:
+    """The proxy's process (running, where, heartbeat age) and ``lab``'s own faults and counters;
+    None when no proxy ``name`` ever reported. Nothing of another lab's row."""
+    row = conn.execute(select(proxies.c.name, proxies.c.listen, proxies.c.upstream,
+                              func.coalesce(fresh(fresh_seconds), False).label("running"),
                               func.extract("epoch", func.now() - proxies.c.heartbeat_at).label("heartbeat_age"))
                        .where(proxies.c.name == name)).mappings().first()
-    return dict(row) if row else None
+    if row is None:
+        return None
+    own = conn.execute(select(*(lab_faults.c[key] for key in UNARMED))
+                       .where(lab_faults.c.proxy == name, lab_faults.c.lab == lab)).mappings().first()
+    return {**dict(row), **UNARMED, **(dict(own) if own else {})}
+
+
+def _bump(conn: Connection, name: str, fresh_seconds: float) -> int | None:
+    """A new setting's version for a running proxy; None when none runs (nothing changes then)."""
+    return conn.execute(update(proxies).where(proxies.c.name == name, fresh(fresh_seconds))
+                        .values(version=proxies.c.version + 1).returning(proxies.c.version)).scalar()
+
+
+def _upsert(conn: Connection, name: str, lab: str, **values: Any) -> dict[str, Any]:
+    """Set ``values`` (which may refer to the row's columns) on the lab's row, created unarmed
+    first if missing; the row as it is now."""
+    conn.execute(insert(lab_faults).values(proxy=name, lab=lab).on_conflict_do_nothing())
+    return dict(conn.execute(update(lab_faults).where(lab_faults.c.proxy == name, lab_faults.c.lab == lab)
+                             .values(**values).returning(lab_faults)).mappings().one())
 
 
 def arm(conn: Connection, name: str, lab: str, drops: int, delay_ms: int, fresh_seconds: float) -> int | None:
-    """Ask a running proxy for new faults; the setting's version, or None when no proxy runs."""
-    return conn.execute(update(proxies).where(proxies.c.name == name, fresh(fresh_seconds))
-                        .values(lab=lab, drop_produce_responses=drops, delay_ms=delay_ms,
-                                version=proxies.c.version + 1, armed_at=func.now())
-                        .returning(proxies.c.version)).scalar()
+    """Ask a running proxy for new Produce faults on ``lab``'s requests; the setting's version, or
+    None when no proxy runs."""
+    version = _bump(conn, name, fresh_seconds)
+    if version is not None:
+        _upsert(conn, name, lab, drop_produce_responses=drops, delay_ms=delay_ms, armed_at=func.now())
+    return version
 
 
 def notify(conn: Connection, channel: str, name: str) -> None:
     conn.execute(text("SELECT pg_notify(:channel, :name)"), {"channel": channel, "name": name})
 
 
-def unblock_clients(conn: Connection, client_prefix: str, channel: str = FAULT_PROXY_CHANNEL) -> None:
-    """End every commit block of the clients whose id starts with ``client_prefix`` (a lab being
-    reset: a new consumer of the same name must not inherit its predecessor's block)."""
-    rows = conn.execute(text(
-        "UPDATE lab_control.fault_proxies SET version = version + 1, blocked_commits = coalesce("
-        "(SELECT jsonb_object_agg(key, value) FROM jsonb_each(blocked_commits) WHERE NOT starts_with(key, :prefix)), "
-        "'{}') WHERE EXISTS (SELECT 1 FROM jsonb_object_keys(blocked_commits) k WHERE starts_with(k, :prefix)) "
-        "RETURNING name"), {"prefix": client_prefix}).scalars().all()
-    for name in rows:
+def forget_lab(conn: Connection, lab: str, channel: str = FAULT_PROXY_CHANNEL) -> None:
+    """A lab being reset or dropped: its faults end at every proxy (a new consumer of the same
+    name must not inherit its predecessor's block, a new lab no delay), without waiting."""
+    names = conn.execute(lab_faults.delete().where(lab_faults.c.lab == lab).returning(lab_faults.c.proxy)
+                         ).scalars().all()
+    for name in sorted(set(names)):
+        conn.execute(update(proxies).where(proxies.c.name == name).values(version=proxies.c.version + 1))
         notify(conn, channel, name)
 
 
-def blocked_seen(conn: Connection, name: str) -> list[str]:
-    """The blocked clients that had a connection through the proxy when it took its last setting."""
-    return list(conn.execute(select(proxies.c.blocked_seen).where(proxies.c.name == name)).scalar() or [])
+def blocked_seen(conn: Connection, name: str, lab: str) -> list[str]:
+    """The lab's blocked clients that had a connection through the proxy when it took its last setting."""
+    return list(conn.execute(select(lab_faults.c.blocked_seen).where(lab_faults.c.proxy == name,
+                                                                     lab_faults.c.lab == lab)).scalar() or [])
 
 
 def taken(conn: Connection, name: str, version: int) -> bool:
@@ -57,49 +90,46 @@ def taken(conn: Connection, name: str, version: int) -> bool:
     return bool(conn.execute(select(proxies.c.seen_version >= version).where(proxies.c.name == name)).scalar())
 
 
-def cut(conn: Connection, name: str, client_ids: list[str], fresh_seconds: float) -> int | None:
-    """Ask a running proxy to close the connections of ``client_ids`` (chaos); the request's
-    version, or None when no proxy runs."""
-    return conn.execute(update(proxies).where(proxies.c.name == name, fresh(fresh_seconds))
-                        .values(cut_version=proxies.c.cut_version + 1, cut_client_ids=list(client_ids))
-                        .returning(proxies.c.cut_version)).scalar()
+def cut(conn: Connection, name: str, lab: str, client_ids: list[str], fresh_seconds: float) -> int | None:
+    """Ask a running proxy to close the connections of ``client_ids``, clients of ``lab`` (chaos);
+    the request's version of the lab's cuts, or None when no proxy runs."""
+    if _bump(conn, name, fresh_seconds) is None:
+        return None
+    return _upsert(conn, name, lab, cut_version=lab_faults.c.cut_version + 1,
+                   cut_client_ids=list(client_ids))["cut_version"]
 
 
-def connections_cut(conn: Connection, name: str, version: int) -> int | None:
-    """The proxy's count of cut connections once it carried out cut ``version``; None before."""
-    row = conn.execute(select(proxies.c.seen_cut_version, proxies.c.connections_cut)
-                       .where(proxies.c.name == name)).first()
+def connections_cut(conn: Connection, name: str, lab: str, version: int) -> int | None:
+    """The proxy's count of the lab's cut connections once it carried out the lab's cut
+    ``version``; None before."""
+    row = conn.execute(select(lab_faults.c.seen_cut_version, lab_faults.c.connections_cut)
+                       .where(lab_faults.c.proxy == name, lab_faults.c.lab == lab)).first()
     return int(row.connections_cut) if row is not None and row.seen_cut_version >= version else None
 
 
 def block_commits(conn: Connection, name: str, lab: str, client_id: str, seconds: float | None,
                   fresh_seconds: float) -> int | None:
-    """Block (for ``seconds``) or, with None, unblock the offset commits of ``client_id``; the
-    setting's version, or None when no proxy runs. The end time is on the database's clock, which
-    the proxy reads it by."""
-    blocked = proxies.c.blocked_commits
+    """Block (for ``seconds``) or, with None, unblock the offset commits of ``client_id``, a
+    consumer of ``lab``; the setting's version, or None when no proxy runs. The end time is on the
+    database's clock, which the proxy reads it by."""
+    blocked = lab_faults.c.blocked_commits
     if seconds is None:
         value = blocked.op("-")(client_id)
     else:
         until = func.extract("epoch", func.now()) + seconds
         value = blocked.op("||")(func.jsonb_build_object(client_id, until))
-    return conn.execute(update(proxies).where(proxies.c.name == name, fresh(fresh_seconds))
-                        .values(lab=lab, blocked_commits=value, version=proxies.c.version + 1, armed_at=func.now())
-                        .returning(proxies.c.version)).scalar()
+    version = _bump(conn, name, fresh_seconds)
+    if version is not None:
+        _upsert(conn, name, lab, blocked_commits=value, armed_at=func.now())
+    return version
 
 
-def blocked_commit_clients(conn: Connection, name: str | None = None) -> dict[str, float]:
-    """The client ids whose offset commits are blocked now by proxy ``name`` (by any, with None),
-    with the seconds left for each."""
+def blocked_commits_of(conn: Connection, name: str | None, lab: str, client_prefix: str) -> dict[str, float]:
+    """The lab's consumers whose offset commits are blocked now by proxy ``name`` (by any, with
+    None), by the rest of their client id after ``client_prefix`` (the consumer's name), with the
+    seconds left."""
     rows = conn.execute(text(
-        "SELECT key, value::float8 - extract(epoch FROM now()) FROM lab_control.fault_proxies, "
-        "jsonb_each_text(blocked_commits) WHERE (CAST(:name AS text) IS NULL OR name = :name) "
-        "AND value::float8 > extract(epoch FROM now())"), {"name": name}).all()
-    return {key: float(left) for key, left in rows}
-
-
-def blocked_commits_of(conn: Connection, name: str | None, client_prefix: str) -> dict[str, float]:
-    """Of the blocked clients, those whose id starts with ``client_prefix`` (one lab's consumers),
-    by the rest of their id (the consumer's name), with the seconds left."""
-    return {client[len(client_prefix):]: left for client, left in sorted(blocked_commit_clients(conn, name).items())
-            if client.startswith(client_prefix)}
+        "SELECT key, value::float8 - extract(epoch FROM now()) FROM lab_control.fault_proxy_labs, "
+        "jsonb_each_text(blocked_commits) WHERE (CAST(:name AS text) IS NULL OR proxy = :name) AND lab = :lab "
+        "AND value::float8 > extract(epoch FROM now()) ORDER BY key"), {"name": name, "lab": lab}).all()
+    return {client[len(client_prefix):]: float(left) for client, left in rows if client.startswith(client_prefix)}

@@ -49,13 +49,14 @@ def lab_schemas(conn: Connection, lab: Lab) -> list[str]:
 
 
 def drop_database_state(conn: Connection, lab: Lab) -> None:
-    """Drop every schema of the lab and its control rows. Kafka topics are kafka/admin.py's."""
+    """Drop every schema of the lab and its control rows (its fault proxy faults end with them).
+    Kafka topics are kafka/admin.py's."""
     for schema in lab_schemas(conn, lab):
         conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
     conn.execute(text(f'DELETE FROM "{CONTROL_SCHEMA}".consumers WHERE lab = :lab'), {"lab": lab.name})
     conn.execute(text(f"DELETE FROM \"{CONTROL_SCHEMA}\".commands WHERE lab = :lab AND status IN ('done', 'failed')"),
                  {"lab": lab.name})
-    faultproxies.unblock_clients(conn, lab.client_id(""))
+    faultproxies.forget_lab(conn, lab.name)
 
 
 DEFAULT_GROUP = "payments"

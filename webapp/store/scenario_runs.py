@@ -31,10 +31,11 @@ def get(conn: Connection, run_id: int) -> dict[str, Any] | None:
     return dict(row) if row is not None else None
 
 
-def recent(conn: Connection, limit: int = 12) -> list[Mapping[str, Any]]:
-    """The newest runs, newest first."""
-    return conn.execute(text(f"SELECT id, scenario, lab, status, created_at FROM {C}.scenario_runs "
-                             "ORDER BY id DESC LIMIT :limit"), {"limit": limit}).mappings().all()
+def recent(conn: Connection, limit: int = 12, labs: list[str] | None = None) -> list[Mapping[str, Any]]:
+    """The newest runs, newest first: of every lab, or of ``labs`` only."""
+    where = "WHERE lab = ANY(:labs)" if labs is not None else ""
+    return conn.execute(text(f"SELECT id, scenario, lab, status, created_at FROM {C}.scenario_runs {where} "
+                             "ORDER BY id DESC LIMIT :limit"), {"limit": limit, "labs": labs}).mappings().all()
 
 
 def claim(conn: Connection, run_id: int) -> bool:

@@ -8,12 +8,15 @@ one lab's path into another's transaction.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator
-
-from sqlalchemy import Connection, Engine, event, text
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING, Any, Iterator
 
 from .connection import CONTROL_SCHEMA
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection, Engine
+    from sqlalchemy.orm import Session
+# SQLAlchemy is imported inside the functions that use it: a consumer process enters its lab with
+# ``enter_psycopg`` and never loads SQLAlchemy (tests/test_architecture.py checks it).
 
 SET_PATH = "SELECT set_config('search_path', :schema, true)"
 # The same statement for plain psycopg connections (the agent, the consumers, the fault proxy).
@@ -27,6 +30,7 @@ def quoted(name: str) -> str:
 
 def enter(conn: Connection, schema: str) -> Connection:
     """Make the rest of ``conn``'s current transaction work in ``schema``."""
+    from sqlalchemy import text
     conn.execute(text(SET_PATH), {"schema": schema})
     return conn
 
@@ -53,6 +57,8 @@ def connect_in(engine: Engine, schema: str) -> Iterator[Connection]:
 @contextmanager
 def session_in(engine: Engine, schema: str) -> Iterator[Session]:
     """An ORM session whose every transaction works in ``schema``."""
+    from sqlalchemy import event
+    from sqlalchemy.orm import Session
     session = Session(engine, expire_on_commit=False)
 
     def after_begin(session, transaction, connection):
@@ -68,6 +74,7 @@ def session_in(engine: Engine, schema: str) -> Iterator[Session]:
 def all_lab_schemas(conn: Connection) -> list[str]:
     """Every lab and lane schema of the database: ``lab_*`` schemas but the control one, that hold
     lab tables."""
+    from sqlalchemy import text
     rows = conn.execute(text(
         "SELECT schemaname FROM pg_tables WHERE tablename = 'accounts' AND schemaname LIKE 'lab\\_%' "
         "AND schemaname <> :control ORDER BY schemaname"), {"control": CONTROL_SCHEMA}).scalars()

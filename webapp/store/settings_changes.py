@@ -25,10 +25,11 @@ from sqlalchemy import Engine, text
 
 from .connection import CONTROL_SCHEMA
 from ..domain.lab import Lab
+from ..domain.vocabulary import SETTINGS_CHANNEL
 from ..domain.waits import WaitTimeout, wait_until
 from .schema import quoted
 
-CHANNEL = "lab_settings"
+CHANNEL = SETTINGS_CHANNEL
 # What an operation waits at most for the running consumers' acknowledgements: a consumer idle in
 # poll() answers within its poll timeout (0.2 s); one in the middle of a record, when it is done.
 SETTLE_SECONDS = 2.0

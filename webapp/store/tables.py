@@ -52,7 +52,7 @@ class Score(Base):
 seen_events = Table(
     "seen_events", metadata,
     Column("event_id", UUID, nullable=False, index=True),
-    Column("processed_at", DateTime, nullable=False, server_default=func.now(), index=True),
+    Column("processed_at", DateTime(timezone=True), nullable=False, server_default=func.now(), index=True),
 )
 
 
@@ -70,21 +70,22 @@ class Payment(Base):
 class ProcessedEvent(Base):
     __tablename__ = "processed_events"
     event_id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True)
-    # indexed: the TTL cleanup, the oldest key's age and the newest keys all range over it
-    processed_at: Mapped[datetime] = mapped_column(server_default=func.now(), index=True)
+    # indexed: the TTL cleanup, the oldest key's age and the newest keys all range over it;
+    # TIMESTAMPTZ, as in the source text's DDL (an instant, whatever the session's time zone)
+    processed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(), index=True)
 
 
 class ProcessedTransaction(Base):
     __tablename__ = "processed_transactions"
     transaction_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    processed_at: Mapped[datetime] = mapped_column(server_default=func.now(), index=True)
+    processed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(), index=True)
 
 
 class ProcessedPayload(Base):
     """payload-hash's key table: sha256 of the event's content without its ids (see the strategy)."""
     __tablename__ = "processed_payloads"
     payload_hash: Mapped[str] = mapped_column(Text, primary_key=True)
-    processed_at: Mapped[datetime] = mapped_column(server_default=func.now(), index=True)
+    processed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(), index=True)
 
 
 class LedgerEntry(Base):
@@ -245,6 +246,13 @@ class ConsumerGroup(Base):
     notify: Mapped[str] = mapped_column(String(16), default="off", server_default="off")
     notify_idempotency_key: Mapped[bool] = mapped_column(default=False, server_default="false")
     created_at: Mapped[datetime] = _now()
+    # Health and recovery (revision 0015, issue 29): the Kafka group id the members join (NULL: the
+    # group's own; a recovery that had to move the group gives it a fresh one, Lab.kafka_group_id),
+    # when the last recovery started, and the last health transition written to the timeline.
+    kafka_group_id: Mapped[Optional[str]] = mapped_column(String(160))
+    recovery_started_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
+    health: Mapped[Optional[str]] = mapped_column(String(16))
+    health_since: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
 
 
 class Notification(Base):
@@ -325,6 +333,24 @@ class LoadRun(Base):
     source_duplicates: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     failed: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     rate: Mapped[float] = mapped_column(default=0, server_default="0")  # records/s over the last report
+    cancel_requested: Mapped[bool] = mapped_column(default=False, server_default="false")
+    error: Mapped[Optional[str]] = mapped_column(Text)
+    started_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+    finished_at: Mapped[Optional[datetime]]
+
+
+class WarmupRun(Base):
+    """One dedup warm-up (synthetic keys into ``processed_events``), run by a lab agent's thread
+    (webapp/agent/warmup.py): what was asked, and the keys inserted so far as it reports them.
+    ``cancel_requested`` is the lab's request to stop."""
+    __tablename__ = "warmup_runs"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    keys: Mapped[int] = mapped_column(BigInteger)
+    days: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), default="starting", server_default="starting")
+    inserted: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    rate: Mapped[float] = mapped_column(default=0, server_default="0")  # keys/s over the last report
     cancel_requested: Mapped[bool] = mapped_column(default=False, server_default="false")
     error: Mapped[Optional[str]] = mapped_column(Text)
     started_at: Mapped[datetime] = _now()
@@ -543,6 +569,22 @@ class Agent(Base):
     kafka_error: Mapped[Optional[str]] = mapped_column(Text)
 
 
+class ServiceHeartbeat(Base):
+    """A helper process the lab depends on, as it reports itself: the log reader and the
+    notification service beat here every SERVICE_BEAT_SECONDS (store/service_heartbeats.py); one
+    row per process (two agents on one database each run a log reader), deleted when it stops
+    gracefully, and a killed one's by the next of its service after a while. The dashboard shows a
+    service down when its freshest beat is older than SERVICE_DOWN_AFTER_SECONDS
+    (readmodel/service_health.py)."""
+    __tablename__ = "service_heartbeats"
+    __table_args__ = {"schema": CONTROL_SCHEMA}
+    service: Mapped[str] = mapped_column(String(32), primary_key=True)
+    host: Mapped[str] = mapped_column(String(128), primary_key=True)
+    pid: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    started_at: Mapped[datetime] = _now()
+    heartbeat_at: Mapped[datetime] = _now()
+
+
 class Consumer(Base):
     """One consumer process: what it was asked to be and what it last reported."""
     __tablename__ = "consumers"
@@ -576,6 +618,10 @@ class Consumer(Base):
     heartbeat_at: Mapped[Optional[datetime]]
     # When it last read what it applies (its acknowledgement of a change: settings_changes.settle).
     settings_seen_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
+    # The clocks of its group's health (revision 0015, domain/group_health.py): when its reported
+    # assignment last changed (or its process started or ended), and when its position last moved.
+    assigned_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
+    progressed_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
 
 
 class Command(Base):
@@ -600,20 +646,17 @@ class Command(Base):
 
 
 class FaultProxy(Base):
-    """The lost-ack fault proxy's control row: what the lab asks of it, and what it reports.
+    """The lost-ack fault proxy process as it reports itself, and the version of the labs' settings
+    it acknowledged. What each lab asks of it is that lab's row in ``fault_proxy_labs``.
 
-    Written by ``operations.arm_fault_proxy`` (lab, faults, version) and read by the proxy
-    process (``python -m webapp.faultproxy``), which may run in another container.
+    Any lab's arming bumps ``version`` (webapp/store/faultproxies.py); the proxy process
+    (``python -m webapp.faultproxy``, maybe in another container) reads every lab's row and
+    acknowledges the version it read in ``seen_version``.
     """
     __tablename__ = "fault_proxies"
     __table_args__ = {"schema": CONTROL_SCHEMA}
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
-    # Desired: the lab that armed it (its timeline receives every injected fault) and the faults.
-    lab: Mapped[Optional[str]] = mapped_column(String(32))
-    drop_produce_responses: Mapped[int] = mapped_column(default=0, server_default="0")  # left to drop
-    delay_ms: Mapped[int] = mapped_column(default=0, server_default="0")
-    version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # bumped by each arming
-    armed_at: Mapped[Optional[datetime]]
+    version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # bumped by each setting
     # Reported by the proxy.
     seen_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     listen: Mapped[Optional[str]] = mapped_column(String(128))
@@ -622,21 +665,46 @@ class FaultProxy(Base):
     pid: Mapped[Optional[int]]
     started_at: Mapped[Optional[datetime]]
     heartbeat_at: Mapped[Optional[datetime]]
+    # The whole proxy's traffic, every client's (a lab reads only its own row's counters).
     connections: Mapped[int] = mapped_column(default=0, server_default="0")
     produce_requests: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     responses_dropped: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     responses_delayed: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    # Chaos (issue 15): cut the broker connections of these Kafka client ids once per bump of cut_version.
+    connections_cut: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    commits_blocked: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+class FaultProxyLab(Base):
+    """One lab's faults at one fault proxy (issue 28): they act only on requests whose Kafka client
+    id names that lab (``Lab.of_client_id``), and only that lab reads or changes them.
+
+    Written by the lab's operations (arm_fault_proxy, block_commits, chaos's cuts); the proxy
+    reports the lab's counters here and writes its injected faults to the lab's timeline.
+    """
+    __tablename__ = "fault_proxy_labs"
+    __table_args__ = {"schema": CONTROL_SCHEMA}
+    proxy: Mapped[str] = mapped_column(String(64), primary_key=True)
+    lab: Mapped[str] = mapped_column(String(32), primary_key=True)
+    # Desired.
+    drop_produce_responses: Mapped[int] = mapped_column(default=0, server_default="0")  # left to drop
+    delay_ms: Mapped[int] = mapped_column(default=0, server_default="0")
+    armed_at: Mapped[Optional[datetime]]
+    # Commit mode (issue 14): {Kafka client id of one of the lab's consumers: until when, epoch
+    # seconds}; the proxy closes any connection of such a client that carries an OffsetCommit.
+    blocked_commits: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default="{}")
+    # Chaos (issue 15): cut the broker connections of these client ids of the lab once per bump of cut_version.
     cut_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     cut_client_ids: Mapped[list[Any]] = mapped_column(JSONB, default=list, server_default="[]")
+    # Reported by the proxy: the lab's clients only.
     seen_cut_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    connections_cut: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    # Commit mode (issue 14): {Kafka client id: until when, epoch seconds}; the proxy closes any
-    # connection of such a client that carries an OffsetCommit, before the broker sees it.
-    blocked_commits: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default="{}")
-    commits_blocked: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    # Reported with the setting's version: the blocked clients that had a connection through it.
+    # The blocked clients that had a connection through the proxy when it took the lab's last setting.
     blocked_seen: Mapped[list[Any]] = mapped_column(JSONB, default=list, server_default="[]")
+    connections: Mapped[int] = mapped_column(default=0, server_default="0")
+    produce_requests: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    responses_dropped: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    responses_delayed: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    commits_blocked: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    connections_cut: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class ChaosSession(Base):
@@ -689,12 +757,17 @@ class ScenarioRun(Base):
 
 
 class Attendee(Base):
-    """Classroom mode: one attendee of a class and the lab that is theirs (joined through /join)."""
+    """Classroom mode: one attendee of a class and the lab that is theirs (joined through /join).
+    ``name_key`` is the name casefolded (unique in the class: ``Ana`` and ``ANA`` are one attendee);
+    ``rejoin_hash`` a salted hash of their rejoin code (store/classroom.py), never the code."""
     __tablename__ = "attendees"
-    __table_args__ = (Index("attendees_class_name", "class_code", "name", unique=True), {"schema": CONTROL_SCHEMA})
+    __table_args__ = (Index("attendees_class_name_key", "class_code", "name_key", unique=True),
+                      {"schema": CONTROL_SCHEMA})
     id: Mapped[int] = mapped_column(primary_key=True)
     class_code: Mapped[str] = mapped_column(String(64), server_default="")
     name: Mapped[str] = mapped_column(String(64))
+    name_key: Mapped[str] = mapped_column(String(64))
+    rejoin_hash: Mapped[Optional[str]] = mapped_column(String(160))
     lab: Mapped[str] = mapped_column(String(32), unique=True)
     joined_at: Mapped[datetime] = _now()
     seen_at: Mapped[datetime] = _now()

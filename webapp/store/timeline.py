@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 KINDS = ("published", "delivered", "applied", "absorbed", "dead-lettered", "crashed", "frozen", "thawed",
          "killed", "started", "stopped", "rebalanced", "offsets-reset", "strategy", "fault", "ttl", "lab",
-         "commit-failed", "error", "scenario", "outbox", "chaos")
+         "commit-failed", "error", "scenario", "outbox", "chaos", "group-stalled", "group-recovered", "recovery")
 
 INSERT = "INSERT INTO timeline (kind, summary, detail) VALUES (%(kind)s, %(summary)s, %(detail)s::jsonb)"
 
@@ -21,3 +21,9 @@ def record(execute: Callable[..., Any], kind: str, summary: str, **detail: Any) 
     if kind not in KINDS:
         raise ValueError(f"unknown timeline kind {kind!r}")
     execute(INSERT, {"kind": kind, "summary": summary, "detail": json.dumps(detail, default=str)})
+
+
+def record_in(execute: Callable[..., Any], schema: str, kind: str, summary: str, **detail: Any) -> None:
+    """Append one entry to the timeline of lab schema ``schema``, whatever the connection's search_path."""
+    record(lambda statement, params: execute(statement.replace("INTO timeline", f'INTO "{schema}".timeline', 1),
+                                             params), kind, summary, **detail)

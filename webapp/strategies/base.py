@@ -30,8 +30,11 @@ UPSERT_SCORE = ("INSERT INTO scores (account_id, score, score_at)\n"
 # held by another session (a frozen zombie), and how long a session may sit idle inside an open
 # transaction before PostgreSQL terminates it (the zombie's transaction rolled back, its locks
 # released, the successor goes on). 0 means no limit. Run when the consumer connects and when the
-# lab changes them; shown in the SQL view.
+# lab changes them; shown in the SQL view. Whatever the lab's settings, lock_timeout and
+# statement_timeout stay below max.poll.interval.ms (domain/group_health.py): a consumer stuck in a
+# statement past it would hold its group's rebalances hostage.
 SESSION_SETTINGS = ("SELECT set_config('lock_timeout', %(lock_timeout)s, false),\n"
+                    "       set_config('statement_timeout', %(statement_timeout)s, false),\n"
                     "       set_config('idle_in_transaction_session_timeout', %(idle_in_transaction_session_timeout)s, false)")
 ACCOUNT_EXISTS = "SELECT 1 FROM accounts WHERE id = %(account_id)s"
 RECORD_DELIVERY = (

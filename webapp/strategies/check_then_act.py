@@ -20,7 +20,7 @@ KEY_TABLE = "seen_events"
 # What webapp/store/tables.py defines (tests/test_strategies.py checks the live table has no unique index).
 KEY_TABLE_DDL = ("CREATE TABLE seen_events (\n"
                  "    event_id     uuid NOT NULL,   -- no PRIMARY KEY, no UNIQUE\n"
-                 "    processed_at timestamp NOT NULL DEFAULT now()\n"
+                 "    processed_at timestamptz NOT NULL DEFAULT now()\n"
                  ");\n"
                  "CREATE INDEX ix_seen_events_event_id ON seen_events (event_id);  -- fast, not unique")
 CHECK = "SELECT 1 FROM seen_events WHERE event_id = %(event_id)s"

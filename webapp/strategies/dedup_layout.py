@@ -8,7 +8,10 @@ lands on the same key in the same partition. Processing time would not: a redeli
 after midnight would go to the next day's partition, whose key index has never seen the event,
 and be applied twice. The TTL then drops whole days (``DROP TABLE`` of a partition: a catalog
 change, whatever its rows) instead of deleting row by row, at the price of a day's granularity:
-a key lives until its whole day is older than the TTL.
+a key lives until its whole day is older than the TTL. Two more prices: the TTL counts from the
+event's time, so consumer lag eats into it; and ``DROP TABLE`` of a partition takes an ACCESS
+EXCLUSIVE lock on the parent, so it waits behind an open transaction on the table (a frozen
+zombie) and the key inserts queued behind it wait too.
 
 Day partitions are named ``processed_events_pYYYYMMDD`` (UTC days) and created ahead by the
 agent's housekeeping; a ``DEFAULT`` partition takes an event time outside them (an old event re-sent,
@@ -41,7 +44,7 @@ LAYOUT_SQL = "SELECT relkind FROM pg_class WHERE oid = to_regclass('processed_ev
 PLAIN_DDL = (
     "CREATE TABLE processed_events (\n"
     "    event_id UUID NOT NULL,\n"
-    "    processed_at TIMESTAMP WITHOUT TIME ZONE DEFAULT now() NOT NULL,\n"
+    "    processed_at TIMESTAMP WITH TIME ZONE DEFAULT now() NOT NULL,\n"
     "    PRIMARY KEY (event_id)\n"
     ")",
     "CREATE INDEX ix_processed_events_processed_at ON processed_events (processed_at)",
@@ -50,7 +53,7 @@ PARTITIONED_DDL = (
     "CREATE TABLE processed_events (\n"
     "    event_id UUID NOT NULL,\n"
     "    occurred_at TIMESTAMP WITH TIME ZONE NOT NULL,\n"
-    "    processed_at TIMESTAMP WITHOUT TIME ZONE DEFAULT now() NOT NULL,\n"
+    "    processed_at TIMESTAMP WITH TIME ZONE DEFAULT now() NOT NULL,\n"
     "    PRIMARY KEY (event_id, occurred_at)\n"
     ") PARTITION BY RANGE (occurred_at)",
     "CREATE INDEX ix_processed_events_processed_at ON processed_events (processed_at)",
@@ -155,7 +158,7 @@ def convert(execute: Execute, target: str, log_schema: str) -> dict[str, int]:
         execute(statement, {})
     log_records = f'"{log_schema}".log_records'
     execute("CREATE TEMPORARY TABLE converted_keys ON COMMIT DROP AS "
-            "SELECT k.event_id, coalesce(r.occurred_at::timestamptz, k.processed_at::timestamptz) AS occurred_at, "
+            "SELECT k.event_id, coalesce(r.occurred_at::timestamptz, k.processed_at) AS occurred_at, "
             "       k.processed_at, r.occurred_at IS NULL AS without_event_time "
             # (validity tested outside the lookup by event id: summary/triggers.py's DIRTY says why)
             f"FROM processed_events_old k LEFT JOIN LATERAL (SELECT occurred_at FROM (SELECT occurred_at, invalid_reason "
@@ -178,23 +181,35 @@ def convert(execute: Execute, target: str, log_schema: str) -> dict[str, int]:
 # ``days`` days of event time (and processing time, so a plain table's TTL sees the same ages).
 WARMUP_PLAIN_SQL = """
 INSERT INTO processed_events (event_id, processed_at)
-SELECT gen_random_uuid(), (now() - make_interval(secs => %(span)s * n / %(keys)s))::timestamp
-FROM generate_series(1, %(keys)s) n
+SELECT gen_random_uuid(), now() - make_interval(secs => %(span)s * n / %(keys)s)
+FROM generate_series(%(first)s::bigint, %(last)s::bigint) n
 """
 WARMUP_PARTITIONED_SQL = """
 INSERT INTO processed_events (event_id, occurred_at, processed_at)
 SELECT gen_random_uuid(), now() - make_interval(secs => %(span)s * n / %(keys)s),
-       (now() - make_interval(secs => %(span)s * n / %(keys)s))::timestamp
-FROM generate_series(1, %(keys)s) n
+       now() - make_interval(secs => %(span)s * n / %(keys)s)
+FROM generate_series(%(first)s::bigint, %(last)s::bigint) n
 """
 
 
-def warm_up(execute: Execute, keys: int, days: int) -> int:
-    """Insert ``keys`` synthetic keys spread over the last ``days`` days; the keys inserted."""
+def prepare_warm_up(execute: Execute, days: int) -> bool:
+    """Before a warm-up: in the partitioned layout, the day partitions its keys fall in. Whether
+    the table is partitioned."""
     partitioned = layout(execute) == PARTITIONED
     if partitioned:
         today = datetime.now(timezone.utc).date()
         for n in range(days + 1):
             create_day_partition(execute, today - timedelta(days=n))
+    return partitioned
+
+
+def insert_warm_up_keys(execute: Execute, partitioned: bool, keys: int, days: int, first: int, last: int) -> int:
+    """Keys ``first`` … ``last`` (1-based) of a warm-up of ``keys`` over ``days``: a slice, so that a
+    long warm-up reports progress and can stop between slices; the keys inserted."""
     statement = WARMUP_PARTITIONED_SQL if partitioned else WARMUP_PLAIN_SQL
-    return execute(statement, {"keys": keys, "span": days * 86400.0}).rowcount
+    return execute(statement, {"keys": keys, "span": days * 86400.0, "first": first, "last": last}).rowcount
+
+
+def warm_up(execute: Execute, keys: int, days: int) -> int:
+    """Insert ``keys`` synthetic keys spread over the last ``days`` days at once; the keys inserted."""
+    return insert_warm_up_keys(execute, prepare_warm_up(execute, days), keys, days, 1, keys)

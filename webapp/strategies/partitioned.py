@@ -26,7 +26,7 @@ INSERT_FIRST_CLAIM = ("INSERT INTO processed_events (event_id, occurred_at, proc
 TABLE = ("CREATE TABLE processed_events (\n"
          "    event_id UUID NOT NULL,\n"
          "    occurred_at TIMESTAMPTZ NOT NULL,\n"
-         "    processed_at TIMESTAMP NOT NULL DEFAULT now(),\n"
+         "    processed_at TIMESTAMPTZ NOT NULL DEFAULT now(),\n"
          "    PRIMARY KEY (event_id, occurred_at)\n"
          ") PARTITION BY RANGE (occurred_at);\n"
          "-- one partition per UTC day, created ahead; the TTL drops whole days:\n"
@@ -37,7 +37,9 @@ WHY_EVENT_TIME = note(
     "carries the same occurred_at, so it claims the same key in the same partition and is absorbed. By "
     "processing time, a redelivery after midnight would claim in the next day's partition, whose index has "
     "never seen the event, and apply twice. The TTL drops a whole day's partition (DROP TABLE, a catalog "
-    "change) instead of deleting its keys one by one.")
+    "change) instead of deleting its keys one by one — under an ACCESS EXCLUSIVE lock on the parent, which "
+    "waits behind any open transaction on the table and holds up the key inserts queued behind it; and it "
+    "counts from the event's time, so consumer lag eats into the window.")
 
 
 def _swap(plan: tuple[Step, ...], old: str, new: str) -> tuple[Step, ...]:

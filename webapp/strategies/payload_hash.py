@@ -32,7 +32,7 @@ from .batching import looped, looped_plan
 
 KEY_TABLE_DDL = ("CREATE TABLE processed_payloads (\n"
                  "    payload_hash text PRIMARY KEY,   -- sha256 (hex) of the canonical content\n"
-                 "    processed_at timestamp NOT NULL DEFAULT now()\n"
+                 "    processed_at timestamptz NOT NULL DEFAULT now()\n"
                  ");")
 # One of the four values is set, by the event's type (the others are NULL): coalesce picks it.
 KEY = ("SELECT canonical, encode(sha256(convert_to(canonical, 'UTF8')), 'hex') AS payload_hash\n"

@@ -10,7 +10,7 @@ from .access import current_lab, lab_db  # noqa: F401  (the request's lab, for e
 
 
 def register_blueprints(app: Flask) -> None:
-    from . import api, auth, classroom, controls, dashboard, health, scenarios
+    from . import api, auth, classroom, controls, dashboard, docs, health, push, scenarios
 
     app.register_blueprint(dashboard.bp)
     app.register_blueprint(controls.bp)
@@ -18,6 +18,8 @@ def register_blueprints(app: Flask) -> None:
     app.register_blueprint(auth.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(scenarios.bp)
+    app.register_blueprint(docs.bp)
+    app.register_blueprint(push.bp)
     classroom.init_app(app)
     from .security import csrf
     csrf.exempt(api.bp)
@@ -43,8 +45,19 @@ def register_error_pages(app: Flask) -> None:
 
     app.register_error_handler(404, lambda e: page(404, f"There is nothing at {request.path}."))
     app.register_error_handler(405, lambda e: page(405, f"{request.method} is not allowed here."))
+    app.register_error_handler(413, lambda e: page(413, (
+        f"This request's body is larger than this lab accepts ({app.config['MAX_CONTENT_LENGTH']:,} bytes, "
+        "MAX_CONTENT_LENGTH): send less.")))
     app.register_error_handler(500, lambda e: page(500, "Something broke in the lab; the server log says what."))
-    app.register_error_handler(SQLAlchemyError, lambda e: page(503, database_trouble(e)))
+
+    def database_unavailable(error: SQLAlchemyError):
+        """503 with the reason; the API's answer also says which parts are down, as the status bar does."""
+        from sqlalchemy.exc import OperationalError
+        if request.path.startswith("/api/") and isinstance(error, OperationalError):
+            from ..readmodel.service_health import database_unreachable, driver_error
+            return jsonify(error=database_trouble(error), services=database_unreachable(driver_error(error))), 503
+        return page(503, database_trouble(error))
+    app.register_error_handler(SQLAlchemyError, database_unavailable)
 
 
 def database_trouble(error: Exception) -> str:

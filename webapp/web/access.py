@@ -9,7 +9,9 @@ Classroom mode (webapp/web/classroom.py has its pages):
   loopback-only server) may view any lab read-only: the API's GETs take ``?lab=``, and the board's
   "open read-only" puts the browser session in a view of that lab (dashboard and presenter);
 - attendees may view another attendee's lab only when the instructor allows it
-  (``LAB_CLASS_VIEW_OTHERS=1``);
+  (``LAB_CLASS_VIEW_OTHERS=1``); a guided run of a lab they may not read answers 404 on every page
+  (run, guide, live panel, next step), as if it did not exist, and ``/scenarios/`` lists their own
+  lab's runs only (:func:`require_readable`, :func:`readable_labs`);
 - outside classroom mode, LAB_NAME as always.
 """
 from __future__ import annotations
@@ -22,10 +24,12 @@ from sqlalchemy.orm import Session
 
 from ..domain.lab import InvalidLabName, Lab
 from ..store import classroom
-from .db import lab_session
-from .security import client_address, token_guesses, token_matches, too_many_guesses
+from .db import db, lab_session
+from .security import client_address, signed_in, token_guesses, token_matches, too_many_guesses
 
 ATTENDEE_LAB, ATTENDEE_NAME, VIEWING = "attendee_lab", "attendee_name", "view_lab"
+# The attendee's rejoin code, to show on their own pages: their secret, in their own browser's cookie.
+REJOIN_CODE = "attendee_rejoin_code"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 # What an attendee (no LAB_TOKEN) may POST on the classroom blueprint; everything else there is the instructor's.
 ATTENDEE_POSTS = ("classroom.join", "classroom.leave", "classroom.view", "classroom.stop_viewing")
@@ -64,7 +68,7 @@ def is_instructor() -> bool:
     an address that guessed too often is not even compared (ratelimit.py)."""
     token = _config().get("LAB_TOKEN")
     if token:
-        if session.get("lab_token_ok"):
+        if signed_in():
             return True
         return not token_guesses().retry_after(client_address()) and token_matches(_bearer(), token)
     return not session.get(ATTENDEE_LAB)
@@ -83,6 +87,22 @@ def home_lab() -> Lab:
 def may_view(name: str) -> bool:
     return (name == home_lab().name or is_instructor()
             or (in_class() and bool(_config().get("LAB_CLASS_VIEW_OTHERS"))))
+
+
+def readable_labs() -> list[str] | None:
+    """The labs whose runs and records this session may read: None for every lab (outside
+    classroom mode, the instructor, a class that lets attendees view each other), else its own."""
+    if not in_class() or is_instructor() or _config().get("LAB_CLASS_VIEW_OTHERS"):
+        return None
+    return [home_lab().name]
+
+
+def require_readable(lab_name: str) -> None:
+    """404 unless this session may read lab ``lab_name`` (a guided run's, say): not 403, so that
+    an attendee learns nothing of what exists in the labs of others."""
+    readable = readable_labs()
+    if readable is not None and lab_name not in readable:
+        abort(404)
 
 
 def viewing() -> str | None:
@@ -135,14 +155,25 @@ def _resolve() -> Lab:
 
 
 def require_drivable(lab_name: str) -> None:
-    """403 unless this session may change ``lab_name`` (a guided run's lab, for instance)."""
+    """403 unless this session may change ``lab_name`` (a guided run's lab, for instance): an
+    attendee drives their own lab only; the instructor any lab but an attendee's, which they view
+    read-only; and no session while it views a lab read-only."""
     if not in_class():
         return
+    shown = viewing()
+    if shown:
+        abort(403, f"this browser views lab {shown} read-only: leave the view to drive a lab")
     own = own_lab()
-    if own is not None and lab_name != own:
-        abort(403, f"lab {lab_name} is not yours: you may drive only your own lab, {own}")
-    if own is None and not is_instructor():
+    if own is not None:
+        if lab_name != own:
+            abort(403, f"lab {lab_name} is not yours: you may drive only your own lab, {own}")
+        return
+    if not is_instructor():
         abort(403, "join the class first")
+    with db.engine.connect() as conn:
+        attendee = classroom.attendee_of_lab(conn, lab_name)
+    if attendee is not None:
+        abort(403, f"lab {lab_name} is {attendee.name}'s: the instructor views an attendee's lab read-only")
 
 
 def guided_run_lab() -> Lab | None:

@@ -1,6 +1,7 @@
 """The JSON API under /api/v1: one route per operation of the registry, and its OpenAPI document.
 
-Errors are JSON: 400 ``{"error", "field"}`` for bad input, 404 for unknown ids, 503 when no lab
+Errors are JSON: 400 ``{"error", "field"}`` for bad input, 409 when the lab is busy with a job that
+must finish first (a load or a dedup warm-up), 404 for unknown ids, 503 when no lab
 agent (or fault proxy) runs. State-changing requests must be ``application/json`` (see
 security.py).
 """
@@ -37,6 +38,8 @@ def json_body() -> dict[str, Any]:
 
 def error_response(error: Exception):
     """The JSON answer for an operation's error, or None for an error that is not one of them."""
+    if isinstance(error, ops.Busy):
+        return jsonify(error=error.message, field=error.field), 409
     if isinstance(error, ops.InvalidRequest):
         return jsonify(error=error.message, field=error.field), 400
     if isinstance(error, ops.NotFound):

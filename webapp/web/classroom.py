@@ -15,11 +15,13 @@ from typing import Any
 from flask import (Blueprint, Flask, Response, abort, current_app, has_request_context, jsonify, redirect,
                    render_template, request, session, url_for)
 from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from ..store import classroom, command_channel
 from ..store import scenario_runs
 from .. import ops
+from ..readmodel import group_health as group_health_readmodel
+from ..readmodel import service_health as service_health_readmodel
 from ..readmodel import state
 from .db import db, lab_session
 from ..domain.lab import Lab
@@ -27,10 +29,10 @@ from ..scenarios import built_in, load
 from ..scenarios.loader import Scenario
 from ..scenarios.runner import RunState
 from . import dashboard
-from .access import (ATTENDEE_LAB, ATTENDEE_NAME, VIEWING, current_lab, home_lab, in_class, is_instructor, may_view,
+from .access import (ATTENDEE_LAB, ATTENDEE_NAME, REJOIN_CODE, VIEWING, current_lab, home_lab, in_class, is_instructor, may_view,
                      named_lab, own_lab, require_instructor, viewing)
 from .markdown import markdown
-from .security import client_address, token_guesses, token_matches, too_many_guesses
+from .security import browser_id, client_address, code_guesses, token_matches
 
 bp = Blueprint("classroom", __name__)
 
@@ -40,6 +42,7 @@ TOUCH_EVERY_SECONDS = 10.0
 BOARD_LOCK_TIMEOUT = "200ms"
 JOIN_TIMEOUT = 120.0  # seconds a join waits for an agent to create the attendee's lab
 _touched: dict[str, float] = {}
+HANDED_OVER = "handed_over"  # the board's one-time notice of a new rejoin code
 
 
 def _config() -> dict[str, Any]:
@@ -103,10 +106,27 @@ def banner() -> dict[str, Any] | None:
         with db.engine.connect() as conn:
             run = classroom.latest_runs(conn, [own]).get(own)
     return {"instructor": is_instructor(), "name": session.get(ATTENDEE_NAME), "lab": own, "viewing": shown,
-            "run": run}
+            "run": run, "rejoin": session.get(REJOIN_CODE) if own else None}
 
 
 # --- /join ------------------------------------------------------------------------------------
+
+def _join_page(values: dict, errors: dict, status: int = 200, **extra: Any):
+    code = classroom.class_code(_config())
+    return render_template("classroom/join.html", needs_code=bool(code), values=values, errors=errors,
+                           me=extra.get("me"), my_lab=extra.get("my_lab"),
+                           rejoin_code=session.get(REJOIN_CODE) if extra.get("me") else None), status
+
+
+def _too_many_codes(wait: int, values: dict):
+    """429 with Retry-After, on the join page: this browser (or this address) guessed too often."""
+    guesses = code_guesses()
+    message = (f"Too many wrong codes from this browser: wait {wait} s before trying again (at most "
+               f"{guesses.limit} in {guesses.window:g} s). Other browsers can still join.")
+    response = current_app.make_response(_join_page(values, {"code": message}, 429))
+    response.headers["Retry-After"] = str(wait)
+    return response
+
 
 @bp.route("/join", methods=["GET", "POST"])
 def join():
@@ -116,38 +136,54 @@ def join():
             "(or LAB_CLASSROOM=1).")), 404
     code = classroom.class_code(_config())
     values = request.form.to_dict() if request.method == "POST" else {}
+    values.pop("rejoin", None)  # a secret: never written back into the page
     if request.method == "GET":
-        return render_template("classroom/join.html", needs_code=bool(code), values=values, errors={},
-                               me=session.get(ATTENDEE_NAME), my_lab=own_lab())
-    # The class code is a shared secret like the lab token: guesses share its limit per address.
-    wait = token_guesses().retry_after(client_address()) if code else 0
+        return _join_page(values, {}, me=session.get(ATTENDEE_NAME), my_lab=own_lab())
+    # The class code and a rejoin code are secrets: wrong ones are counted per browser, and far
+    # higher per address (ratelimit.py), apart from the instructor's token.
+    browser = browser_id()
+    wait = code_guesses().retry_after(client_address(), browser)
     if wait:
-        return too_many_guesses(wait)
+        return _too_many_codes(wait, values)
     try:
         name = classroom.clean_name(values.get("name"))
         if code and not token_matches(str(values.get("code", "")).strip(), code):
-            token_guesses().record_failure(client_address())
+            code_guesses().record_failure(client_address(), browser)
             raise classroom.ClassroomError("code", "that is not this class's code: ask the instructor")
-        attendee, created = _open_lab(code, name)
+        attendee, rejoin = _open_lab(code, name, request.form.get("rejoin"))
     except classroom.ClassroomError as error:
-        status = 403 if error.field == "code" else (409 if error.field == "class" else 400)
-        return render_template("classroom/join.html", needs_code=bool(code), values=values,
-                               errors={error.field: str(error)}, me=None, my_lab=None), status
+        status = {"code": 403, "rejoin": 403, "class": 409}.get(error.field, 400)
+        if isinstance(error, classroom.NameTaken):
+            status = 409
+        return _join_page(values, {error.field: str(error)}, status)
     except ops.NoAgent:
-        return render_template("classroom/join.html", needs_code=bool(code), values=values,
-                               errors={"class": "No lab agent is running, so no lab can be opened: "
-                                                "tell the instructor."}, me=None, my_lab=None), 503
+        return _join_page(values, {"class": "No lab agent is running, so no lab can be opened: tell the instructor."},
+                          503)
+    code_guesses().forget(client_address(), browser)
     session.pop(VIEWING, None)
     session[ATTENDEE_LAB], session[ATTENDEE_NAME] = attendee.lab, attendee.name
+    if rejoin:
+        session[REJOIN_CODE] = rejoin
     return redirect(url_for("dashboard.index"), code=303)
 
 
-def _open_lab(code: str, name: str) -> tuple[classroom.Attendee, bool]:
-    """The attendee's lab: reopened when they joined before, else created (through an agent)."""
+def _open_lab(code: str, name: str, typed_rejoin: str | None) -> tuple[classroom.Attendee, str | None]:
+    """The attendee's lab and, when it changed, the rejoin code to show: a new attendee's lab is
+    created (through an agent); an existing attendee's is reopened in this browser when it is
+    bound to it already or brings their rejoin code."""
     with db.engine.connect() as conn:
         found = classroom.find_attendee(conn, code, name)
         if found is not None:
-            return found, False
+            if own_lab() == found.lab:
+                return found, None
+            if not classroom.normal_rejoin_code(typed_rejoin):
+                raise classroom.NameTaken(found.name)
+            if not classroom.check_rejoin_code(conn, found, typed_rejoin):
+                code_guesses().record_failure(client_address(), browser_id())
+                raise classroom.ClassroomError("rejoin", f"that is not {found.name}'s rejoin code: check it on your "
+                                                         "lab's page, or ask the instructor to hand your lab over "
+                                                         "from the class board")
+            return found, classroom.shown_rejoin_code(typed_rejoin)
         full = classroom.lab_count_limit_reached(conn, _config())
         if full:
             raise classroom.ClassroomError("class", full)
@@ -164,13 +200,18 @@ def _open_lab(code: str, name: str) -> tuple[classroom.Attendee, bool]:
                      timeout=JOIN_TIMEOUT)
     except command_channel.CommandError as error:
         raise classroom.ClassroomError("class", f"your lab could not be created ({error}): try again") from None
-    return classroom.add_attendee(db.engine, code, name, lab.name), True
+    try:
+        return classroom.add_attendee(db.engine, code, name, lab.name)
+    except classroom.NameTaken:
+        # Someone joined under this name while the lab was being made: theirs is the name; this lab goes.
+        command_channel.enqueue(db.engine, lab.name, "lab.drop", {})
+        raise
 
 
 @bp.post("/join/leave")
 def leave():
-    """Unbind this browser from its lab (the lab stays; joining again with the name reopens it)."""
-    for key in (ATTENDEE_LAB, ATTENDEE_NAME, VIEWING):
+    """Unbind this browser from its lab (the lab stays; joining again with the name and the rejoin code reopens it)."""
+    for key in (ATTENDEE_LAB, ATTENDEE_NAME, VIEWING, REJOIN_CODE):
         session.pop(key, None)
     return redirect(url_for("classroom.join"), code=303)
 
@@ -218,8 +259,9 @@ def cards() -> list[dict[str, Any]]:
                 # lock it cannot get at once makes the card say "unavailable" until the next refresh.
                 session_.execute(text(f"SET LOCAL lock_timeout = '{BOARD_LOCK_TIMEOUT}'"))
                 verdict = state.verdict(session_, lab)
+                stalled_groups = group_health_readmodel.stalled(session_, lab)  # issue 29
         except SQLAlchemyError:
-            verdict = None
+            verdict, stalled_groups = None, []
         run = runs.get(person.lab)
         scenario = exercise(run["scenario"]) if run else None
         progress = RunState.from_dict(run["progress"]) if run else None
@@ -235,6 +277,7 @@ def cards() -> list[dict[str, Any]]:
             "effects_lost": verdict.effects_lost if verdict else None,
             "consumers": consumers.get(person.lab, 0),
             "idle_seconds": round(quiet, 1),
+            "stalled_groups": stalled_groups,
         })
     return result
 
@@ -261,15 +304,30 @@ def board():
     if not in_class():
         return render_template("errors/error.html", code=404, message=(
             "This lab runs no class: set LAB_CLASS_CODE (or LAB_CLASSROOM=1) to turn classroom mode on.")), 404
-    return render_template("classroom/board.html", cards=cards(), exercises=_exercises(),
-                           notice=request.args.get("notice"), code=classroom.class_code(_config()))
+    return render_template("classroom/board.html", cards=cards(), down=down_parts(), exercises=_exercises(),
+                           notice=request.args.get("notice"), code=classroom.class_code(_config()),
+                           handed_over=session.pop(HANDED_OVER, None))
+
+
+def down_parts() -> list[dict[str, Any]]:
+    """The parts every lab depends on that are down (readmodel/service_health.py), for the board's
+    header; PostgreSQL itself when it does not answer."""
+    try:
+        with db.engine.connect() as conn:
+            return service_health_readmodel.down(service_health_readmodel.service_health(conn, None))
+    except OperationalError as error:
+        return service_health_readmodel.down(
+            service_health_readmodel.database_unreachable(service_health_readmodel.driver_error(error)))
 
 
 @bp.get("/class/cards")
 def board_cards():
-    """The cards alone: the board refreshes them every few seconds."""
+    """The cards alone, under the parts that are down: the board refreshes them every few seconds.
+    Without PostgreSQL, the header alone (the cards are read from it)."""
     require_instructor()
-    return render_template("classroom/_cards.html", cards=cards())
+    down = down_parts()
+    database_down = any(part["part"] == service_health_readmodel.POSTGRES for part in down)
+    return render_template("classroom/_cards.html", cards=[] if database_down else cards(), down=down)
 
 
 @bp.post("/class/start")
@@ -308,6 +366,21 @@ def reset_one(name: str):
             abort(404, f"no attendee works in lab {lab.name}")
     _reset([lab.name])
     return redirect(url_for("classroom.board", notice=f"lab {lab.name}: reset requested"), code=303)
+
+
+@bp.post("/class/labs/<name>/hand-over")
+def hand_over(name: str):
+    """A new rejoin code for the attendee of lab ``name`` (the old one stops working), shown to the
+    instructor once: the attendee types it in a new browser to reopen their lab."""
+    require_instructor()
+    lab = named_lab(name)
+    issued = classroom.issue_rejoin_code(db.engine, lab.name)
+    if issued is None:
+        abort(404, f"no attendee works in lab {lab.name}")
+    attendee, rejoin = issued
+    # Shown on the board's next load, from this browser's session: a secret never goes in a URL.
+    session[HANDED_OVER] = {"name": attendee.name, "lab": attendee.lab, "rejoin": rejoin}
+    return redirect(url_for("classroom.board"), code=303)
 
 
 @bp.post("/class/reset")
@@ -355,7 +428,8 @@ def present():
     run, scenario, progress = _present_run(lab)
     panels = {name: dashboard.panel_context(name) for name in PRESENT_PANELS}
     return render_template("classroom/present.html", lab=lab, panels=panels, run=run, scenario=scenario,
-                           progress=progress, read_only=bool(viewing()), markdown=markdown)
+                           progress=progress, read_only=bool(viewing()), markdown=markdown,
+                           push=bool(current_app.config.get("LIVE_PUSH")))
 
 
 @bp.get("/present/guide")

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from flask import Blueprint, abort, g, render_template, request
 from jinja2 import TemplateNotFound
+from werkzeug.exceptions import HTTPException
 
 from ..domain import events
 from .. import ops, strategies
@@ -24,7 +25,7 @@ from ..readmodel import state
 from ..domain.vocabulary import Limits
 from ..ops.publishing import template_event
 from . import dashboard
-from .access import current_lab, lab_db
+from .access import current_lab, home_lab, lab_db
 from .api import ops_context
 
 bp = Blueprint("controls", __name__, url_prefix="/controls")
@@ -50,8 +51,12 @@ Renderer = Callable[..., tuple[str, int]]
 @bp.app_context_processor
 def control_choices() -> dict[str, Any]:
     """The menus every control form offers, wherever the form is rendered."""
+    try:
+        topic = current_lab().topic
+    except HTTPException:  # the page of a refused request (a change while viewing read-only): no lab
+        topic = home_lab().topic
     return {"poison_kinds": [(kind, kind.replace("-", " ")) for kind in events.POISON_PILLS],
-            "strategy_names": strategies.NAMES, "lab_topic": current_lab().topic, "limits": Limits}
+            "strategy_names": strategies.NAMES, "lab_topic": topic, "limits": Limits}
 
 
 def run_op(name: str, body: dict[str, Any]) -> dict:
@@ -235,6 +240,15 @@ def offsets_body(values: dict[str, Any]) -> dict[str, Any]:
         except ValueError:
             pass  # left as typed: the operation names the field and the expected shape
     return values
+
+
+@bp.post("/groups/<group>/recover")
+def recover_group(group: str):
+    """The group card's and the status bar's button: a notice says what the recovery did."""
+    def action() -> str:
+        result = run_op("recover_group", {"group": group})
+        return f"{result['group_id']}: " + "; ".join(result["steps"]) + "."
+    return run_consumer_action(action)
 
 
 @bp.post("/groups/reset-offsets")

@@ -5,22 +5,25 @@ includes it on first render, ``GET /panels/<name>`` serves it alone, and it repl
 when htmx refreshes it. A panel's data comes from one loader below: HTML is rendered in one
 place.
 
-Refreshing is cheap: the page asks ``GET /live`` once a second for one fingerprint per panel
+Pushed (web/push.py): each web process renders a lab's changed panels once per change
+(:func:`render_pushed`) and sends the same HTML to every viewer of the lab over ``GET /stream``.
+Polled, the fallback: the page asks ``GET /live`` once a second for one fingerprint per panel
 (a few index lookups), and only a panel whose fingerprint differs from the one it was rendered
-with fetches itself again (static/js/live.js). The chart keeps its canvas and fetches JSON.
+with fetches itself again (static/js/live.js). The chart keeps its canvas and takes JSON.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from flask import Blueprint, abort, current_app, g, jsonify, render_template, request, session as web_session
-from sqlalchemy.exc import SQLAlchemyError
+from flask import Blueprint, abort, current_app, g, jsonify, render_template, request
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from .. import ops, strategies
 from ..readmodel import state
@@ -29,8 +32,9 @@ from ..readmodel import consumers as consumers_readmodel
 from ..readmodel.dedup import dedup_tables
 from ..readmodel.drilldown import event_drilldown
 from ..readmodel import fingerprints as fingerprints_readmodel
+from ..readmodel import group_health as group_health_readmodel
+from ..readmodel import service_health as service_health_readmodel
 from ..readmodel.groups import groups_kafka_settings, groups_list
-from ..readmodel.health import AGENT_STALE_SECONDS, agent_health
 from ..readmodel.lanes import lanes
 from ..readmodel.partitions import partitions
 from ..readmodel.timeline import timeline
@@ -40,7 +44,8 @@ from ..domain.vocabulary import EXACT_COUNT_BELOW
 from ..readmodel import notifications as notifications_readmodel
 from ..strategies.base import SESSION_SETTINGS
 from ..strategies.notification import strategy_with
-from .access import current_lab, lab_db
+from .access import current_lab, lab_db, own_lab, viewing
+from .security import signed_in
 from .singleflight import SingleFlight
 
 bp = Blueprint("dashboard", __name__)
@@ -126,7 +131,7 @@ def partitions_panel(lab, session, args) -> dict[str, Any]:
     return {"partitions": partitions(session, lab), "groups": groups, "shown_group": shown, "readers": readers}
 
 
-@panel("consumers", depends=("consumers", "groups", "offsets", "notifications"))
+@panel("consumers", depends=("consumers", "groups", "offsets", "notifications", "group_health"))
 def consumers_panel(lab, session, args) -> dict[str, Any]:
     consumers = consumers_readmodel.consumers(session, lab)
     notify = notifications_readmodel.settings_by_group(session)
@@ -136,7 +141,9 @@ def consumers_panel(lab, session, args) -> dict[str, Any]:
             strategy = strategy_with(strategy, notify[consumer["group_id"]])  # its points include the call's
         consumer["points"] = strategy.points if strategy else strategies.POINTS
         consumer["live"] = consumer["state"] in LIVE_STATES
-    return {"consumers": consumers, "groups": groups_list(session)}
+    health = group_health_readmodel.group_health(session, lab)
+    groups = [{**group, "health": health.get(group["group_id"])} for group in groups_list(session)]
+    return {"consumers": consumers, "groups": groups}
 
 
 @panel("verdict", depends=("journal", "effects", "offsets", "groups"))
@@ -195,12 +202,28 @@ def sql_panel(lab, session, args) -> dict[str, Any]:
             "session": ops.call("get_database_settings", ops.Context(db.engine, lab), {})}
 
 
-@panel("status", depends=("agent",), may_be_stale=False)
+@panel("status", depends=("services", "group_health"), may_be_stale=False)
 def status_panel(lab, session, args) -> dict[str, Any]:
-    """The lab agent and Kafka, as the top bar shows them: controls need a running agent."""
-    agent = agent_health(session)
-    alive = bool(agent) and agent["age"] is not None and float(agent["age"]) < AGENT_STALE_SECONDS
-    return {"agent": agent, "alive": alive}
+    """The top bar: each part the lab depends on that is down (PostgreSQL, the agent, the broker,
+    the log reader, the notification service), with what it means and what to do; and every
+    stalled group, with what is stuck and the control that recovers it."""
+    parts = service_health_readmodel.service_health(session, lab)
+    stalled = [{**group, "group": lab.local_group(group["group_id"])}
+               for group in group_health_readmodel.stalled(session, lab)]
+    return {"parts": parts, "down": service_health_readmodel.down(parts), "stalled": stalled}
+
+
+# What the status bar is rendered for while PostgreSQL does not answer: no fingerprint can be
+# computed then, so /live names this one, and the bar asks for itself once.
+DATABASE_DOWN_FINGERPRINT = "database-unreachable"
+
+
+def status_without_database(error: OperationalError):
+    """The status bar when this process cannot reach PostgreSQL: answered (200), saying so."""
+    parts = service_health_readmodel.database_unreachable(service_health_readmodel.driver_error(error))
+    return render_template(PANELS["status"].template, ctx={
+        "lab": current_lab(), "fingerprint": DATABASE_DOWN_FINGERPRINT, "stale_for": None, "took": 0.0, "query": {},
+        "parts": parts, "down": service_health_readmodel.down(parts), "stalled": []})
 
 
 @panel("chaos", depends=("timeline", "journal", "effects", "offsets", "groups", "agent"))
@@ -221,9 +244,10 @@ def notifications_panel(lab, session, args) -> dict[str, Any]:
 
 @panel("load", depends=("load",))
 def load_panel(lab, session, args) -> dict[str, Any]:
-    """The load generator's newest runs: progress, rate, ratios, state (issue 14)."""
-    from ..readmodel.scale import load_runs
-    return {"runs": load_runs(session)}
+    """The lab's heavy jobs: the load generator's newest runs (progress, rate, ratios, state, issue
+    14) and the dedup warm-up's (keys inserted, rate, state, issue 28)."""
+    from ..readmodel.scale import load_runs, warmup_runs
+    return {"runs": load_runs(session), "warmups": warmup_runs(session)}
 
 
 @panel("dedup_scale", depends=("dedup_scale", "settings"))
@@ -361,8 +385,9 @@ def _load(lab, session, name: str, fingerprint: str, args, may_be_stale: bool = 
     return _cached(key, fingerprint, lambda: loader(lab, session, args), background)
 
 
-def _context(lab, session, name: str, prints: dict[str, str], args, extra) -> dict[str, Any]:
-    loaded = _load(lab, session, name, prints[name], args)
+def _context(lab, session, name: str, prints: dict[str, str], args, extra,
+             may_be_stale: bool = True) -> dict[str, Any]:
+    loaded = _load(lab, session, name, prints[name], args, may_be_stale)
     # A stale panel carries the fingerprint of what it shows: the next poll asks for it again.
     return {"lab": lab, "fingerprint": loaded.fingerprint, "stale_for": loaded.stale_for, "took": loaded.took,
             "query": dict(args), **loaded.data, **extra}
@@ -380,8 +405,39 @@ def render_panel(name: str, args=None, status: int = 200, **extra):
     return render_template(PANELS[name].template, ctx=panel_context(name, args, **extra)), status
 
 
+def render_pushed(lab, shown: dict[str, str], order: list[str]) -> Iterator[tuple[str, str, str, float]]:
+    """For the push (web/push.py): each panel whose fingerprint differs from ``shown[panel]``, in
+    ``order``, loaded and rendered once with its partial template, as ``(panel, fingerprint, HTML,
+    seconds it took)`` as soon as it is rendered; the chart's is its series as JSON, as
+    ``/panels/chart.json`` answers it.
+    Needs a request context whose ``g`` names the lab.
+
+    Loaded now, never answered from an older load: the pusher is no request that must answer at
+    once, and a slow panel's background reload would reach the viewers a whole reload later."""
+    with lab_session(lab.schema) as session:
+        prints = _computed_fingerprints(lab, session)
+        g.fingerprints = prints
+        for name in order:
+            if prints[name] == shown.get(name):
+                continue
+            started = time.monotonic()
+            if name == "chart":  # its series as /panels/chart.json answers it, from the same cache
+                loaded = _cached((lab.name, "chart.json", ""), prints[name], lambda: chart_series(session, lab))
+                body = json.dumps({"fingerprint": prints[name], "stale_for": None, "took": 0.0, **loaded.data},
+                                  default=str)
+                yield name, prints[name], body, time.monotonic() - started
+                continue
+            ctx = _context(lab, session, name, prints, {}, {}, may_be_stale=False)
+            html = render_template(PANELS[name].template, ctx=ctx)
+            yield name, ctx["fingerprint"], html, time.monotonic() - started
+
+
 def controls_locked() -> bool:
-    return bool(current_app.config.get("LAB_TOKEN")) and not web_session.get("lab_token_ok")
+    """Whether the controls need the token: one is set and this browser has not signed in, unless
+    it is an attendee's, in their own lab (their session drives it without the token)."""
+    if own_lab() and not viewing():
+        return False
+    return bool(current_app.config.get("LAB_TOKEN")) and not signed_in()
 
 
 @bp.get("/")
@@ -397,7 +453,8 @@ def index():
             "The lab's database does not answer or the lab is not set up yet. Start it with `make run`, "
             f"or run `flask --app app lab reset`. ({type(error).__name__})")), 503
     return render_template("dashboard/index.html", lab=current_lab(), panels=contexts, accounts=accounts,
-                           ttl=ttl, strategies=strategies.STRATEGIES, locked=controls_locked())
+                           ttl=ttl, strategies=strategies.STRATEGIES, locked=controls_locked(),
+                           push=bool(current_app.config.get("LIVE_PUSH")))
 
 
 @bp.get("/live")
@@ -407,13 +464,21 @@ def live():
         with lab_db() as (lab, session):
             return jsonify(fingerprints=fingerprints(lab, session))
     except SQLAlchemyError as error:
-        return jsonify(error=f"the lab's database does not answer ({type(error).__name__})"), 503
+        # Still 503 (nothing else can be known), but the status bar is told to ask for itself:
+        # it answers without the database, saying that PostgreSQL is unreachable.
+        return jsonify(error=f"the lab's database does not answer ({type(error).__name__})",
+                       fingerprints={"status": DATABASE_DOWN_FINGERPRINT}), 503
 
 
 @bp.get("/panels/<name>")
 def panel_view(name: str):
     if name not in PANELS:
         abort(404)
+    if name == "status":
+        try:
+            return render_panel(name, request.args)
+        except OperationalError as error:  # no connection (a lab not set up is the error page's)
+            return status_without_database(error)
     return render_panel(name, request.args)
 
 

@@ -40,6 +40,9 @@ def _operation(op: ops.Operation, components: dict[str, Any]) -> dict[str, Any]:
                       "404": _answer("no such consumer, group or resource", ERROR),
                       "503": _answer("no lab agent (or fault proxy) is running, or the database is down", ERROR)},
     }
+    if op.name in ops.scale.HEAVY_JOBS:
+        spec["responses"]["409"] = _answer("the lab runs a heavy job already (a load or a dedup warm-up): the "
+                                           "error says which and how to stop it", ERROR)
     if op.step:
         spec["x-scenario-step"] = op.step
     if parameters:

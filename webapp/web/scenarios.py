@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from functools import lru_cache
-from pathlib import Path
 
 from flask import Blueprint, abort, current_app, redirect, render_template, request, url_for
 from markdown_it import MarkdownIt
@@ -26,10 +25,11 @@ from ..store.classroom import lab_count_limit_reached
 from .db import db, lab_session
 from ..domain.lab import Lab
 from ..scenarios import ScenarioError, built_in, guided, load
+from ..scenarios.claims import claims_markdown
 from ..scenarios.loader import SEEDS, Scenario
 from ..scenarios.observe import observe
 from ..scenarios.runner import RunState, check_expectations, fresh_lab_name
-from .access import guided_run_lab, require_drivable
+from .access import guided_run_lab, readable_labs, require_drivable, require_readable
 from .markdown import markdown
 
 log = logging.getLogger("idempotency_lab.web")
@@ -37,25 +37,14 @@ log = logging.getLogger("idempotency_lab.web")
 HAND_OVER_SECONDS = 10.0
 
 bp = Blueprint("scenarios", __name__, url_prefix="/scenarios")
-CLAIMS_HEADING = "## What the seeds claim, and where the lab shows it"
-README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @lru_cache(maxsize=1)
-def claims_table() -> Markup | None:
-    """The README's table from each claim of the seeds to its exercise and tests, as HTML: one text,
-    kept in one place, read by people on GitHub and in the lab."""
-    try:
-        text_ = README.read_text(encoding="utf-8")
-    except OSError:
-        return None
-    start = text_.find(CLAIMS_HEADING)
-    if start < 0:
-        return None
-    body = text_[start + len(CLAIMS_HEADING):]
-    end = body.find("\n## ")
+def claims_table() -> Markup:
+    """The table from each claim of the seeds to its exercise and tests, as HTML, rendered from the
+    one data file the documentation renders too (webapp/scenarios/claims.yaml)."""
     table_markdown = MarkdownIt("commonmark", {"html": False}).enable("table")
-    return Markup(table_markdown.render(body[:end] if end >= 0 else body))  # noqa: S704 - raw HTML is off
+    return Markup(table_markdown.render(claims_markdown()))  # noqa: S704 - raw HTML is off
 
 
 def _catalogue() -> list[tuple[str, Scenario | None, str | None]]:
@@ -76,18 +65,21 @@ def _scenario(name: str) -> Scenario:
 
 
 def _run_row(run_id: int) -> dict:
+    """The run's row; 404 when there is none, or it is another lab's this session may not read."""
     with db.engine.connect() as conn:
         row = scenario_runs.get(conn, run_id)
     if row is None:
         abort(404)
+    require_readable(row["lab"])
     return row
 
 
 @bp.get("/")
 def index():
     with db.engine.connect() as conn:
-        runs = scenario_runs.recent(conn)
-    return render_template("scenarios/index.html", catalogue=_catalogue(), runs=runs, claims=claims_table())
+        runs = scenario_runs.recent(conn, labs=readable_labs())
+    return render_template("scenarios/index.html", catalogue=_catalogue(), runs=runs, claims=claims_table(),
+                           own_lab=guided_run_lab())
 
 
 @bp.post("/<name>/runs")
@@ -114,8 +106,20 @@ def _context(run_id: int) -> dict:
     next_label = ("Prepare a fresh lab" if not run.prepared and not run.finished else
                   f"Next step ({run.position + 1} of {len(scenario.steps)})" if run.position < len(scenario.steps)
                   and not run.finished else "Check the expectations" if not run.finished else None)
+    watch, story = what_to_watch(scenario.narrative)
     return {"row": row, "scenario": scenario, "run": run, "done": done, "next_label": next_label,
-            "busy": bool(row["busy"]), "markdown": markdown, "seeds": SEEDS}
+            "busy": bool(row["busy"]), "markdown": markdown, "seeds": SEEDS, "watch": watch, "story": story}
+
+
+WATCH_MARK = "**What to watch:**"
+
+
+def what_to_watch(narrative: str) -> tuple[str | None, str]:
+    """(the narrative's "What to watch" paragraph, the rest of it): the guided page keeps the first
+    in view beside the panels and folds the story."""
+    paragraphs = narrative.strip().split("\n\n")
+    watch = next((p for p in paragraphs if p.lstrip().startswith(WATCH_MARK)), None)
+    return watch, "\n\n".join(p for p in paragraphs if p is not watch)
 
 
 @bp.get("/runs/<int:run_id>")

@@ -4,24 +4,60 @@ Forms carry a CSRF token (Flask-WTF). The JSON API is exempt from the token but 
 state-changing request only with ``Content-Type: application/json``, which a cross-site
 form cannot send without a CORS preflight this app never grants. When LAB_TOKEN is set,
 every POST needs it: the browser through a one-time sign-in, scripts as a Bearer header.
-Wrong tokens are limited per client address (ratelimit.py): past SIGN_IN_MAX_FAILURES in
-SIGN_IN_WINDOW_SECONDS, sign-in and Bearer attempts answer 429 with Retry-After.
+
+A signed-in session holds a digest of the token it signed in with (an HMAC of LAB_TOKEN keyed with
+SECRET_KEY, never the token): a session whose digest is not the current token's is signed out, so
+changing LAB_TOKEN signs every browser out, the projector's too.
+
+Wrong tokens are limited per client address, wrong class codes per browser and, far higher, per
+address (ratelimit.py): past SIGN_IN_MAX_FAILURES in SIGN_IN_WINDOW_SECONDS, sign-in and Bearer
+attempts answer 429 with Retry-After; /join says it on its own page.
 """
 from __future__ import annotations
 
+import hashlib
 import hmac
+import secrets
 from typing import Callable
 
-from flask import Flask, Response, current_app, jsonify, redirect, render_template, request, session, url_for
+from flask import Flask, Response, abort, current_app, jsonify, redirect, render_template, request, session, url_for
 from flask_wtf.csrf import CSRFError, CSRFProtect
 
-from .ratelimit import FailureLimiter
+from .ratelimit import BrowserAndAddressLimiter, FailureLimiter
 
 csrf = CSRFProtect()
+SIGNED_IN = "lab_token_digest"   # the session's digest of the token it signed in with
+BROWSER = "browser"              # a random id of this browser session: wrong class codes are counted per browser
 
 
 def token_matches(given: str | None, expected: str) -> bool:
     return bool(given) and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def token_digest(token: str) -> str:
+    """What a signed-in session keeps of LAB_TOKEN: an HMAC keyed with SECRET_KEY, never the token
+    (the session cookie is signed, not encrypted)."""
+    key = str(current_app.config.get("SECRET_KEY") or current_app.secret_key or "").encode()
+    return hmac.new(key, token.encode(), hashlib.sha256).hexdigest()
+
+
+def sign_in_session() -> None:
+    """This browser signed in with the current LAB_TOKEN."""
+    session[SIGNED_IN] = token_digest(current_app.config["LAB_TOKEN"])
+
+
+def signed_in() -> bool:
+    """Whether this browser signed in with the current LAB_TOKEN (a rotated token signs it out)."""
+    token = current_app.config.get("LAB_TOKEN")
+    given = session.get(SIGNED_IN)
+    return bool(token) and isinstance(given, str) and hmac.compare_digest(given, token_digest(token))
+
+
+def browser_id() -> str:
+    """A random id of this browser session (kept in its cookie): the key of its wrong class codes."""
+    if not isinstance(session.get(BROWSER), str):
+        session[BROWSER] = secrets.token_urlsafe(12)
+    return session[BROWSER]
 
 
 def _bearer() -> str | None:
@@ -36,6 +72,11 @@ def _wants_json() -> bool:
 def token_guesses() -> FailureLimiter:
     """This app's count of wrong tokens per client address."""
     return current_app.extensions["token_guesses"]
+
+
+def code_guesses() -> BrowserAndAddressLimiter:
+    """This app's count of wrong class codes and rejoin codes, per browser and per address."""
+    return current_app.extensions["code_guesses"]
 
 
 def client_address() -> str:
@@ -62,17 +103,27 @@ def init_app(app: Flask, may_post_without_token: Callable[[], bool] = lambda: Fa
     """``may_post_without_token``: whether this request may change the lab without LAB_TOKEN
     (classroom mode: an attendee drives their own lab; create_app passes access.attendee_may_post)."""
     csrf.init_app(app)
-    app.extensions["token_guesses"] = FailureLimiter(
-        int(app.config["SIGN_IN_MAX_FAILURES"]), float(app.config["SIGN_IN_WINDOW_SECONDS"]))
+    limit, window = int(app.config["SIGN_IN_MAX_FAILURES"]), float(app.config["SIGN_IN_WINDOW_SECONDS"])
+    app.extensions["token_guesses"] = FailureLimiter(limit, window)
+    app.extensions["code_guesses"] = BrowserAndAddressLimiter(limit, window)
     from . import headers
     headers.init_app(app)
+    app.context_processor(lambda: {"signed_in": signed_in})  # the header's sign-out button
+
+    @app.before_request
+    def refuse_a_body_too_large():
+        """413 before any view or check reads the body: Werkzeug would only refuse once it is read
+        (a body without Content-Length is still cut at MAX_CONTENT_LENGTH when read)."""
+        most = app.config.get("MAX_CONTENT_LENGTH")
+        if most and request.content_length is not None and request.content_length > most:
+            abort(413)
 
     @app.before_request
     def require_token_for_controls():
         token = app.config.get("LAB_TOKEN")
-        if not token or request.method in ("GET", "HEAD", "OPTIONS") or request.endpoint in ("auth.sign_in", "static"):
+        if not token or request.method in ("GET", "HEAD", "OPTIONS") or request.endpoint in ("auth.sign_in", "auth.sign_out", "static"):
             return None
-        if session.get("lab_token_ok"):
+        if signed_in():
             return None
         given = _bearer()
         if given is not None:

@@ -130,6 +130,10 @@ def _create_control_schema(conn: Connection) -> None:
 
     for statement in control_trigger_ddl():  # every change of what a consumer applies is notified
         conn.exec_driver_sql(statement)
+    from ..lab_changes import control_trigger_ddl as change_trigger_ddl
+
+    for statement in change_trigger_ddl():  # the live panels' change feed
+        conn.exec_driver_sql(statement)
 
 
 def create_lab_schema(conn: Connection, schema: str) -> bool:
@@ -151,6 +155,10 @@ def create_lab_schema(conn: Connection, schema: str) -> bool:
     for statement in trigger_ddl(schema):  # the running summaries' change triggers
         conn.exec_driver_sql(statement)
     for statement in lab_trigger_ddl(schema):  # changes of the groups' settings are notified
+        conn.exec_driver_sql(statement)
+    from ..lab_changes import lab_trigger_ddl as change_trigger_ddl
+
+    for statement in change_trigger_ddl(schema):  # the live panels' change feed
         conn.exec_driver_sql(statement)
     return exists is None
 

@@ -1,0 +1,130 @@
+"""The command channel's waiter (webapp/store/command_channel.py) on the real PostgreSQL: it wakes
+when an agent's NOTIFY says a command ended, reports a failure as the agent wrote it, and withdraws a
+command nobody claimed by the deadline."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+from webapp.domain.waits import wait_until
+from webapp.store import command_channel
+from webapp.store import commands as command_rows
+from webapp.store.connection import sqlalchemy_url
+from webapp.store.migrations import upgrade
+
+
+@pytest.fixture(scope="module")
+def engine(services):
+    """A database of its own, the control schema at head, that no agent serves: nothing but the
+    test claims, finishes or reaps its commands."""
+    server = services.engine()
+    with server.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("DROP DATABASE IF EXISTS command_channel_test"))
+        conn.execute(text("CREATE DATABASE command_channel_test"))
+    url = make_url(sqlalchemy_url(services.database_url)).set(database="command_channel_test")
+    upgrade(url.render_as_string(hide_password=False))
+    engine = create_engine(url, poolclass=NullPool)
+    yield engine
+    engine.dispose()
+    with server.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("DROP DATABASE command_channel_test WITH (FORCE)"))
+    server.dispose()
+
+
+def finish_later(engine, command_id: int, end) -> threading.Event:
+    """End ``command_id`` as an agent does (its row and the NOTIFY, one transaction) once the waiter
+    listens: the returned event is set when it has."""
+    ended = threading.Event()
+
+    def agent() -> None:
+        # Once the process's listener listens and the waiter has read the row once, only the
+        # NOTIFY (or the waiter's own clock) can tell it the command ended.
+        listener = command_channel.done_listener(engine)
+        wait_until(lambda: listener.looked(command_id), timeout=10, interval=0.05,
+                   message="the waiter never listened")
+        with engine.begin() as conn:
+            end(conn, command_id)
+        ended.set()
+    threading.Thread(target=agent, daemon=True).start()
+    return ended
+
+
+def test_the_waiter_wakes_on_the_agents_notify_not_on_its_own_clock(engine, monkeypatch):
+    # The waiter reads the row again only every 60 s on its own: back well before that, it was woken.
+    monkeypatch.setattr(command_channel, "WAKE_EVERY", 60.0)
+    command_id = command_channel.enqueue(engine, "t_channel", "lab.ensure", {})
+    ended = finish_later(engine, command_id, lambda conn, i: command_rows.finish(conn, i, {"ok": True}))
+    started = time.monotonic()
+    assert command_channel.wait_for(engine, command_id, timeout=120) == {"ok": True}
+    assert ended.is_set()
+    assert time.monotonic() - started < 30, "the waiter slept through the NOTIFY until its own next read"
+
+
+def test_a_failure_comes_back_with_the_agents_reason_and_kind(engine, monkeypatch):
+    monkeypatch.setattr(command_channel, "WAKE_EVERY", 60.0)
+    command_id = command_channel.enqueue(engine, "t_channel", "consumer.kill", {"consumer_id": 999})
+    finish_later(engine, command_id, lambda conn, i: command_rows.fail(conn, i, "no consumer 999", "not found"))
+    with pytest.raises(command_channel.CommandNotFound, match="no consumer 999"):
+        command_channel.wait_for(engine, command_id, timeout=20)
+
+
+def test_a_command_nobody_claimed_is_withdrawn_at_the_deadline(engine):
+    command_id = command_channel.enqueue(engine, "t_channel", "lab.ensure", {})
+    with pytest.raises(command_channel.CommandError, match="no lab agent finished"):
+        command_channel.wait_for(engine, command_id, timeout=0.5)
+    with engine.connect() as conn:
+        status, _, error = command_rows.outcome(conn, command_id)
+    assert status == command_rows.FAILED and error.startswith("withdrawn:"), (status, error)
+
+
+def test_many_waiters_share_the_process_s_one_listening_connection(engine):
+    """Thirty attendees' clicks wait at once in the agent: each waiter borrows a connection for one
+    read at a time, so a pool of one connection serves twenty of them (a waiter that held its own
+    listening connection for the whole wait emptied the agent's pool, and the others timed out)."""
+    small = create_engine(engine.url, pool_size=1, max_overflow=0, pool_timeout=5)
+    try:
+        ids = [command_channel.enqueue(small, "t_channel", "lab.ensure", {}) for _ in range(20)]
+        outcomes: dict[int, object] = {}
+
+        def wait(command_id: int) -> None:
+            try:
+                outcomes[command_id] = command_channel.wait_for(small, command_id, timeout=60)
+            except Exception as error:  # noqa: BLE001 - the test reports what each waiter got
+                outcomes[command_id] = error
+        waiters = [threading.Thread(target=wait, args=(command_id,)) for command_id in ids]
+        for waiter in waiters:
+            waiter.start()
+        listener = command_channel.done_listener(small)
+        wait_until(lambda: all(listener.looked(command_id) for command_id in ids), timeout=30,
+                   message="not every waiter got to read its command")
+        for command_id in ids:
+            with small.begin() as conn:
+                command_rows.finish(conn, command_id, {"n": command_id})
+        for waiter in waiters:
+            waiter.join(timeout=60)
+        assert outcomes == {command_id: {"n": command_id} for command_id in ids}
+    finally:
+        small.dispose()
+
+
+def test_the_listening_connection_closes_once_no_waiter_is_left(engine, monkeypatch):
+    """A process that stopped asking holds no connection (nor retries one against a database that
+    went away); the next waiter listens again and is woken as before."""
+    monkeypatch.setattr(command_channel, "IDLE_EXIT_AFTER", 0.2)
+    listener = command_channel.done_listener(engine)
+
+    def listening_connections() -> int:
+        with engine.connect() as conn:
+            return conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                     "AND application_name = 'lab command waiter'")).scalar_one()
+    for round_ in range(2):
+        command_id = command_channel.enqueue(engine, "t_channel", "lab.ensure", {})
+        finish_later(engine, command_id, lambda conn, i: command_rows.finish(conn, i, {"round": round_}))
+        assert command_channel.wait_for(engine, command_id, timeout=30) == {"round": round_}
+        wait_until(lambda: not listener.running and listening_connections() == 0, timeout=10, interval=0.05,
+                   message="the listening thread kept its connection with no waiter left")

@@ -1,0 +1,136 @@
+"""The documentation site (docs/, mkdocs.yml; `make docs`).
+
+- it builds with `mkdocs build --strict`: no broken link, no page missing from the navigation, no
+  unknown generated block; every exercise of scenarios/ has its page;
+- the generated configuration page names every setting the code reads;
+- the claims table the guided mode's Exercises page shows is the docs' one, cell for cell;
+- the lab serves the built site at /docs (each page with a CSP that allows its own inline scripts
+  by hash, and nothing outside the site), says how to build it when it is not built, and links to
+  it from the header and from each exercise.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from webapp.scenarios import built_in
+from webapp.settings.model import LabSettings
+from webapp.web import docs as docs_blueprint
+
+ROOT = Path(__file__).resolve().parent.parent
+# Keys the code reads that are no setting of a person's: Flask's and Flask-SQLAlchemy's own
+# configuration (derived from the settings by create_app), flags the app sets for itself, and what
+# the agent tells the processes it starts.
+NOT_SETTINGS = {
+    "FLASK_RUN_FROM_CLI",           # Flask's own environment flag
+    "SESSION_COOKIE_HTTPONLY", "SESSION_COOKIE_SAMESITE", "SESSION_COOKIE_SECURE",  # from LAB_HTTPS
+    "SQLALCHEMY_DATABASE_URI", "SQLALCHEMY_ENGINE_OPTIONS",                          # from DATABASE_URL
+    "NO_DATABASE",                  # create_app's note that DATABASE_URL is unset
+    "LAB_AGENT_ID",                 # the agent names itself to the outbox relays it starts
+}
+READ_KEY = re.compile(r"""(?:config|environ)(?:\.get\(|\.setdefault\(|\[)\s*"([A-Z][A-Z0-9_]+)\"""")
+
+
+class Tables(HTMLParser):
+    """Every table of a page as rows of cell texts (whitespace collapsed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr" and self.tables:
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[-1][-1].append(" ".join("".join(self._cell).split()))
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def tables_of(html: str) -> list[list[list[str]]]:
+    parser = Tables()
+    parser.feed(html)
+    return parser.tables
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site, built once for this module with `mkdocs build --strict`, as `make docs` does."""
+    target = tmp_path_factory.mktemp("site")
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(target)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+    assert time.monotonic() - started < 60, "the docs build should take seconds"
+    return target
+
+
+def test_the_site_builds_strictly_with_a_page_per_exercise_and_every_setting(site):
+    for exercise in built_in():
+        page = site / "exercises" / exercise.stem / "index.html"
+        assert page.is_file(), f"no page for {exercise.name}"
+    first = (site / "exercises" / "01_naive_double_credit" / "index.html").read_text()
+    assert "after-effect-before-commit" in first and "What the verdict shows" in first
+
+    configuration = (site / "operations" / "configuration" / "index.html").read_text()
+    read_by_code = {key for path in (ROOT / "webapp").rglob("*.py") for key in READ_KEY.findall(path.read_text())}
+    assert read_by_code >= {"DATABASE_URL", "LAB_TOKEN", "LAB_NOTIFY_URL"}, "the scan finds the settings"
+    missing = sorted(key for key in (read_by_code - NOT_SETTINGS) | set(LabSettings.model_fields)
+                     if f"<code>{key}</code>" not in configuration)
+    assert not missing, f"read by the code, absent from the configuration page: {missing}"
+
+    api = (site / "reference" / "api" / "index.html").read_text()
+    cli = (site / "reference" / "cli" / "index.html").read_text()
+    assert "/api/v1/consumers/{consumer_id}/arm" in api and "after-effect-before-commit" in api
+    assert "flask --app app lab start-consumer" in cli and "flask --app app scenario run" in cli
+
+
+def test_the_lab_shows_the_docs_claims_table_and_serves_the_built_site_at_docs(site, client, monkeypatch, tmp_path):
+    # One test for both, so that the site is built once per worker that runs this module.
+    catalogue = client.get("/scenarios/").get_data(as_text=True)
+    section = catalogue[catalogue.index('id="claims"'):]
+    shown = tables_of(section[:section.index("</table>") + len("</table>")])[0]
+    documented = tables_of((site / "concepts" / "claims" / "index.html").read_text())[0]
+    assert len(shown) > 15 and shown[0] == ["claim", "exercise", "tests"]
+    assert shown == documented, "the Exercises page's claims table differs from the docs' one"
+
+    monkeypatch.setattr(docs_blueprint, "SITE", site)
+    home = client.get("/docs/")
+    assert home.status_code == 200 and "Idempotency Lab" in home.get_data(as_text=True)
+    policy = home.headers["Content-Security-Policy"]
+    assert "'sha256-" in policy and "'unsafe-inline'" not in policy and "style-src 'self'" in policy
+    exercise = client.get("/docs/exercises/01_naive_double_credit/")
+    assert exercise.status_code == 200 and "What to click" in exercise.get_data(as_text=True)
+    assert client.get("/docs/exercises/01_naive_double_credit").status_code == 308  # its relative links need the /
+    stylesheet = client.get("/docs/assets/stylesheets/" + next((site / "assets" / "stylesheets").glob("main*.css")).name)
+    stylesheet.close()  # a file sent as it is: closed by the server after sending, by hand here
+    assert stylesheet.status_code == 200
+    assert client.get("/docs/no-such-page/").status_code == 404
+    assert client.get("/docs/../pyproject.toml").status_code == 404
+    assert client.get("/docs/%2e%2e/pyproject.toml").status_code == 404
+
+    dashboard = client.get("/").get_data(as_text=True)
+    assert 'class="docs-link" href="/docs/"' in dashboard
+    assert 'href="/docs/exercises/01_naive_double_credit/"' in catalogue
+
+    monkeypatch.setattr(docs_blueprint, "SITE", tmp_path / "not-built")
+    missing = client.get("/docs/reference/api/")
+    assert missing.status_code == 200 and "make docs" in missing.get_data(as_text=True)

@@ -1,0 +1,58 @@
+"""The change feed of the live panels (issue 32): whatever changes a lab's data says so.
+
+Statement triggers on every table of a lab (and lane) schema, and a row trigger on
+``lab_control.consumers``, run ``pg_notify('lab_change', <lab name>)`` in the writer's own
+transaction: a consumer's transaction, the log reader, a control, the agent, a person in psql, the
+learner's own code. PostgreSQL delivers a notification at its transaction's commit, never for a
+rolled-back one, and folds identical notifications of one transaction into one; so a consumer's
+transaction, whatever it wrote, announces its lab once. The web processes LISTEN (web/push.py)
+and turn an announcement into at most a few pushes a second per lab.
+
+What changes with time alone (the agent's heartbeat growing old, a key's age) writes nothing:
+web/push.py looks again once a second per lab as well.
+"""
+from __future__ import annotations
+
+from .connection import CONTROL_SCHEMA
+from ..domain.lab import Lab
+from ..domain.vocabulary import LAB_CHANGE_CHANNEL
+from .schema import quoted
+
+CHANNEL = LAB_CHANGE_CHANNEL
+TRIGGER = "lab_changed"
+
+
+def lab_trigger_ddl(schema: str) -> list[str]:
+    """The change triggers of one lab (or lane) schema, on every lab table; idempotent. A lane's
+    triggers name its lab: the lab's panels show its lanes."""
+    from .tables import lab_tables
+
+    s = quoted(schema)
+    lab_name = Lab.of_schema(schema).name.replace("'", "''")
+    statements = [f"""CREATE OR REPLACE FUNCTION {s}.{TRIGGER}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM pg_notify('{CHANNEL}', TG_ARGV[0]);
+    RETURN NULL;
+END $fn$"""]
+    for table in lab_tables():
+        statements.append(f"DROP TRIGGER IF EXISTS {TRIGGER} ON {s}.{quoted(table.name)}")
+        statements.append(f"CREATE TRIGGER {TRIGGER} AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON "
+                          f"{s}.{quoted(table.name)} FOR EACH STATEMENT EXECUTE FUNCTION {s}.{TRIGGER}('{lab_name}')")
+    return statements
+
+
+def control_trigger_ddl() -> list[str]:
+    """The change trigger on ``lab_control.consumers`` (its rows name their lab); idempotent.
+    A heartbeat is a change too: the push side coalesces them (at most a few pushes a second)."""
+    table = f"{CONTROL_SCHEMA}.consumers"
+    function = f"{CONTROL_SCHEMA}.{TRIGGER}"
+    return [
+        f"""CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM pg_notify('{CHANNEL}', CASE WHEN TG_OP = 'DELETE' THEN OLD.lab ELSE NEW.lab END);
+    RETURN NULL;
+END $fn$""",
+        f"DROP TRIGGER IF EXISTS {TRIGGER} ON {table}",
+        f"CREATE TRIGGER {TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON {table} FOR EACH ROW "
+        f"EXECUTE FUNCTION {function}()",
+    ]
