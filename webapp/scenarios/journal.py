@@ -81,7 +81,7 @@ def append(engine: Engine, lab: Lab, operation: str, args: dict, before: dict[st
 
 def _snapshot(engine: Engine, lab: Lab) -> Snapshot | None:
     try:
-        return observe(engine, lab)
+        return observe(engine, lab, verdicts_only=True)
     except SQLAlchemyError as error:
         log.warning("could not observe lab %s before an operation: %s", lab.name, error)
         return None

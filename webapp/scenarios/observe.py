@@ -56,8 +56,10 @@ class Snapshot:
         return bool(ends) and all((committed.get(p) or 0) >= end for p, end in ends.items() if end)
 
 
-def observe(engine: Engine, lab: Lab) -> Snapshot:
-    """Everything a scenario can wait on or expect, read in one transaction."""
+def observe(engine: Engine, lab: Lab, *, verdicts_only: bool = False) -> Snapshot:
+    """Everything a scenario can wait on or expect, read in one transaction; with ``verdicts_only``
+    the consumers and each lane's verdict and nothing else (what a session log entry keeps, read
+    before every recorded operation)."""
     snap = Snapshot()
     with engine.connect() as conn:
         for row in conn.execute(text(
@@ -73,10 +75,11 @@ def observe(engine: Engine, lab: Lab) -> Snapshot:
         if exists is None:
             return snap
         enter(conn, lab.schema)
-        settings = dict(conn.execute(text("SELECT key, value FROM settings")).all())
-        snap.partitions = int(settings.get("partitions", 1))
-        snap.notifications = {row["account_id"]: row for row in notifications_readmodel.accounts(conn)}
-        snap.out_of_order = ordering.by_account(conn)
+        if not verdicts_only:
+            settings = dict(conn.execute(text("SELECT key, value FROM settings")).all())
+            snap.partitions = int(settings.get("partitions", 1))
+            snap.notifications = {row["account_id"]: row for row in notifications_readmodel.accounts(conn)}
+            snap.out_of_order = ordering.by_account(conn)
         lanes: dict[str, str | None] = {lab.schema: None}
         for group_id, strategy, schema in conn.execute(text(
                 "SELECT group_id, strategy, effects_schema FROM consumer_groups")):
@@ -84,13 +87,16 @@ def observe(engine: Engine, lab: Lab) -> Snapshot:
             lanes[schema] = lane
             local = lab.local_group(group_id)
             snap.groups[local] = {"group_id": group_id, "strategy": strategy, "schema": schema, "lane": lane}
-        by_id = {info["group_id"]: local for local, info in snap.groups.items()}
-        for group_id, partition, committed in conn.execute(text("SELECT group_id, partition, committed FROM group_offsets")):
-            if group_id in by_id:
-                snap.committed.setdefault(by_id[group_id], {})[int(partition)] = committed
+        if not verdicts_only:
+            by_id = {info["group_id"]: local for local, info in snap.groups.items()}
+            for group_id, partition, committed in conn.execute(text("SELECT group_id, partition, committed FROM group_offsets")):
+                if group_id in by_id:
+                    snap.committed.setdefault(by_id[group_id], {})[int(partition)] = committed
         for schema, lane in lanes.items():
             enter(conn, schema)
             snap.verdicts[lane] = verdict_module.verdict(conn, lab.schema).as_dict()
+            if verdicts_only:
+                continue
             snap.accounts[lane] = {line.id: {"actual": line.actual, "expected": line.expected, "status": line.status,
                                              "expected_status": line.expected_status, "difference": line.difference}
                                    for line in verdict_module.accounts(conn, lab.schema)}
