@@ -114,7 +114,8 @@ def test_every_portuguese_quote_has_an_english_gloss_and_paraphrases_say_so():
     portuguese = [(name, s) for name, s in sources if s["seed"] == "pt" and not re.match(r"(INSERT|DELETE) ", s["quote"])]
     assert portuguese and all(s["gloss"] for _, s in portuguese), [name for name, s in portuguese if not s["gloss"]]
     assert sorted(name for name, s in sources if s["paraphrase"]) == ["05_source_duplicate_business_key",
-                                                                       "12_choice_of_key_payload_hash"]
+                                                                       "12_choice_of_key_payload_hash",
+                                                                       "19_your_consumer_graded"]
 
 
 ALIAS_BOMB = "recorded:\n  a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(

@@ -18,7 +18,7 @@ from ..kafka.admin import OffsetReset, alter_offsets, committed_offsets, target_
 from ..kafka.config import producer_config
 from ..kafka import producer
 from ..domain.lab import Lab
-from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY
+from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY, OUTSIDE_STRATEGY
 from ..logreader import wait_mirrored
 from ..domain.waits import WaitTimeout, wait_until
 from ..store import consumers as consumer_rows
@@ -28,7 +28,7 @@ from . import chaos, setup
 from .load import RUNS as LOAD_RUNS, start_load
 from .warmup import RUNS as WARMUP_RUNS, start_warmup
 from .periodic import snapshot_offsets
-from .prune import drop
+from .prune import delete_groups, drop
 from .processes import STOP_TIMEOUT, NotRunning
 from .context import AgentContext
 
@@ -101,11 +101,27 @@ def quiesce(agent: AgentContext, lab: Lab) -> None:
 def reset_lab(agent: AgentContext, lab: Lab, args: dict) -> dict:
     """Stop the lab's consumers, delete its topics and schemas, start it fresh."""
     partitions = _partitions(args)
+    _forget_outside_offsets(agent, lab)
     quiesce(agent, lab)
     # librdkafka crashes a consumer whose assigned topic is deleted (BROKER.md): the log reader is
     # held off Kafka (its consumer closed) around the topics' re-creation, rather than left to crash.
     with agent.log_mirror.held():
         return setup.recreate(agent.engine, agent.admin, lab, partitions)
+
+
+def _forget_outside_offsets(agent: AgentContext, lab: Lab) -> None:
+    """Before a reset re-creates the topic empty: delete the groups of the lab's outside consumers
+    (issue 34), whose committed offsets would otherwise point past the new topic's records. The lab
+    cannot stop code it does not run: a group that still has members refuses the reset."""
+    with agent.in_lab(lab):
+        exists = agent.conn.execute("SELECT to_regclass('consumer_groups')").fetchone()[0]
+        groups = [row[0] for row in agent.conn.execute(
+            "SELECT group_id FROM consumer_groups WHERE strategy = %s", [OUTSIDE_STRATEGY])] if exists else []
+    _, failed = delete_groups(agent.admin, groups)
+    busy = [group for group, why in failed.items() if "NOT_EMPTY" in why.upper()]
+    if busy:
+        raise CommandRejected(f"partitions: your consumer is still a member of group {', '.join(busy)}: stop it, "
+                              "then reset (the topic is re-created empty, and its committed offsets with it)")
 
 
 def drop_lab(agent: AgentContext, lab: Lab, args: dict) -> dict:
@@ -173,6 +189,11 @@ def start_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
         except strategies.UnknownStrategy as error:
             raise CommandRejected(str(error)) from None
     group_id = _ensure_group(agent, lab, group, strategy)
+    with agent.in_lab(lab):
+        row = agent.conn.execute("SELECT strategy FROM consumer_groups WHERE group_id = %s", [group_id]).fetchone()
+    if row is not None and row[0] == OUTSIDE_STRATEGY:
+        raise CommandRejected(f"group: {group_id} is your consumer's group: your own code consumes in it, "
+                              "not one of the lab's consumers")
     with agent.engine.begin() as conn:
         name = args.get("name") or consumer_rows.next_name(conn, lab.name)
         consumer_id = consumer_rows.create(conn, lab.name, name, group_id, agent.id)

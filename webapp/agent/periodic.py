@@ -31,7 +31,7 @@ from ..strategies import ttl
 from ..summary import fold
 from ..store.connection import CONTROL_SCHEMA, connect, sqlalchemy_url
 from ..domain.lab import Lab
-from ..domain.vocabulary import DEFAULT_TTL_SECONDS
+from ..domain.vocabulary import DEFAULT_TTL_SECONDS, OUTSIDE_STRATEGY
 from ..store import agents, commands
 from ..store import schema
 from .queue import LEASE_SECONDS, Reaper
@@ -302,8 +302,10 @@ class Housekeeping:
             f"SELECT EXISTS (SELECT 1 FROM {CONTROL_SCHEMA}.consumers WHERE lab = %s "
             "AND heartbeat_at > now() - interval '30 seconds')"
             f' OR EXISTS (SELECT 1 FROM "{lab.schema}".consumer_groups g WHERE NOT EXISTS ('
-            f'   SELECT 1 FROM "{lab.schema}".group_offsets o WHERE o.group_id = g.group_id))',
-            [lab.name]).fetchone()[0]
+            f'   SELECT 1 FROM "{lab.schema}".group_offsets o WHERE o.group_id = g.group_id))'
+            # An outside consumer (issue 34) sends the lab no heartbeats: its offsets may move any time.
+            f' OR EXISTS (SELECT 1 FROM "{lab.schema}".consumer_groups WHERE strategy = %s)',
+            [lab.name, OUTSIDE_STRATEGY]).fetchone()[0]
 
     def scheduled_ttl(self, lab: Lab) -> None:
         rows = dict(self.conn.execute(f'SELECT key, value FROM "{lab.schema}".settings '

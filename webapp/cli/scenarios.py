@@ -67,10 +67,23 @@ def verdict_table(run: RunState) -> str:
     return "\n".join(lines)
 
 
+def graded(run: RunState) -> str:
+    """The grading exercise's one line (issue 34): what the learner's lane got, and why."""
+    verdict = run.graded or {}
+    line = (f"graded: {verdict.get('duplicates_applied', '?')} duplicates applied, "
+            f"{verdict.get('effects_lost', '?')} lost, {verdict.get('source_duplicates', '?')} source duplicates "
+            f"({verdict.get('source_duplicates_absorbed', '?')} absorbed)")
+    why = [f"  why: {a.get('why')}" for a in verdict.get("anomalies", [])[:5] if a.get("why")]
+    return "\n".join([line, *why])
+
+
 def execute(scenario, *, lab_name: str | None, as_json: bool) -> RunState:
     engine = _engine()
     journal.install()  # the run's operations land in its lab's session log, as a person's would
     broker, how = broker_kind(current_app.config)
+    if scenario.outside_lane and not lab_name:
+        # The learner's consumer connects to their lab (the "Your consumer" page's): graded there.
+        lab_name = current_app.config.get("LAB_NAME") or "default"
     if not lab_name:  # a fresh lab of its own: one more on this server
         with engine.connect() as conn:
             refused = lab_count_limit_reached(conn, current_app.config)
@@ -90,9 +103,12 @@ def execute(scenario, *, lab_name: str | None, as_json: bool) -> RunState:
 @scenario_cli.command("run")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
-@click.option("--lab", "lab_name", default=None, help="lab name to use (default: the scenario's name + a counter)")
-def run_scenario(name, as_json, lab_name):
-    """Run a scenario (a built-in NAME or number, or a FILE) against a fresh lab."""
+@click.option("--lab", "lab_name", default=None, help="lab name to use (default: the scenario's name + a counter; "
+              "for a grading exercise, LAB_NAME: the lab your consumer connects to)")
+@click.option("--lane", default=None, help="a grading exercise: the lane of your consumer it grades")
+def run_scenario(name, as_json, lab_name, lane):
+    """Run a scenario (a built-in NAME or number, or a FILE) against a fresh lab; a grading exercise
+    (your own consumer) runs in your lab, reset first: start your consumer when it says so."""
     try:
         scenario = load(find(name))
     except FileNotFoundError as error:
@@ -100,6 +116,10 @@ def run_scenario(name, as_json, lab_name):
     except ScenarioError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(3)
+    if lane is not None and lane != scenario.outside_lane:
+        raise click.UsageError(f"--lane {lane}: " + (f"this exercise grades lane {scenario.outside_lane}: create your "
+                               f"consumer's lane under that name" if scenario.outside_lane else
+                               "this scenario grades no consumer of yours"))
     try:
         run = execute(scenario, lab_name=lab_name, as_json=as_json)
     except command_channel.NoAgent as error:
@@ -112,6 +132,8 @@ def run_scenario(name, as_json, lab_name):
         click.echo("")
         click.echo(verdict_table(run))
         click.echo("")
+        if scenario.outside_lane:
+            click.echo(graded(run))
         click.echo(f"{run.status.upper()} in {run.seconds:.1f} s" + (f": {run.reason}" if run.reason else ""))
     sys.exit(EXIT.get(run.status, 1))
 

@@ -83,6 +83,11 @@ class Lab:
             raise InvalidLabName(f"lane name must be lowercase letters, digits or _: {lane!r}")
         return f"{self.schema}{LANE_SEPARATOR}{lane}"
 
+    def lane_role(self, lane: str) -> str:
+        """The PostgreSQL role of an outside consumer's lane (issue 34): named as the lane's schema,
+        so the name says whose it is, and no two labs' lanes share one."""
+        return self.lane_schema(lane)
+
     # --- names back to the lab -------------------------------------------------------------
     def local_group(self, group_id: str) -> str:
         """``default.payments`` → ``payments``; a name that is already local is returned as is."""

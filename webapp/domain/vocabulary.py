@@ -118,6 +118,10 @@ EXACT_COUNT_BELOW = 100_000
 
 DEFAULT_GROUP = "payments"
 DEFAULT_STRATEGY = "none"
+# "Your consumer" (issue 34): a group whose consumer is the learner's own code, outside the lab. Its
+# row in consumer_groups carries this marker instead of a strategy: no lab consumer may join it.
+OUTSIDE_STRATEGY = "yours"
+DEFAULT_OUTSIDE_LANE = "mine"
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600
 
 # A sidecar the agent can hold off its work without stopping it (the log reader around a lab's

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .. import ops, strategies
-from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY, Limits
+from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY, OUTSIDE_STRATEGY, Limits
 from ..ops.registry import describe_error
 from .conditions import (VERDICT_FIELDS, ConditionChecker, Expectation, Group, compare,  # noqa: F401  (re-exported)
                          describe_condition, format_comparison)
@@ -83,6 +83,11 @@ class Scenario:
     @property
     def lanes(self) -> list[str]:
         return [g.lane for g in self.groups if g.lane]
+
+    @property
+    def outside_lane(self) -> str | None:
+        """The lane of the learner's own consumer (issue 34), when the scenario grades one."""
+        return next((g.lane for g in self.groups if g.strategy == OUTSIDE_STRATEGY), None)
 
 
 def field_keys(model) -> dict[str, str]:
@@ -336,7 +341,12 @@ def _setup(c: StepChecker, setup: LocatedDict, scenario: Scenario) -> None:
         lane = c.name(spec["lane"], spec.line_of("lane"), f"{where}.lane") if "lane" in spec else None
         if lane and lane in c.lanes:
             c.fail(spec.line_of("lane"), f"{where}: lane {lane!r} is used by another group")
-        c.groups[group_name] = Group(group_name, c.choice(spec, "strategy", strategies.NAMES, where), lane)
+        strategy = c.choice(spec, "strategy", (*strategies.NAMES, OUTSIDE_STRATEGY), where)
+        if strategy == OUTSIDE_STRATEGY and lane != group_name:
+            # The lab names an outside consumer's group after its lane (create_yours): one name for both.
+            c.fail(line, f"{where}: your consumer's group is named after its lane: write "
+                   f"`{lane or group_name}: {{strategy: {OUTSIDE_STRATEGY}, lane: {lane or group_name}}}`")
+        c.groups[group_name] = Group(group_name, strategy, lane)
         c.lanes.update([lane] if lane else [])
     if "ttl" in setup:
         ttl_op = STEP_OPERATIONS["ttl"]

@@ -21,7 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..store import command_channel
 from .. import ops
 from ..domain.lab import Lab
-from ..domain.vocabulary import LIVE_STATES
+from ..domain.vocabulary import LIVE_STATES, OUTSIDE_STRATEGY
 from ..store.labdata import say
 from ..store.schema import begin_in
 from ..domain.waits import WaitTimeout, wait_until
@@ -69,6 +69,8 @@ class RunState:
     events: dict[str, str] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)
+    # The graded lane's verdict (its anomalies and their why), for a grading exercise (issue 34).
+    graded: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     seconds: float = 0.0
 
@@ -109,7 +111,7 @@ def broker_kind(config: Mapping[str, Any], probe: bool = True) -> tuple[str, str
 
 
 # The operations that need the fault proxy between the lab's Kafka clients and the broker.
-FAULT_PROXY_OPERATIONS = ("arm_fault_proxy", "block_commits")
+FAULT_PROXY_OPERATIONS = ("arm_fault_proxy", "block_commits", "cut_yours", "block_yours_commits")
 
 
 def has_fault_proxy(ctx: ops.Context) -> bool:
@@ -317,6 +319,9 @@ class Runner:
             if group.name == "payments" and not group.lane:
                 if group.strategy != "none":
                     ops.call("set_strategy", self.ctx, {"group": "payments", "strategy": group.strategy})
+            elif group.strategy == OUTSIDE_STRATEGY:
+                # The learner's own consumer: its lane, group and role, as the "Your consumer" page makes them.
+                ops.call("create_yours", self.ctx, {"lane": group.lane})
             elif group.name not in created_by_steps:
                 ops.call("create_group", self.ctx, {"group": group.name, "strategy": group.strategy,
                                                     "lane": group.lane})
@@ -363,6 +368,8 @@ class Runner:
     def conclude(self, failed_step: dict[str, Any] | None = None) -> RunState:
         snap = observe(self.engine, self.lab)
         self.run.checks = check_expectations(self.scenario, snap, self.run)
+        if self.scenario.outside_lane:
+            self.run.graded = snap.verdicts.get(self.scenario.outside_lane, {})
         if self.run.status == "not-run":
             pass
         elif failed_step is not None:

@@ -10,7 +10,7 @@ from sqlalchemy import Connection, text
 from .connection import CONTROL_SCHEMA
 from ..domain.lab import Lab
 from .migrations import create_lab_schema, upgrade_connection
-from . import faultproxies
+from . import faultproxies, outside
 from .schema import enter
 
 SEED_ACCOUNTS = [
@@ -49,10 +49,14 @@ def lab_schemas(conn: Connection, lab: Lab) -> list[str]:
 
 
 def drop_database_state(conn: Connection, lab: Lab) -> None:
-    """Drop every schema of the lab and its control rows (its fault proxy faults end with them).
-    Kafka topics are kafka/admin.py's."""
+    """Drop every schema of the lab, its outside consumers' roles (their sessions ended) and its
+    control rows (its fault proxy faults end with them). Kafka topics are kafka/admin.py's."""
+    for role in outside.lab_roles(conn, lab):
+        # An outside consumer's open transaction would hold locks the DROP SCHEMA waits for.
+        outside.terminate_sessions(conn, role)
     for schema in lab_schemas(conn, lab):
         conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+    outside.drop_roles(conn, lab)
     conn.execute(text(f'DELETE FROM "{CONTROL_SCHEMA}".consumers WHERE lab = :lab'), {"lab": lab.name})
     conn.execute(text(f"DELETE FROM \"{CONTROL_SCHEMA}\".commands WHERE lab = :lab AND status IN ('done', 'failed')"),
                  {"lab": lab.name})

@@ -40,7 +40,7 @@ from ..readmodel.partitions import partitions
 from ..readmodel.timeline import timeline
 from ..store.consumers import LIVE_STATES
 from .db import db, lab_session
-from ..domain.vocabulary import EXACT_COUNT_BELOW
+from ..domain.vocabulary import DEFAULT_OUTSIDE_LANE, EXACT_COUNT_BELOW
 from ..readmodel import notifications as notifications_readmodel
 from ..strategies.base import SESSION_SETTINGS
 from ..strategies.notification import strategy_with
@@ -519,3 +519,16 @@ def record_view(partition: int, offset: int):
     with lab_db() as (lab, session):
         details = event_drilldown(session, lab, position=(partition, offset))
     return _render_drilldown(details, f"Record P{partition} @ {offset}")
+
+
+@bp.get("/yours")
+def yours():
+    """Your consumer (issue 34): where your own code connects, a starter to copy, the faults."""
+    lab = current_lab()
+    lane = request.args.get("lane") or DEFAULT_OUTSIDE_LANE
+    try:
+        info = ops.call("get_yours", ops.Context(db.engine, lab, current_app.config), {"lane": lane})
+    except (ops.NotFound, ops.InvalidRequest):
+        info = None
+    starter = render_template("yours/starter.py.j2", info=info) if info else ""
+    return render_template("yours/index.html", lab=lab, info=info, starter=starter, values={"lane": lane})

@@ -1,0 +1,160 @@
+"""Issue 34, "your consumer": the lab grades code it does not run.
+
+Two consumers written for these tests (tests/byoc/consumer.py: kafka-python, psycopg, nothing of
+the lab) run as OS processes, started and stopped by PID: the grading exercise (19) fails the naive
+one with the right why and passes the idempotent one. And the lane's role cannot touch another lane
+or another lab.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy import text
+
+import support
+from support import stop_process
+from webapp import ops
+from webapp.domain.lab import Lab
+from webapp.domain.waits import wait_until
+from webapp.store import command_channel
+from webapp.web.db import db
+
+CONSUMER = Path(__file__).with_name("consumer.py")
+EXERCISE = Path(__file__).resolve().parents[2] / "scenarios" / "19_your_consumer_graded.yaml"
+
+
+def start_outside_consumer(mode: str, info: dict, log: Path) -> subprocess.Popen:
+    """The test's own consumer process, given what the "Your consumer" page shows."""
+    args = [sys.executable, str(CONSUMER), mode, "--bootstrap", info["bootstrap_servers"], "--topic", info["topic"],
+            "--group", info["group_id"], "--client-id", info["client_id"], "--database-url", info["database_url"]]
+    with log.open("w") as output:  # the child holds its own copy of the descriptor
+        return subprocess.Popen(args, stdout=output, stderr=subprocess.STDOUT)
+
+
+def grade(app, mode: str, tmp_path: Path) -> dict:
+    """Run the grading exercise headless (`flask scenario run … --lane mine`) and start the outside
+    consumer once the run's setup made its lane, as a learner does when the first step waits."""
+    lab = Lab(app.config["LAB_NAME"])
+    outcome: dict = {}
+
+    def run() -> None:
+        result = app.test_cli_runner().invoke(args=["scenario", "run", str(EXERCISE), "--json", "--lane", "mine"])
+        outcome.update(code=result.exit_code, output=result.output)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    consumer = None
+    try:
+        with app.app_context():
+            def lane_made() -> bool:
+                with db.engine.connect() as conn:
+                    return bool(conn.execute(text(
+                        "SELECT to_regclass(:t) IS NOT NULL AND EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :r)"),
+                        {"t": f'"{lab.lane_schema("mine")}".payments', "r": lab.lane_role("mine")}).scalar())
+            wait_until(lambda: lane_made() or not runner.is_alive(), timeout=90,
+                       message="the grading exercise's setup did not make lane mine")
+            if runner.is_alive():
+                info = ops.call("get_yours", ops.Context(db.engine, lab, app.config), {"lane": "mine"})
+                consumer = start_outside_consumer(mode, info, tmp_path / f"{mode}.log")
+        runner.join(timeout=600)
+        assert not runner.is_alive(), "the grading exercise did not finish within 10 minutes"
+    finally:
+        if consumer is not None:
+            stop_process(consumer)
+    result = json.loads(outcome["output"][outcome["output"].index("{"):])
+    result["code"] = outcome["code"]
+    result["consumer_log"] = (tmp_path / f"{mode}.log").read_text() if consumer is not None else ""
+    return result
+
+
+@pytest.fixture
+def graded_app(proxied_stack, app_factory, lab_name):
+    app = app_factory(LAB_NAME=lab_name, DATABASE_URL=proxied_stack.database_url,
+                      KAFKA_BOOTSTRAP_SERVERS=proxied_stack.bootstrap_servers,
+                      KAFKA_PRODUCER_BOOTSTRAP_SERVERS=proxied_stack.producer_bootstrap_servers)
+    yield app
+    support.drop_lab(app, lab_name)
+
+
+def described(result: dict) -> str:
+    return (f"{result['status']}: {result['reason']}\nsteps: {json.dumps(result['steps'], indent=1)}\n"
+            f"consumer:\n{result['consumer_log'][-3000:]}")
+
+
+@pytest.mark.long
+def test_the_grading_exercise_fails_a_naive_consumer_and_says_why(graded_app, tmp_path):
+    result = grade(graded_app, "naive", tmp_path)
+    assert result["code"] == 1 and result["status"] == "failed", described(result)
+    # Every step ran: the failure is the verdict's, not a step's.
+    assert all(step["status"] == "ok" for step in result["steps"]), described(result)
+    verdict = result["graded"]
+    # The resend, the source duplicate and the producer's retry after the lost ack: three second credits.
+    assert verdict["duplicates_applied"] >= 3, verdict
+    assert verdict["effects_lost"] == 0, verdict
+    whys = " ".join(anomaly["why"] for anomaly in verdict["anomalies"])
+    assert "acc-4" in whys or "source" in whys, whys
+    failed = {check["label"] for check in result["checks"] if not check["ok"]}
+    assert any("duplicates_applied" in label for label in failed), failed
+
+
+@pytest.mark.long
+def test_the_grading_exercise_passes_an_idempotent_consumer(graded_app, tmp_path):
+    result = grade(graded_app, "idempotent", tmp_path)
+    assert result["code"] == 0 and result["status"] == "passed", described(result)
+    assert result["graded"]["duplicates_applied"] == 0 and result["graded"]["effects_lost"] == 0
+    assert result["graded"]["source_duplicates"] == 1
+
+
+def test_the_role_touches_its_own_lane_and_nothing_else(app, lab, lab_name, agent):
+    """Connect as the lane's role and try: its own tables yes; the lab's own schema, another lane,
+    another lab's lane and the control tables no."""
+    other_name = f"{lab_name}_x"
+    with app.app_context():
+        command_channel.run(db.engine, other_name, "lab.ensure", {"partitions": 1}, timeout=60)
+    try:
+        mine = lab.client.post("/api/v1/yours", json={"lane": "mine"})
+        assert mine.status_code == 201, mine.get_json()
+        info = mine.get_json()
+        assert lab.client.post("/api/v1/groups", json={"group": "other", "lane": "other"}).status_code == 201
+        with app.app_context():
+            other = ops.call("create_yours", ops.Context(db.engine, Lab(other_name), app.config), {"lane": "mine"})
+        assert other["database_url"] != info["database_url"]
+        # The page shows where to connect and a starter to copy, with the addresses filled in.
+        page = lab.client.get("/yours").get_data(as_text=True)
+        assert info["group_id"] in page and info["client_id"] in page and "TODO your dedup" in page
+        this_lab = Lab(lab_name)
+        with psycopg.connect(info["database_url"], autocommit=True) as conn:
+            assert conn.execute("SHOW search_path").fetchone()[0] == this_lab.lane_schema("mine")
+            conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 'acc-1'")
+            conn.execute("INSERT INTO payments (event_id, transaction_id, account_id, amount_cents) "
+                         "VALUES (gen_random_uuid(), 'tx-1', 'acc-1', 1)")
+            assert conn.execute("SELECT count(*) FROM payments").fetchone()[0] == 1
+            for forbidden in (f'SELECT * FROM "{this_lab.schema}".accounts',
+                              f'UPDATE "{this_lab.lane_schema("other")}".accounts SET balance = 0',
+                              f'SELECT * FROM "{Lab(other_name).lane_schema("mine")}".payments',
+                              f'INSERT INTO "{Lab(other_name).schema}".timeline (kind, summary) VALUES (\'x\', \'y\')',
+                              "SELECT * FROM lab_control.consumers",
+                              "CREATE TABLE mine_own (id int)"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute(forbidden)
+        # The lab's own consumers may not join your group; the faults say what they did.
+        refused = lab.client.post("/api/v1/consumers", json={"group": "mine"})
+        assert refused.status_code == 400 and "your consumer" in refused.get_json()["error"], refused.get_json()
+        with psycopg.connect(info["database_url"]) as conn:
+            conn.execute("SELECT 1")  # a session of the role, idle in transaction
+            ended = lab.client.post("/api/v1/yours/terminate-sessions", json={"lane": "mine"}).get_json()
+            assert ended["sessions_terminated"] == 1, ended
+            with pytest.raises(psycopg.OperationalError):
+                conn.execute("SELECT 1")
+    finally:
+        support.drop_lab(app, other_name)
+    with app.app_context(), db.engine.connect() as conn:
+        # A dropped lab takes its roles with it.
+        assert conn.execute(text("SELECT count(*) FROM pg_roles WHERE rolname = :r"),
+                            {"r": Lab(other_name).lane_role("mine")}).scalar() == 0

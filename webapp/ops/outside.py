@@ -1,0 +1,184 @@
+"""Your consumer (issue 34): a lane whose consumer is the learner's own code, outside the lab.
+
+The lab creates the lane (its copy of the accounts and a ``payments`` table), a consumer group for
+it and a PostgreSQL role that may touch that lane's tables only; it shows where to connect, judges
+what the code wrote against the log like any lane, and applies the faults it can to code it does
+not run: the outside consumer's broker connections cut and its offset commits kept from the broker
+(both at the fault proxy, by its Kafka client id), and its database sessions terminated. Resends,
+source duplicates and lost acks are the lab's producer's (publish, lost_ack), as for every lane.
+"""
+from __future__ import annotations
+
+import time
+
+from pydantic import Field
+from sqlalchemy.engine import make_url
+
+from ..domain.lab import InvalidLabName, NAME_RULE
+from ..domain.vocabulary import DEFAULT_OUTSIDE_LANE, FAULT_PROXY_FRESH_SECONDS, OUTSIDE_STRATEGY, Limits
+from ..faultproxy.control import CHANNEL, DEFAULT_NAME
+from ..store import faultproxies, labdata, outside, schema
+from ..store.connection import sqlalchemy_url
+from ..store.labs import ensure_schema, seed_accounts
+from .faults import NO_PROXY_RUNNING, NoFaultProxy, _set_commit_block
+from .fields import Whole, named, within
+from .registry import Args, Context, InvalidRequest, NotFound, operation
+
+CUT_TIMEOUT = 5.0
+# What the learner's code writes: one row per credit it applied (the lab's own strategies write the
+# same table). The verdict counts these rows per transaction id against the log.
+PAYMENTS_SHAPE = ("payments (id bigserial, event_id uuid, transaction_id varchar(64), account_id varchar(32) "
+                  "references accounts, amount_cents bigint, applied_at timestamp default now())")
+
+
+class LaneArgs(Args):
+    lane: str = named("your consumer's lane (and group) name", default=DEFAULT_OUTSIDE_LANE)
+
+
+class CommitBlockArgs(LaneArgs):
+    blocked: bool = Field(True, description="true: your consumer's offset commits stop reaching the broker; "
+                          "false: they get through again")
+    seconds: Whole = within(Limits.BLOCKED_COMMITS_SECONDS, "how long the block lasts, at most", default=60,
+                            unit=" s")
+
+
+def _checked_lane(ctx: Context, lane: str) -> tuple[str, str]:
+    """(schema, group id) of ``lane``, or InvalidRequest naming the field."""
+    try:
+        return ctx.lab.lane_schema(lane), ctx.lab.group_id(lane)
+    except InvalidLabName:
+        raise InvalidRequest("lane", NAME_RULE) from None
+
+
+def _secret(ctx: Context) -> str:
+    secret = ctx.config.get("SECRET_KEY")
+    if not secret:
+        raise InvalidRequest("lane", "the app has no SECRET_KEY, from which the role's password is derived")
+    return str(secret)
+
+
+def connection(ctx: Context, lane: str) -> dict:
+    """What the learner's code connects to: the broker (through the fault proxy when there is one),
+    the topic, the group and client ids, and the database URL of the lane's role."""
+    lab = ctx.lab
+    role = lab.lane_role(lane)
+    password = outside.password_for(_secret(ctx), role)
+    proxy = ctx.config.get("KAFKA_PRODUCER_BOOTSTRAP_SERVERS")
+    broker = ctx.config.get("KAFKA_BOOTSTRAP_SERVERS") or ""
+    database = ctx.config.get("DATABASE_URL")
+    url = (make_url(sqlalchemy_url(database)).set(drivername="postgresql", username=role, password=password)
+           .render_as_string(hide_password=False)) if database else None
+    return {"lane": lane, "schema": lab.lane_schema(lane), "group_id": lab.group_id(lane), "topic": lab.topic,
+            "client_id": lab.client_id(lane), "bootstrap_servers": proxy or broker,
+            "through_fault_proxy": bool(proxy and proxy != broker), "role": role, "database_url": url,
+            "payments_shape": PAYMENTS_SHAPE}
+
+
+def _outside_group(ctx: Context, lane: str) -> str:
+    """The lane's group id; NotFound when the lab has no outside lane of that name."""
+    _, group_id = _checked_lane(ctx, lane)
+    with schema.connect_in(ctx.engine, ctx.lab.schema) as conn:
+        row = labdata.group(conn, group_id)
+    if row is None or row.strategy != OUTSIDE_STRATEGY:
+        raise NotFound(f"lab {ctx.lab.name} has no lane {lane} for your consumer: create it first (POST /yours)")
+    return group_id
+
+
+@operation("create_yours", path="/yours", status=201, step="yours", cli="yours", tags=("yours",),
+           summary="Your consumer: a lane of its own (accounts, payments), a consumer group and a PostgreSQL role "
+                   "that may touch that lane only; returns where your code connects")
+def create_yours(ctx: Context, args: LaneArgs) -> dict:
+    lab = ctx.lab
+    lane_schema, group_id = _checked_lane(ctx, args.lane)
+    password = outside.password_for(_secret(ctx), lab.lane_role(args.lane))
+    with ctx.engine.begin() as conn:
+        schema.enter(conn, lab.schema)
+        existing = labdata.group(conn, group_id)
+        if existing is not None and existing.strategy != OUTSIDE_STRATEGY:
+            raise InvalidRequest("lane", f"group {group_id} exists already, with the lab's strategy "
+                                 f"{existing.strategy}: name your lane differently")
+        ensure_schema(conn, lane_schema)
+        seed_accounts(conn, lane_schema)
+        role = outside.grant_lane(conn, lab, args.lane, password)
+        schema.enter(conn, lab.schema)
+        if existing is None:
+            labdata.add_group(conn, group_id, OUTSIDE_STRATEGY, lane_schema)
+            labdata.say(conn, "strategy", f"lane {args.lane} for your consumer: group {group_id}, role {role} "
+                        f"(it may touch {lane_schema} only)", group=group_id, lane=args.lane)
+    return connection(ctx, args.lane)
+
+
+@operation("get_yours", method="GET", path="/yours", tags=("yours",),
+           summary="Where your consumer connects: bootstrap servers, topic, group id, client id, database URL")
+def get_yours(ctx: Context, args: LaneArgs) -> dict:
+    _outside_group(ctx, args.lane)
+    with ctx.engine.connect() as conn:
+        open_sessions = outside.sessions(conn, ctx.lab.lane_role(args.lane))
+    return {**connection(ctx, args.lane), "database_sessions": open_sessions}
+
+
+@operation("cut_yours", path="/yours/cut", step="cut_yours", cli="cut-yours", tags=("yours", "faults"),
+           summary="Cut your consumer's broker connections at the fault proxy (by its client id): it reconnects, "
+                   "and what it had not committed when the group moves on is delivered again")
+def cut_yours(ctx: Context, args: LaneArgs) -> dict:
+    _outside_group(ctx, args.lane)
+    lab, client = ctx.lab, ctx.lab.client_id(args.lane)
+    with ctx.engine.begin() as conn:
+        before = faultproxies.report(conn, DEFAULT_NAME, lab.name, FAULT_PROXY_FRESH_SECONDS)
+        version = faultproxies.cut(conn, DEFAULT_NAME, lab.name, [client], FAULT_PROXY_FRESH_SECONDS)
+        if version is None:
+            raise NoFaultProxy(NO_PROXY_RUNNING)
+        faultproxies.notify(conn, CHANNEL, DEFAULT_NAME)
+    already = int(before["connections_cut"]) if before else 0
+    deadline = time.monotonic() + CUT_TIMEOUT
+    while True:
+        with ctx.engine.connect() as conn:
+            total = faultproxies.connections_cut(conn, DEFAULT_NAME, lab.name, version)
+        if total is not None:
+            break
+        if time.monotonic() > deadline:
+            raise NoFaultProxy(f"the fault proxy did not carry out the cut within {CUT_TIMEOUT:g} s; is it running?")
+        time.sleep(0.05)
+    cut = total - already
+    summary = (f"fault proxy cut {cut} broker connection(s) of your consumer ({client})" if cut else
+               f"fault proxy found no broker connection of {client} to cut: is your consumer running, with "
+               f"client.id {client}?")
+    with schema.begin_in(ctx.engine, lab.schema) as conn:
+        labdata.say(conn, "fault", summary, client=client, connections=cut)
+    return {"client_id": client, "connections_cut": cut}
+
+
+@operation("block_yours_commits", path="/yours/commits-blocked", step="block_yours_commits",
+           cli="block-yours-commits", tags=("yours", "faults"),
+           summary="Keep your consumer's offset commits from the broker at the fault proxy (its fetches flow); "
+                   "blocked false lets them through again")
+def block_yours_commits(ctx: Context, args: CommitBlockArgs) -> dict:
+    _outside_group(ctx, args.lane)
+    client = ctx.lab.client_id(args.lane)
+    _set_commit_block(ctx, client, args.seconds if args.blocked else None)
+    with schema.begin_in(ctx.engine, ctx.lab.schema) as conn:
+        if args.blocked:
+            labdata.say(conn, "fault", f"fault proxy keeps your consumer's offset commits ({client}) from the broker "
+                        f"for {args.seconds} s: the connection that carries one is closed first",
+                        client=client, seconds=args.seconds)
+        else:
+            labdata.say(conn, "fault", f"fault proxy lets your consumer's offset commits ({client}) through again",
+                        client=client)
+    return {"client_id": client, "blocked": args.blocked, "seconds": args.seconds if args.blocked else 0}
+
+
+@operation("terminate_yours", path="/yours/terminate-sessions", step="terminate_yours", cli="terminate-yours",
+           tags=("yours", "faults"),
+           summary="Terminate your consumer's database sessions (pg_terminate_backend of its role's sessions): "
+                   "an open transaction rolls back")
+def terminate_yours(ctx: Context, args: LaneArgs) -> dict:
+    _outside_group(ctx, args.lane)
+    role = ctx.lab.lane_role(args.lane)
+    with ctx.engine.begin() as conn:
+        ended = outside.terminate_sessions(conn, role)
+        schema.enter(conn, ctx.lab.schema)
+        labdata.say(conn, "fault", f"pg_terminate_backend ended {ended} database session(s) of your consumer "
+                    f"(role {role}): an open transaction rolled back" if ended else
+                    f"no database session of your consumer (role {role}) was open to terminate", role=role,
+                    sessions=ended)
+    return {"role": role, "sessions_terminated": ended}

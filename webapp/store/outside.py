@@ -1,0 +1,73 @@
+"""The outside consumer's PostgreSQL role (issue 34, "your consumer"): one LOGIN role per outside
+lane, allowed to read and write that lane's tables and nothing else; its sessions ended on demand.
+
+A role is cluster-wide, so its name is the lane's schema name (``Lab.lane_role``): it names its lab.
+New tables in PostgreSQL grant nothing to PUBLIC and a lab schema grants no USAGE to PUBLIC, so a
+role given only the privileges below can read or write no other lane, lab or control table.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from sqlalchemy import Connection, text
+
+from ..domain.lab import Lab
+from .schema import quoted
+
+# The role's password is derived from the app's secret, so a lab reset (which drops and re-creates
+# the lane and the role) leaves the URL a learner copied valid, and nothing stores a password.
+PASSWORD_LENGTH = 32
+
+
+def password_for(secret: str, role: str) -> str:
+    """The role's password: an HMAC of its name under the app's SECRET_KEY (hex)."""
+    return hmac.new(secret.encode(), f"outside-consumer-role:{role}".encode(), hashlib.sha256).hexdigest()[:PASSWORD_LENGTH]
+
+
+def _literal(conn: Connection, value: str) -> str:
+    """``value`` as a quoted SQL literal, by PostgreSQL itself (DDL takes no bound parameters)."""
+    return conn.execute(text("SELECT quote_literal(CAST(:v AS text))"), {"v": value}).scalar_one()
+
+
+def grant_lane(conn: Connection, lab: Lab, lane: str, password: str) -> str:
+    """Create (or refresh) the lane's role: LOGIN with ``password``, its search_path on the lane,
+    SELECT/INSERT/UPDATE/DELETE on every table of the lane and its sequences. The role's name."""
+    role, schema = lab.lane_role(lane), lab.lane_schema(lane)
+    exists = conn.execute(text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).first() is not None
+    verb = "ALTER" if exists else "CREATE"
+    conn.execute(text(f"{verb} ROLE {quoted(role)} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
+                      f"PASSWORD {_literal(conn, password)}"))
+    conn.execute(text(f"ALTER ROLE {quoted(role)} SET search_path = {quoted(schema)}"))
+    conn.execute(text(f"GRANT USAGE ON SCHEMA {quoted(schema)} TO {quoted(role)}"))
+    conn.execute(text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {quoted(schema)} TO {quoted(role)}"))
+    conn.execute(text(f"GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA {quoted(schema)} TO {quoted(role)}"))
+    return role
+
+
+def terminate_sessions(conn: Connection, role: str) -> int:
+    """``pg_terminate_backend`` every session of ``role``: their open transactions roll back. How many."""
+    return int(conn.execute(text("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                 "WHERE usename = :r AND pid <> pg_backend_pid()"), {"r": role}).scalar_one())
+
+
+def sessions(conn: Connection, role: str) -> int:
+    """How many sessions ``role`` has open now."""
+    return int(conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE usename = :r"), {"r": role}).scalar_one())
+
+
+def lab_roles(conn: Connection, lab: Lab) -> list[str]:
+    """The outside lanes' roles of ``lab`` that exist now."""
+    return list(conn.execute(text("SELECT rolname FROM pg_roles WHERE rolname LIKE :p ORDER BY rolname"),
+                             {"p": lab.schema.replace("_", "\\_") + "\\_\\_%"}).scalars())
+
+
+def drop_roles(conn: Connection, lab: Lab) -> list[str]:
+    """End the sessions of the lab's outside roles and drop them (their schemas are dropped already,
+    and their privileges with them). The roles dropped."""
+    roles = lab_roles(conn, lab)
+    for role in roles:
+        terminate_sessions(conn, role)
+        conn.execute(text(f"DROP OWNED BY {quoted(role)}"))
+        conn.execute(text(f"DROP ROLE {quoted(role)}"))
+    return roles
