@@ -122,10 +122,12 @@ class LabDriver:
         return self.wait(caught_up, "the group never caught up with the log end", timeout)
 
 
-def run_guided(app, exercise: Path) -> Any:
+def run_guided(app, exercise: Path, after_prepare: Callable[[], None] | None = None) -> Any:
     """Run a built-in exercise click by click in guided mode, as a workshop does, and return its
     final RunState. Each click is a `scenario.step` command the real agent carries out
-    (webapp/scenarios/guided.py); the run is read back from PostgreSQL until it has its verdict."""
+    (webapp/scenarios/guided.py); the run is read back from PostgreSQL until it has its verdict.
+    ``after_prepare`` is called once the first click (the lab's preparation) is done: a learner
+    starts their own consumer then."""
     from webapp.web.db import db
     from webapp.scenarios import load
     from webapp.scenarios.runner import RunState
@@ -145,6 +147,9 @@ def run_guided(app, exercise: Path) -> Any:
         assert client.post(run_page + "/next", headers={"HX-Request": "true"}).status_code == 200
         wait_until(lambda: not progress()[0], timeout=120, message=f"{exercise.stem}: a guided step never finished")
         run = progress()[1]
+        if after_prepare is not None and run.prepared:
+            after_prepare()
+            after_prepare = None
         if run.finished:
             break
     return run

@@ -529,3 +529,45 @@ def run_row(app, run_id: int) -> dict:
     with app.app_context(), db.engine.connect() as conn:
         return dict(conn.execute(text("SELECT lab, status, busy, progress FROM lab_control.scenario_runs "
                                       "WHERE id = :id"), {"id": run_id}).mappings().one())
+
+
+def test_the_board_judges_a_grading_exercise_by_the_attendees_own_consumer_lane(
+        proxied_stack, app_factory, lab_name, class_code):
+    """Exercise 19 grades the attendee's own consumer: once the run is prepared, the attendee's card
+    shows the verdict of that lane (what their code wrote against the log), not the lab's own."""
+    import psycopg
+    app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=class_code, LAB_TOKEN=TOKEN,
+                      DATABASE_URL=proxied_stack.database_url, KAFKA_BOOTSTRAP_SERVERS=proxied_stack.bootstrap_servers,
+                      KAFKA_PRODUCER_BOOTSTRAP_SERVERS=proxied_stack.producer_bootstrap_servers)
+    ana, ana_lab = join(app, "Ana", class_code)
+    try:
+        teacher = instructor(app)
+        assert teacher.post("/class/start", data={"scenario": "19_your_consumer_graded"}).status_code == 303
+        with app.app_context(), db.engine.connect() as conn:
+            run_id = conn.execute(text("SELECT id FROM lab_control.scenario_runs WHERE lab = :lab"),
+                                  {"lab": ana_lab}).scalar_one()
+        assert ana.post(f"/scenarios/runs/{run_id}/next", headers={"HX-Request": "true"}).status_code == 200
+        wait_until(lambda: not run_row(app, run_id)["busy"] and run_row(app, run_id)["progress"]["prepared"],
+                   timeout=120, message="the grading exercise's preparation never finished")
+
+        def card() -> str:
+            html = teacher.get("/class/cards").get_data(as_text=True)
+            return re.search(rf'<article[^>]*data-lab="{ana_lab}".*?</article>', html, re.S).group(0)
+        assert 'data-graded-lane="mine"' in card() and 'data-verdict="no-events"' in card(), card()
+
+        # Ana's code applies one credit twice: the card says so, from her lane's rows.
+        record = ana.post("/api/v1/publish", json={"account_id": "acc-1", "amount_cents": 700}).get_json()["records"][0]
+        with app.app_context(), db.engine.connect() as conn:
+            transaction_id = conn.execute(text(f'SELECT transaction_id FROM "{Lab(ana_lab).schema}".published_events '
+                                               "WHERE event_id = :e"), {"e": record["event_id"]}).scalar_one()
+        url = ana.get("/api/v1/yours").get_json()["database_url"]
+        with psycopg.connect(url) as conn:
+            for _ in range(2):
+                conn.execute("INSERT INTO payments (event_id, transaction_id, account_id, amount_cents) "
+                             "VALUES (%s, %s, 'acc-1', 700)", (record["event_id"], transaction_id))
+                conn.execute("UPDATE accounts SET balance = balance + 700 WHERE id = 'acc-1'")
+        wait_until(lambda: 'data-verdict="anomalies"' in card() and "1 duplicate(s) applied" in card(), timeout=30,
+                   message=lambda: f"the board never judged Ana's lane: {card()}")
+    finally:
+        with app.app_context():
+            command_channel.run(db.engine, ana_lab, "lab.drop", {}, timeout=120)

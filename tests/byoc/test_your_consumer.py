@@ -104,11 +104,27 @@ def test_the_grading_exercise_fails_a_naive_consumer_and_says_why(graded_app, tm
 
 
 @pytest.mark.long
-def test_the_grading_exercise_passes_an_idempotent_consumer(graded_app, tmp_path):
-    result = grade(graded_app, "idempotent", tmp_path)
-    assert result["code"] == 0 and result["status"] == "passed", described(result)
-    assert result["graded"]["duplicates_applied"] == 0 and result["graded"]["effects_lost"] == 0
-    assert result["graded"]["source_duplicates"] == 1
+def test_the_grading_exercise_passes_an_idempotent_consumer_in_guided_mode(graded_app, tmp_path):
+    """Click by click in guided mode, in the lab the page's connection details name (the app's
+    LAB_NAME, never a fresh lab): the learner starts their consumer once the lab is prepared."""
+    lab = Lab(graded_app.config["LAB_NAME"])
+    consumers: list[subprocess.Popen] = []
+
+    def start_mine() -> None:
+        with graded_app.app_context():
+            info = ops.call("get_yours", ops.Context(db.engine, lab, graded_app.config), {"lane": "mine"})
+        consumers.append(start_outside_consumer("idempotent", info, tmp_path / "idempotent.log"))
+    try:
+        run = support.run_guided(graded_app, EXERCISE, after_prepare=start_mine)
+    finally:
+        for consumer in consumers:
+            stop_process(consumer)
+    log = (tmp_path / "idempotent.log").read_text() if consumers else "(never started)"
+    assert run.lab == lab.name, run.lab
+    assert run.status == "passed", f"{run.status}: {run.reason}\nchecks: {run.checks}\nconsumer:\n{log[-3000:]}"
+    assert all(step["status"] == "ok" for step in run.steps), run.steps
+    assert run.graded["duplicates_applied"] == 0 and run.graded["effects_lost"] == 0, run.graded
+    assert run.graded["source_duplicates"] == 1, run.graded
 
 
 def test_the_role_touches_its_own_lane_and_nothing_else(app, lab, lab_name, agent):
@@ -146,6 +162,9 @@ def test_the_role_touches_its_own_lane_and_nothing_else(app, lab, lab_name, agen
         # The lab's own consumers may not join your group; the faults say what they did.
         refused = lab.client.post("/api/v1/consumers", json={"group": "mine"})
         assert refused.status_code == 400 and "your consumer" in refused.get_json()["error"], refused.get_json()
+        switched = lab.client.post("/api/v1/groups/mine/strategy", json={"strategy": "eventid-atomic"})
+        assert switched.status_code in (400, 422) and "your consumer" in switched.get_data(as_text=True), \
+            switched.get_json()
         with psycopg.connect(info["database_url"]) as conn:
             conn.execute("SELECT 1")  # a session of the role, idle in transaction
             ended = lab.client.post("/api/v1/yours/terminate-sessions", json={"lane": "mine"}).get_json()
@@ -158,3 +177,33 @@ def test_the_role_touches_its_own_lane_and_nothing_else(app, lab, lab_name, agen
         # A dropped lab takes its roles with it.
         assert conn.execute(text("SELECT count(*) FROM pg_roles WHERE rolname = :r"),
                             {"r": Lab(other_name).lane_role("mine")}).scalar() == 0
+
+
+def test_the_starter_the_page_shows_runs_as_copied_and_applies_the_lab_s_credits(app, lab, tmp_path):
+    """What a learner copies from the page, run as it is in a terminal (confluent-kafka + psycopg):
+    it consumes the lab's credits into the lane; with no dedup yet, a resend is applied twice and the
+    lane's verdict says so."""
+    import html
+    import re
+
+    assert lab.client.post("/api/v1/yours", json={"lane": "mine"}).status_code == 201
+    page = lab.client.get("/yours").get_data(as_text=True)
+    starter = html.unescape(re.search(r"<pre><code>(.*?)</code></pre>", page, re.S).group(1))
+    script = tmp_path / "my_consumer.py"
+    script.write_text(starter)
+    first = lab.credit("acc-1", 500)
+    lab.publish(mode="resend", event_id=first["event_id"])
+    with (tmp_path / "my_consumer.log").open("w") as output:
+        process = subprocess.Popen([sys.executable, str(script)], stdout=output, stderr=subprocess.STDOUT,
+                                   cwd=tmp_path)
+    try:
+        def lane_verdict() -> dict:
+            lanes = lab.state()["lanes"]
+            return next((lane["verdict"] for lane in lanes if lane["lane"] == "mine"), {})
+        verdict = wait_until(lambda: (v := lane_verdict()).get("duplicates_applied") == 1 and v,
+                             timeout=60, message=lambda: f"the starter never applied the credit and its resend: "
+                             f"{lane_verdict()}\n{(tmp_path / 'my_consumer.log').read_text()[-2000:]}")
+        assert verdict["effects_lost"] == 0, verdict
+        assert process.poll() is None, (tmp_path / "my_consumer.log").read_text()
+    finally:
+        stop_process(process)

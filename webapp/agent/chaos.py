@@ -33,8 +33,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..store import command_channel
 from ..domain import chaos as plan
 from ..domain.lab import Lab
+from ..domain.waits import WaitTimeout
 from ..domain.vocabulary import FAULT_PROXY_FRESH_SECONDS
-from ..faultproxy.control import CHANNEL as FAULT_PROXY_CHANNEL
 from ..faultproxy.control import DEFAULT_NAME as FAULT_PROXY
 from ..store import chaos as sessions
 from ..store import consumers as consumer_rows
@@ -45,7 +45,6 @@ log = logging.getLogger("idempotency_lab.agent")
 
 TICK = 0.1                 # seconds between two looks at the clock and the session's row
 COMMAND_TIMEOUT = 30.0     # a kill, freeze or restart carried out by the consumer's agent
-CUT_TIMEOUT = 5.0          # the fault proxy acknowledging a cut
 TERMINATE_SQL = ("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                  "WHERE application_name = :name AND pid <> pg_backend_pid()")
 
@@ -206,21 +205,15 @@ class ChaosRunner(threading.Thread):
 
     def _cut_connections(self, action: plan.ChaosAction, row: consumer_rows.Row) -> tuple[str, str]:
         clients = [self.lab.client_id(row.name), self.lab.producer_client_id]
-        with self.engine.begin() as conn:
-            version = faultproxies.cut(conn, FAULT_PROXY, self.lab.name, clients, FAULT_PROXY_FRESH_SECONDS)
-            if version is not None:
-                faultproxies.notify(conn, FAULT_PROXY_CHANNEL, FAULT_PROXY)
-        if version is None:
+        try:
+            cut = faultproxies.cut_and_wait(self.engine, FAULT_PROXY, self.lab.name, clients, FAULT_PROXY_FRESH_SECONDS)
+        except WaitTimeout:
+            return "failed", f"failed: the fault proxy did not carry out the cut within {faultproxies.CUT_TIMEOUT:g} s"
+        if cut is None:
             return "skipped", ("skipped: no fault proxy runs, so nothing stands between the clients and the "
                                "broker to cut (make run starts one)")
-        deadline = time.monotonic() + CUT_TIMEOUT
-        while time.monotonic() < deadline:
-            with self.engine.connect() as conn:
-                if faultproxies.connections_cut(conn, FAULT_PROXY, self.lab.name, version) is not None:
-                    return "done", ("the fault proxy closed the broker connections of " + " and ".join(clients)
-                                    + " that pass through it; librdkafka reconnects")
-            time.sleep(0.05)
-        return "failed", "failed: the fault proxy did not carry out the cut within 5 s"
+        return "done", ("the fault proxy closed the broker connections of " + " and ".join(clients)
+                        + " that pass through it; librdkafka reconnects")
 
     # --- undo -------------------------------------------------------------------------------
 

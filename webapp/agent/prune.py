@@ -12,7 +12,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine, text
 
-from ..store import classroom
+from ..store import classroom, outside
 from ..kafka.admin import ADMIN_TIMEOUT, delete_topics
 from ..domain.lab import Lab
 from ..store.labs import drop_database_state, lab_schemas
@@ -65,5 +65,6 @@ def drop(engine: Engine, admin: AdminClient, lab: Lab) -> dict[str, Any]:
     with engine.begin() as conn:
         schemas = lab_schemas(conn, lab)
         drop_database_state(conn, lab)
+        outside.forget_passwords(conn, lab)
         classroom.forget_labs(conn, [lab.name])
     return {"lab": lab.name, "topics": topics, "schemas": schemas, "groups": deleted, "groups_kept": failed}

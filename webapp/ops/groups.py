@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .. import strategies
-from ..domain.vocabulary import DEFAULT_STRATEGY, OFFSET_RESET_MODES, Limits
+from ..domain.vocabulary import DEFAULT_STRATEGY, OFFSET_RESET_MODES, OUTSIDE_STRATEGY, Limits
 from ..store.labs import ensure_schema, seed_accounts
 from ..store import labdata, schema
 from .agent_commands import run_command
@@ -114,6 +114,11 @@ def _group_settings(ctx: Context, group: str) -> Any:
 def _update_group(ctx: Context, group: str, summary: str, **values: Any) -> str:
     group_id = ctx.lab.group_id(group)
     with schema.begin_in(ctx.engine, ctx.lab.schema) as conn:
+        row = labdata.group(conn, group_id)
+        if row is not None and row.strategy == OUTSIDE_STRATEGY:
+            # The lab runs none of its strategies in that group: the learner's own code consumes there.
+            raise InvalidRequest("group", f"{group_id} is your consumer's group: its deduplication is your code's, "
+                                 "not one of the lab's strategies")
         if not labdata.update_group(conn, group_id, **values):
             raise NotFound(f"no group {group_id} in lab {ctx.lab.name}")
         labdata.say(conn, "strategy", summary.format(group_id=group_id))

@@ -9,14 +9,13 @@ source duplicates and lost acks are the lab's producer's (publish, lost_ack), as
 """
 from __future__ import annotations
 
-import time
-
 from pydantic import Field
 from sqlalchemy.engine import make_url
 
 from ..domain.lab import InvalidLabName, NAME_RULE
 from ..domain.vocabulary import DEFAULT_OUTSIDE_LANE, FAULT_PROXY_FRESH_SECONDS, OUTSIDE_STRATEGY, Limits
-from ..faultproxy.control import CHANNEL, DEFAULT_NAME
+from ..faultproxy.control import DEFAULT_NAME
+from ..domain.waits import WaitTimeout
 from ..store import faultproxies, labdata, outside, schema
 from ..store.connection import sqlalchemy_url
 from ..store.labs import ensure_schema, seed_accounts
@@ -24,7 +23,6 @@ from .faults import NO_PROXY_RUNNING, NoFaultProxy, _set_commit_block
 from .fields import Whole, named, within
 from .registry import Args, Context, InvalidRequest, NotFound, operation
 
-CUT_TIMEOUT = 5.0
 # What the learner's code writes: one row per credit it applied (the lab's own strategies write the
 # same table). The verdict counts these rows per transaction id against the log.
 PAYMENTS_SHAPE = ("payments (id bigserial, event_id uuid, transaction_id varchar(64), account_id varchar(32) "
@@ -50,19 +48,13 @@ def _checked_lane(ctx: Context, lane: str) -> tuple[str, str]:
         raise InvalidRequest("lane", NAME_RULE) from None
 
 
-def _secret(ctx: Context) -> str:
-    secret = ctx.config.get("SECRET_KEY")
-    if not secret:
-        raise InvalidRequest("lane", "the app has no SECRET_KEY, from which the role's password is derived")
-    return str(secret)
-
-
 def connection(ctx: Context, lane: str) -> dict:
     """What the learner's code connects to: the broker (through the fault proxy when there is one),
     the topic, the group and client ids, and the database URL of the lane's role."""
     lab = ctx.lab
     role = lab.lane_role(lane)
-    password = outside.password_for(_secret(ctx), role)
+    with ctx.engine.connect() as conn:
+        password = outside.password_of(conn, role)
     proxy = ctx.config.get("KAFKA_PRODUCER_BOOTSTRAP_SERVERS")
     broker = ctx.config.get("KAFKA_BOOTSTRAP_SERVERS") or ""
     database = ctx.config.get("DATABASE_URL")
@@ -90,7 +82,6 @@ def _outside_group(ctx: Context, lane: str) -> str:
 def create_yours(ctx: Context, args: LaneArgs) -> dict:
     lab = ctx.lab
     lane_schema, group_id = _checked_lane(ctx, args.lane)
-    password = outside.password_for(_secret(ctx), lab.lane_role(args.lane))
     with ctx.engine.begin() as conn:
         schema.enter(conn, lab.schema)
         existing = labdata.group(conn, group_id)
@@ -99,7 +90,7 @@ def create_yours(ctx: Context, args: LaneArgs) -> dict:
                                  f"{existing.strategy}: name your lane differently")
         ensure_schema(conn, lane_schema)
         seed_accounts(conn, lane_schema)
-        role = outside.grant_lane(conn, lab, args.lane, password)
+        role = outside.grant_lane(conn, lab, args.lane)
         schema.enter(conn, lab.schema)
         if existing is None:
             labdata.add_group(conn, group_id, OUTSIDE_STRATEGY, lane_schema)
@@ -123,23 +114,12 @@ def get_yours(ctx: Context, args: LaneArgs) -> dict:
 def cut_yours(ctx: Context, args: LaneArgs) -> dict:
     _outside_group(ctx, args.lane)
     lab, client = ctx.lab, ctx.lab.client_id(args.lane)
-    with ctx.engine.begin() as conn:
-        before = faultproxies.report(conn, DEFAULT_NAME, lab.name, FAULT_PROXY_FRESH_SECONDS)
-        version = faultproxies.cut(conn, DEFAULT_NAME, lab.name, [client], FAULT_PROXY_FRESH_SECONDS)
-        if version is None:
-            raise NoFaultProxy(NO_PROXY_RUNNING)
-        faultproxies.notify(conn, CHANNEL, DEFAULT_NAME)
-    already = int(before["connections_cut"]) if before else 0
-    deadline = time.monotonic() + CUT_TIMEOUT
-    while True:
-        with ctx.engine.connect() as conn:
-            total = faultproxies.connections_cut(conn, DEFAULT_NAME, lab.name, version)
-        if total is not None:
-            break
-        if time.monotonic() > deadline:
-            raise NoFaultProxy(f"the fault proxy did not carry out the cut within {CUT_TIMEOUT:g} s; is it running?")
-        time.sleep(0.05)
-    cut = total - already
+    try:
+        cut = faultproxies.cut_and_wait(ctx.engine, DEFAULT_NAME, lab.name, [client], FAULT_PROXY_FRESH_SECONDS)
+    except WaitTimeout as error:
+        raise NoFaultProxy(f"{error}; is it running?") from None
+    if cut is None:
+        raise NoFaultProxy(NO_PROXY_RUNNING)
     summary = (f"fault proxy cut {cut} broker connection(s) of your consumer ({client})" if cut else
                f"fault proxy found no broker connection of {client} to cut: is your consumer running, with "
                f"client.id {client}?")

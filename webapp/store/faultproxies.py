@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, func, select, text, update
+from sqlalchemy import Connection, Engine, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 
 from ..domain.vocabulary import FAULT_PROXY_CHANNEL
+from ..domain.waits import wait_until
 from .tables import FaultProxy, FaultProxyLab
 
 proxies = FaultProxy.__table__
@@ -97,6 +98,31 @@ def cut(conn: Connection, name: str, lab: str, client_ids: list[str], fresh_seco
         return None
     return _upsert(conn, name, lab, cut_version=lab_faults.c.cut_version + 1,
                    cut_client_ids=list(client_ids))["cut_version"]
+
+
+CUT_TIMEOUT = 5.0  # seconds for the proxy to carry out a cut
+
+
+def cut_and_wait(engine: Engine, name: str, lab: str, client_ids: list[str], fresh_seconds: float,
+                 timeout: float = CUT_TIMEOUT) -> int | None:
+    """Ask the running proxy to close the connections of ``client_ids`` (clients of ``lab``) and
+    wait until it has: how many it closed; None when no proxy runs. WaitTimeout when it did not
+    carry the cut out within ``timeout``."""
+    with engine.begin() as conn:
+        before = conn.execute(select(lab_faults.c.connections_cut)
+                              .where(lab_faults.c.proxy == name, lab_faults.c.lab == lab)).scalar() or 0
+        version = cut(conn, name, lab, client_ids, fresh_seconds)
+        if version is None:
+            return None
+        notify(conn, FAULT_PROXY_CHANNEL, name)
+
+    def carried_out() -> tuple[int] | None:
+        with engine.connect() as conn:
+            total = connections_cut(conn, name, lab, version)
+        return None if total is None else (total,)  # a tuple: a cut of 0 connections is carried out too
+    (total,) = wait_until(carried_out, timeout=timeout, interval=0.05,
+                          message=f"the fault proxy did not carry out the cut within {timeout:g} s")
+    return total - int(before)
 
 
 def connections_cut(conn: Connection, name: str, lab: str, version: int) -> int | None:

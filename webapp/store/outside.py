@@ -7,22 +7,35 @@ role given only the privileges below can read or write no other lane, lab or con
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
+import secrets
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, delete, select, text
+from sqlalchemy.dialects.postgresql import insert
 
 from ..domain.lab import Lab
 from .schema import quoted
+from .tables import OutsideRole
 
-# The role's password is derived from the app's secret, so a lab reset (which drops and re-creates
-# the lane and the role) leaves the URL a learner copied valid, and nothing stores a password.
-PASSWORD_LENGTH = 32
+roles_table = OutsideRole.__table__
+PASSWORD_BYTES = 16  # 32 hex characters
 
 
-def password_for(secret: str, role: str) -> str:
-    """The role's password: an HMAC of its name under the app's SECRET_KEY (hex)."""
-    return hmac.new(secret.encode(), f"outside-consumer-role:{role}".encode(), hashlib.sha256).hexdigest()[:PASSWORD_LENGTH]
+def password_for(conn: Connection, lab: Lab, role: str) -> str:
+    """The role's password: made at random the first time, then the same one (lab_control.outside_roles),
+    so a reset, which drops and re-creates the role, leaves the URL a learner copied valid."""
+    conn.execute(insert(roles_table).values(role=role, lab=lab.name, password=secrets.token_hex(PASSWORD_BYTES))
+                 .on_conflict_do_nothing(index_elements=["role"]))
+    return conn.execute(select(roles_table.c.password).where(roles_table.c.role == role)).scalar_one()
+
+
+def password_of(conn: Connection, role: str) -> str | None:
+    """The role's password, as made by :func:`password_for`; None for a role never made."""
+    return conn.execute(select(roles_table.c.password).where(roles_table.c.role == role)).scalar()
+
+
+def forget_passwords(conn: Connection, lab: Lab) -> None:
+    """A lab dropped for good: its roles' passwords go with it."""
+    conn.execute(delete(roles_table).where(roles_table.c.lab == lab.name))
 
 
 def _literal(conn: Connection, value: str) -> str:
@@ -30,10 +43,12 @@ def _literal(conn: Connection, value: str) -> str:
     return conn.execute(text("SELECT quote_literal(CAST(:v AS text))"), {"v": value}).scalar_one()
 
 
-def grant_lane(conn: Connection, lab: Lab, lane: str, password: str) -> str:
-    """Create (or refresh) the lane's role: LOGIN with ``password``, its search_path on the lane,
-    SELECT/INSERT/UPDATE/DELETE on every table of the lane and its sequences. The role's name."""
+def grant_lane(conn: Connection, lab: Lab, lane: str) -> str:
+    """Create (or refresh) the lane's role: LOGIN with its password (:func:`password_for`), its
+    search_path on the lane, SELECT/INSERT/UPDATE/DELETE on every table of the lane and its
+    sequences. The role's name."""
     role, schema = lab.lane_role(lane), lab.lane_schema(lane)
+    password = password_for(conn, lab, role)
     exists = conn.execute(text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).first() is not None
     verb = "ALTER" if exists else "CREATE"
     conn.execute(text(f"{verb} ROLE {quoted(role)} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "

@@ -585,6 +585,20 @@ class ServiceHeartbeat(Base):
     heartbeat_at: Mapped[datetime] = _now()
 
 
+class OutsideRole(Base):
+    """The PostgreSQL role of a lane whose consumer is the learner's own code (issue 34,
+    store/outside.py) and its password: generated at random when the lane is first made, kept
+    across the lab's resets (which drop and re-create the role: the URL a learner copied stays
+    valid), and deleted when the lab is dropped. Whoever makes the role, the web or an agent
+    running a grading exercise, reads the same password here."""
+    __tablename__ = "outside_roles"
+    __table_args__ = {"schema": CONTROL_SCHEMA}
+    role: Mapped[str] = mapped_column(String(63), primary_key=True)
+    lab: Mapped[str] = mapped_column(String(32), index=True)
+    password: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = _now()
+
+
 class Consumer(Base):
     """One consumer process: what it was asked to be and what it last reported."""
     __tablename__ = "consumers"

@@ -23,6 +23,7 @@ from .. import ops
 from ..readmodel import group_health as group_health_readmodel
 from ..readmodel import service_health as service_health_readmodel
 from ..readmodel import state
+from ..store.schema import enter
 from .db import db, lab_session
 from ..domain.lab import Lab
 from ..scenarios import built_in, load
@@ -253,18 +254,22 @@ def cards() -> list[dict[str, Any]]:
     result = []
     for person in people:
         lab = Lab(person.lab)
+        run = runs.get(person.lab)
+        scenario = exercise(run["scenario"]) if run else None
+        progress = RunState.from_dict(run["progress"]) if run else None
+        # A grading exercise judges the learner's own consumer: its lane's verdict, once prepared.
+        graded_lane = scenario.outside_lane if scenario and progress and progress.prepared else None
         try:
             with lab_session(lab.schema) as session_:
                 # The board must never hold up (or deadlock with) a lab being reset or dropped: a
                 # lock it cannot get at once makes the card say "unavailable" until the next refresh.
                 session_.execute(text(f"SET LOCAL lock_timeout = '{BOARD_LOCK_TIMEOUT}'"))
-                verdict = state.verdict(session_, lab)
                 stalled_groups = group_health_readmodel.stalled(session_, lab)  # issue 29
+                if graded_lane:
+                    enter(session_.connection(), lab.lane_schema(graded_lane))
+                verdict = state.verdict(session_, lab)
         except SQLAlchemyError:
             verdict, stalled_groups = None, []
-        run = runs.get(person.lab)
-        scenario = exercise(run["scenario"]) if run else None
-        progress = RunState.from_dict(run["progress"]) if run else None
         quiet = min(t for t in (idle.get(person.lab), person.seen_seconds_ago) if t is not None)
         result.append({
             "name": person.name, "lab": person.lab, "joined_at": person.joined_at,
@@ -278,6 +283,7 @@ def cards() -> list[dict[str, Any]]:
             "consumers": consumers.get(person.lab, 0),
             "idle_seconds": round(quiet, 1),
             "stalled_groups": stalled_groups,
+            "graded_lane": graded_lane,
         })
     return result
 

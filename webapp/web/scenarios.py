@@ -1,6 +1,7 @@
 """Guided mode: pick an exercise, read its narrative, press "next step", watch the lab react.
 
-Each guided run works in a fresh lab of its own and drives it through the scenario runner, which
+Each guided run works in a fresh lab of its own (an attendee's in their own lab; a grading exercise
+in the lab the learner's consumer connects to) and drives it through the scenario runner, which
 calls the same operations as every other control. A click claims the run and hands the step to a
 lab agent (command ``scenario.step``, webapp/scenarios/guided.py): a step may wait for a minute,
 and no web request waits that long. The run's progress (which step is next, what each step
@@ -29,7 +30,7 @@ from ..scenarios.claims import claims_markdown
 from ..scenarios.loader import SEEDS, Scenario
 from ..scenarios.observe import observe
 from ..scenarios.runner import RunState, check_expectations, fresh_lab_name
-from .access import guided_run_lab, readable_labs, require_drivable, require_readable
+from .access import current_lab, guided_run_lab, readable_labs, require_drivable, require_readable
 from .markdown import markdown
 
 log = logging.getLogger("idempotency_lab.web")
@@ -86,6 +87,11 @@ def index():
 def start(name: str):
     scenario = _scenario(name)
     lab = guided_run_lab()
+    if lab is None and scenario.outside_lane:
+        # A grading exercise grades the learner's consumer, which connects to this session's lab
+        # (the "Your consumer" page's): the run works there, never in a fresh lab it cannot know.
+        lab = current_lab()
+        require_drivable(lab.name)
     if lab is None:  # a fresh lab of its own: one more on this server
         with db.engine.connect() as conn:
             refused = lab_count_limit_reached(conn, current_app.config)
