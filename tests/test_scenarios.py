@@ -49,7 +49,7 @@ EXERCISES = [
     "10_old_set_regresses_state", "11_dedup_growth_without_ttl", "12_choice_of_key_payload_hash",
     "13_external_notification_idempotency_key", "14_outbox_relay_duplicate", "15_producer_ordering",
     "16_last_batch_redelivered", "17_async_commit_window", "18_dedup_at_a_million_keys",
-    "19_your_consumer_graded",
+    "19_your_consumer_graded", "20_rebalance_redelivers_last_batch",
 ]
 
 
