@@ -271,6 +271,16 @@ def _parse_time(value: Any) -> datetime | None:
         raise ValueError(f"timestamp must be ISO-8601, got {value!r}") from None
 
 
+def _live_members(agent: AgentContext, lab: Lab, group_id: str) -> list[consumer_rows.Row]:
+    """The group's live consumers; LookupError when the lab has no such group."""
+    exists = agent.conn.execute(f'SELECT 1 FROM "{lab.schema}".consumer_groups WHERE group_id = %s',
+                                [group_id]).fetchone()
+    if exists is None:
+        raise LookupError(f"no group {group_id} in lab {lab.name}")
+    with agent.engine.connect() as conn:
+        return consumer_rows.live(conn, lab.name, group_id)
+
+
 def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
     """Stop the group's consumers, move its committed offsets, restart them."""
     group_id = lab.group_id(str(args.get("group") or ""))
@@ -282,12 +292,7 @@ def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
             timestamp=_parse_time(args.get("timestamp")))
     except (TypeError, ValueError) as error:
         raise CommandRejected(str(error)) from None
-    exists = agent.conn.execute(f'SELECT 1 FROM "{lab.schema}".consumer_groups WHERE group_id = %s',
-                                [group_id]).fetchone()
-    if exists is None:
-        raise LookupError(f"no group {group_id} in lab {lab.name}")
-    with agent.engine.connect() as conn:
-        members = consumer_rows.live(conn, lab.name, group_id)
+    members = _live_members(agent, lab, group_id)
     for row in members:
         on_own_or_remote(agent, lab, row, "consumer.stop")
     agent.say(lab, "offsets-reset", f"stopped {len(members)} consumer(s) of {group_id}: Kafka moves a "
@@ -369,12 +374,7 @@ def recover_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
     committed offsets (read from the wedged group, committed for the new id while it is empty, before
     any member starts), and start them there. Every step is said on the timeline and in the result."""
     group_id = lab.group_id(str(args.get("group") or ""))
-    exists = agent.conn.execute(f'SELECT 1 FROM "{lab.schema}".consumer_groups WHERE group_id = %s',
-                                [group_id]).fetchone()
-    if exists is None:
-        raise LookupError(f"no group {group_id} in lab {lab.name}")
-    with agent.engine.connect() as conn:
-        members = consumer_rows.live(conn, lab.name, group_id)
+    members = _live_members(agent, lab, group_id)
     if not members:
         raise CommandRejected(f"group: group {group_id} has no live member to recover: start a consumer in it")
     why = "automatically, stalled past its threshold" if args.get("automatic") else "on request"

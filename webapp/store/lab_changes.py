@@ -16,7 +16,7 @@ from __future__ import annotations
 from .connection import CONTROL_SCHEMA
 from ..domain.lab import Lab
 from ..domain.vocabulary import LAB_CHANGE_CHANNEL
-from .schema import quoted
+from .schema import notify_lab_function, quoted
 
 CHANNEL = LAB_CHANGE_CHANNEL
 TRIGGER = "lab_changed"
@@ -47,11 +47,7 @@ def control_trigger_ddl() -> list[str]:
     table = f"{CONTROL_SCHEMA}.consumers"
     function = f"{CONTROL_SCHEMA}.{TRIGGER}"
     return [
-        f"""CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
-BEGIN
-    PERFORM pg_notify('{CHANNEL}', CASE WHEN TG_OP = 'DELETE' THEN OLD.lab ELSE NEW.lab END);
-    RETURN NULL;
-END $fn$""",
+        notify_lab_function(function, CHANNEL),
         f"DROP TRIGGER IF EXISTS {TRIGGER} ON {table}",
         f"CREATE TRIGGER {TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON {table} FOR EACH ROW "
         f"EXECUTE FUNCTION {function}()",

@@ -71,6 +71,16 @@ def session_in(engine: Engine, schema: str) -> Iterator[Session]:
         session.close()
 
 
+def notify_lab_function(function: str, channel: str) -> str:
+    """``CREATE OR REPLACE FUNCTION``: a row trigger's function that NOTIFYs ``channel`` with the lab
+    its row names (its ``lab`` column), for a table of the control schema."""
+    return f"""CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM pg_notify('{channel}', CASE WHEN TG_OP = 'DELETE' THEN OLD.lab ELSE NEW.lab END);
+    RETURN NULL;
+END $fn$"""
+
+
 def all_lab_schemas(conn: Connection) -> list[str]:
     """Every lab and lane schema of the database: ``lab_*`` schemas but the control one, that hold
     lab tables."""

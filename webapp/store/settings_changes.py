@@ -27,7 +27,7 @@ from .connection import CONTROL_SCHEMA
 from ..domain.lab import Lab
 from ..domain.vocabulary import SETTINGS_CHANNEL
 from ..domain.waits import WaitTimeout, wait_until
-from .schema import quoted
+from .schema import notify_lab_function, quoted
 
 CHANNEL = SETTINGS_CHANNEL
 # What an operation waits at most for the running consumers' acknowledgements: a consumer idle in
@@ -45,11 +45,7 @@ def control_trigger_ddl() -> list[str]:
     function = f"{CONTROL_SCHEMA}.consumer_settings_changed"
     changed = " OR ".join(f"OLD.{column} IS DISTINCT FROM NEW.{column}" for column in CONTROL_COLUMNS)
     return [
-        f"""CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
-BEGIN
-    PERFORM pg_notify('{CHANNEL}', CASE WHEN TG_OP = 'DELETE' THEN OLD.lab ELSE NEW.lab END);
-    RETURN NULL;
-END $fn$""",
+        notify_lab_function(function, CHANNEL),
         f"DROP TRIGGER IF EXISTS settings_changed ON {table}",
         f"CREATE TRIGGER settings_changed AFTER UPDATE ON {table} FOR EACH ROW WHEN ({changed}) "
         f"EXECUTE FUNCTION {function}()",
