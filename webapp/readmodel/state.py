@@ -25,8 +25,10 @@ def accounts(session: Session, lab: Lab, exact: bool = False) -> list[verdict_mo
     return verdict_module.accounts(session, lab.schema, exact=exact)
 
 
-def verdict(session: Session, lab: Lab, exact: bool = False) -> verdict_module.Verdict:
-    return verdict_module.verdict(session, lab.schema, exact=exact)
+def verdict(session: Session, lab: Lab, exact: bool = False, explain: bool = True) -> verdict_module.Verdict:
+    """The verdict of the current schema's accounts against the lab's log; ``explain`` False leaves
+    out the why of each anomaly (a reader that shows only the counts, the class board)."""
+    return verdict_module.verdict(session, lab.schema, explain=explain, exact=exact)
 
 
 def now() -> datetime:

@@ -267,7 +267,7 @@ def cards() -> list[dict[str, Any]]:
                 stalled_groups = group_health_readmodel.stalled(session_, lab)  # issue 29
                 if graded_lane:
                     enter(session_.connection(), lab.lane_schema(graded_lane))
-                verdict = state.verdict(session_, lab)
+                verdict = state.verdict(session_, lab, explain=False)  # a card shows counts, not the whys
         except SQLAlchemyError:
             verdict, stalled_groups = None, []
         quiet = min(t for t in (idle.get(person.lab), person.seen_seconds_ago) if t is not None)
