@@ -205,5 +205,15 @@ def test_the_starter_the_page_shows_runs_as_copied_and_applies_the_lab_s_credits
                              f"{lane_verdict()}\n{(tmp_path / 'my_consumer.log').read_text()[-2000:]}")
         assert verdict["effects_lost"] == 0, verdict
         assert process.poll() is None, (tmp_path / "my_consumer.log").read_text()
+        # The lab gets no heartbeat from it: its committed offsets come from the broker (the agent's
+        # admin client), on the partitions of GET /api/v1/state and in the partitions panel.
+        group_id = Lab(lab.lab.name).group_id("mine")
+
+        def committed_of_mine() -> int:
+            return sum((p["committed"].get(group_id) or 0) for p in lab.state()["partitions"])
+        wait_until(lambda: committed_of_mine() == 2, timeout=30,
+                   message=lambda: f"the learner's group's committed offsets never showed: {lab.state()['partitions']}")
+        panel = lab.client.get("/panels/partitions").get_data(as_text=True)
+        assert "mine @ 2" in panel, panel[:3000]  # both records are on acc-1's partition
     finally:
         stop_process(process)
