@@ -12,9 +12,7 @@ it; the log mirror (``log_records``) is the truth, and the run row counts what w
 from __future__ import annotations
 
 import json
-import logging
 import random
-import threading
 import time
 import uuid
 from collections import deque
@@ -26,12 +24,10 @@ import psycopg
 from confluent_kafka import Producer
 
 from ..store import heavy_jobs, timeline
-from ..store.connection import connect
 from ..domain.lab import Lab
 from ..kafka.config import producer_config
 from ..store import schema
-
-log = logging.getLogger("idempotency_lab.agent.load")
+from .heavy import HeavyRun, HeavyRuns
 
 REPORT_EVERY = 0.5          # seconds between progress rows (and cancel checks)
 BATCH = 1000                # records produced between rate and cancel checks
@@ -109,36 +105,26 @@ RETURNING cancel_requested
 """
 
 
-class LoadRun(threading.Thread):
+class LoadRun(HeavyRun):
     """One run: produce, report, stop when done, cancelled or the agent stops."""
 
+    job = "load"
+    timeline_kind = "published"
+
     def __init__(self, database_url: str, bootstrap_servers: str, lab: Lab, run_id: int, spec: LoadSpec):
-        super().__init__(name=f"load {lab.name}#{run_id}", daemon=True)
-        self.database_url, self.bootstrap_servers = database_url, bootstrap_servers
-        self.lab, self.run_id, self.spec = lab, run_id, spec
-        self.stop_requested = threading.Event()
+        super().__init__(database_url, lab, run_id)
+        self.bootstrap_servers, self.spec = bootstrap_servers, spec
         self.sent = self.failed = self.resends = self.source_duplicates = 0
 
     def _on_delivery(self, error, message) -> None:
         if error is not None:
             self.failed += 1
 
-    def run(self) -> None:
-        conn = connect(self.database_url, schema=self.lab.schema, autocommit=True,
-                       application_name=f"lab {self.lab.name} load")
-        try:
-            state, error = self._produce(conn)
-        except Exception as problem:  # a bug or a lost database: the run says so, the agent lives on
-            log.exception("load run %s", self.run_id)
-            state, error = "failed", f"{type(problem).__name__}: {problem}"
-        try:
-            self._report(conn, state, 0.0, error)
-            timeline.record(conn.execute, "published", f"load run {self.run_id} {state}: {self.sent:,} of "
-                            f"{self.spec.events:,} record(s) sent", run=self.run_id, state=state, error=error)
-        except psycopg.Error:
-            log.warning("load run %s: could not report its end (%s)", self.run_id, state)
-        finally:
-            conn.close()
+    def work(self, conn: psycopg.Connection) -> tuple[str, str | None]:
+        return self._produce(conn)
+
+    def ended(self, state: str, seconds: float) -> tuple[str, dict]:
+        return f"{self.sent:,} of {self.spec.events:,} record(s) sent", {}
 
     def _produce(self, conn: psycopg.Connection) -> tuple[str, str | None]:
         producer = Producer({**producer_config(self.bootstrap_servers, True, client_id=self.lab.producer_client_id),
@@ -170,7 +156,7 @@ class LoadRun(threading.Thread):
                 rate = (self.sent - sent_at_report) / (now - last_report) if now > last_report else 0.0
                 last_report, sent_at_report = now, self.sent
                 self.resends, self.source_duplicates = source.resends, source.source_duplicates
-                if self._report(conn, state, rate) or self.stop_requested.is_set():
+                if self.report(conn, state, rate) or self.stop_requested.is_set():
                     state = "cancelled"
                     break
         self.resends, self.source_duplicates = source.resends, source.source_duplicates
@@ -180,8 +166,7 @@ class LoadRun(threading.Thread):
             return "failed", f"{remaining} record(s) not acknowledged by Kafka within 60 s"
         return ("done" if state == "running" else state), None
 
-    def _report(self, conn: psycopg.Connection, state: str, rate: float, error: str | None = None) -> bool:
-        """Write progress; True when the lab asked this run to stop."""
+    def report(self, conn: psycopg.Connection, state: str, rate: float, error: str | None = None) -> bool:
         row = conn.execute(PROGRESS_SQL, {
             "id": self.run_id, "state": state, "sent": self.sent, "resends": self.resends,
             "source_duplicates": self.source_duplicates, "failed": self.failed,
@@ -189,16 +174,8 @@ class LoadRun(threading.Thread):
         return bool(row and row[0])
 
 
-class LoadRuns:
-    """The agent's running loads, by lab: started by the ``load.start`` command, stopped when the
-    lab is reset or the agent stops."""
-
-    def __init__(self) -> None:
-        self.runs: dict[str, LoadRun] = {}
-
-    def running(self, lab: Lab) -> LoadRun | None:
-        run = self.runs.get(lab.name)
-        return run if run is not None and run.is_alive() else None
+class LoadRuns(HeavyRuns[LoadRun]):
+    """The agent's running loads, by lab: started by the ``load.start`` command."""
 
     def start(self, conn: psycopg.Connection, database_url: str, bootstrap_servers: str, lab: Lab,
               spec: LoadSpec) -> int:
@@ -225,24 +202,7 @@ class LoadRuns:
             timeline.record(conn.execute, "published", f"load run {run_id}: {spec.events:,} event(s) over "
                             f"{spec.accounts:,} account(s), {pace}, resends {spec.resend_ratio:.0%}, source "
                             f"duplicates {spec.source_duplicate_ratio:.0%}, seed {spec.seed}", run=run_id)
-        run = LoadRun(database_url, bootstrap_servers, lab, run_id, spec)
-        self.runs[lab.name] = run
-        run.start()
-        return run_id
-
-    def stop(self, lab: Lab, timeout: float = 30.0) -> None:
-        run = self.runs.pop(lab.name, None)
-        if run is not None:
-            run.stop_requested.set()
-            run.join(timeout)
-
-    def labs(self) -> list[str]:
-        """The labs a load runs in on this agent."""
-        return [name for name, run in list(self.runs.items()) if run.is_alive()]
-
-    def stop_all(self) -> None:
-        for name in list(self.runs):
-            self.stop(Lab(name))
+        return self.launch(LoadRun(database_url, bootstrap_servers, lab, run_id, spec))
 
 
 RUNS = LoadRuns()

@@ -10,19 +10,15 @@ them.
 """
 from __future__ import annotations
 
-import logging
-import threading
 import time
 
 import psycopg
 
 from ..domain.lab import Lab
 from ..store import heavy_jobs, schema, timeline
-from ..store.connection import connect
 from ..strategies import dedup_layout
+from .heavy import HeavyRun, HeavyRuns
 from .load import RUNS as LOAD_RUNS
-
-log = logging.getLogger("idempotency_lab.agent.warmup")
 
 SLICE = 50_000          # keys per statement: a fraction of a second each, so progress and cancels are prompt
 
@@ -35,35 +31,23 @@ RETURNING cancel_requested
 """
 
 
-class WarmupRun(threading.Thread):
+class WarmupRun(HeavyRun):
     """One warm-up: insert slice by slice, report, stop when done, cancelled or the agent stops."""
 
+    job = "warm-up"
+    timeline_kind = "ttl"
+
     def __init__(self, database_url: str, lab: Lab, run_id: int, keys: int, days: int):
-        super().__init__(name=f"warm-up {lab.name}#{run_id}", daemon=True)
-        self.database_url, self.lab, self.run_id, self.keys, self.days = database_url, lab, run_id, keys, days
-        self.stop_requested = threading.Event()
+        super().__init__(database_url, lab, run_id)
+        self.keys, self.days = keys, days
         self.inserted = 0
 
-    def run(self) -> None:
-        conn = connect(self.database_url, schema=self.lab.schema, autocommit=True,
-                       application_name=f"lab {self.lab.name} warm-up")
-        started = time.monotonic()
-        try:
-            state, error = self._insert(conn), None
-        except Exception as problem:  # a bug or a lost database: the run says so, the agent lives on
-            log.exception("warm-up run %s", self.run_id)
-            state, error = "failed", f"{type(problem).__name__}: {problem}"
-        seconds = time.monotonic() - started
-        try:
-            self._report(conn, state, 0.0, error)
-            timeline.record(conn.execute, "ttl", f"warm-up run {self.run_id} {state}: {self.inserted:,} of "
-                            f"{self.keys:,} synthetic key(s) inserted into processed_events in {seconds:.2f} s "
-                            f"(spread over {self.days} day(s); no events behind them)",
-                            run=self.run_id, state=state, keys=self.inserted, error=error)
-        except psycopg.Error:
-            log.warning("warm-up run %s: could not report its end (%s)", self.run_id, state)
-        finally:
-            conn.close()
+    def work(self, conn: psycopg.Connection) -> tuple[str, str | None]:
+        return self._insert(conn), None
+
+    def ended(self, state: str, seconds: float) -> tuple[str, dict]:
+        return (f"{self.inserted:,} of {self.keys:,} synthetic key(s) inserted into processed_events in "
+                f"{seconds:.2f} s (spread over {self.days} day(s); no events behind them)", {"keys": self.inserted})
 
     def _insert(self, conn: psycopg.Connection) -> str:
         partitioned = dedup_layout.prepare_warm_up(conn.execute, self.days)
@@ -76,28 +60,19 @@ class WarmupRun(threading.Thread):
             now = time.monotonic()
             rate = (self.inserted - inserted_at_report) / (now - last_report) if now > last_report else 0.0
             last_report, inserted_at_report = now, self.inserted
-            if self.inserted < self.keys and (self._report(conn, "running", rate) or self.stop_requested.is_set()):
+            if self.inserted < self.keys and (self.report(conn, "running", rate) or self.stop_requested.is_set()):
                 return "cancelled"
         conn.execute("ANALYZE processed_events")
         return "done"
 
-    def _report(self, conn: psycopg.Connection, state: str, rate: float, error: str | None = None) -> bool:
-        """Write progress; True when the lab asked this run to stop."""
+    def report(self, conn: psycopg.Connection, state: str, rate: float, error: str | None = None) -> bool:
         row = conn.execute(PROGRESS_SQL, {"id": self.run_id, "state": state, "inserted": self.inserted,
                                           "rate": round(rate, 1), "error": error}).fetchone()
         return bool(row and row[0])
 
 
-class WarmupRuns:
-    """The agent's running warm-ups, by lab: started by the ``dedup.warmup`` command, stopped when
-    the lab is reset or the agent stops."""
-
-    def __init__(self) -> None:
-        self.runs: dict[str, WarmupRun] = {}
-
-    def running(self, lab: Lab) -> WarmupRun | None:
-        run = self.runs.get(lab.name)
-        return run if run is not None and run.is_alive() else None
+class WarmupRuns(HeavyRuns[WarmupRun]):
+    """The agent's running warm-ups, by lab: started by the ``dedup.warmup`` command."""
 
     def start(self, conn: psycopg.Connection, database_url: str, lab: Lab, keys: int, days: int) -> int:
         """The run's row, once no heavy job runs in the lab; then its thread."""
@@ -113,20 +88,7 @@ class WarmupRuns:
                                   [keys, days]).fetchone()[0]
             timeline.record(conn.execute, "ttl", f"warm-up run {run_id}: {keys:,} synthetic key(s) over the last "
                             f"{days} day(s), on the agent", run=run_id)
-        run = WarmupRun(database_url, lab, run_id, keys, days)
-        self.runs[lab.name] = run
-        run.start()
-        return run_id
-
-    def stop(self, lab: Lab, timeout: float = 30.0) -> None:
-        run = self.runs.pop(lab.name, None)
-        if run is not None:
-            run.stop_requested.set()
-            run.join(timeout)
-
-    def stop_all(self) -> None:
-        for name in list(self.runs):
-            self.stop(Lab(name))
+        return self.launch(WarmupRun(database_url, lab, run_id, keys, days))
 
 
 RUNS = WarmupRuns()

@@ -98,10 +98,15 @@ def _paced(ctx: Context, rate_per_second: int) -> int:
 @operation("cancel_load", path="/load/cancel", step="cancel_load", tags=("load",),
            summary="Ask the running load to stop (it stops within half a second)")
 def cancel_load(ctx: Context, args: NoArgs) -> dict:
+    return _cancel(ctx, "load", timeline_kind="published")
+
+
+def _cancel(ctx: Context, job: str, timeline_kind: str) -> dict:
+    """Ask the lab's running ``job`` (heavy_jobs: a load or a warm-up) to stop; the runs asked."""
     with schema.begin_in(ctx.engine, ctx.lab.schema) as conn:
-        runs = conn.execute(text(heavy_jobs.cancel_sql("load"))).scalars().all()
+        runs = conn.execute(text(heavy_jobs.cancel_sql(job))).scalars().all()
         if runs:
-            labdata.say(conn, "published", f"load run {', '.join(map(str, runs))}: cancel requested")
+            labdata.say(conn, timeline_kind, f"{job} run {', '.join(map(str, runs))}: cancel requested")
     return {"cancelled": list(runs)}
 
 
@@ -161,11 +166,7 @@ def dedup_warmup(ctx: Context, args: WarmupArgs) -> dict:
 @operation("cancel_dedup_warmup", path="/dedup/warmup/cancel", step="cancel_dedup_warmup", tags=("dedup",),
            summary="Ask the running dedup warm-up to stop (after the slice it is inserting; the keys in stay)")
 def cancel_dedup_warmup(ctx: Context, args: NoArgs) -> dict:
-    with schema.begin_in(ctx.engine, ctx.lab.schema) as conn:
-        runs = conn.execute(text(heavy_jobs.cancel_sql("warm-up"))).scalars().all()
-        if runs:
-            labdata.say(conn, "ttl", f"warm-up run {', '.join(map(str, runs))}: cancel requested")
-    return {"cancelled": list(runs)}
+    return _cancel(ctx, "warm-up", timeline_kind="ttl")
 
 
 @operation("get_dedup_warmup", method="GET", path="/dedup/warmup", tags=("dedup",),

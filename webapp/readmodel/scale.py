@@ -53,22 +53,21 @@ def fingerprint_parts(session: Session) -> dict[str, Any]:
 
 def load_runs(session: Session, limit: int = 3) -> list[dict[str, Any]]:
     """The newest runs, newest first, with their progress as a fraction and whether they stalled."""
-    runs = []
-    for row in session.execute(text(LOAD_RUNS_SQL), {"limit": limit}).mappings():
-        run = dict(row)
-        run["progress"] = run["sent"] / run["events"] if run["events"] else 0.0
-        run["active"] = run["state"] in ("starting", "running")
-        run["stalled"] = run["active"] and float(run["report_age"] or 0) > LOAD_STALE_SECONDS
-        runs.append(run)
-    return runs
+    return _runs(session, LOAD_RUNS_SQL, limit, done="sent", asked="events")
 
 
 def warmup_runs(session: Session, limit: int = 3) -> list[dict[str, Any]]:
     """The newest dedup warm-ups, newest first, with their progress and whether they stalled."""
+    return _runs(session, WARMUP_RUNS_SQL, limit, done="inserted", asked="keys")
+
+
+def _runs(session: Session, sql: str, limit: int, done: str, asked: str) -> list[dict[str, Any]]:
+    """A heavy job's newest rows: progress is ``done`` of ``asked``; active and not reporting for
+    LOAD_STALE_SECONDS is stalled."""
     runs = []
-    for row in session.execute(text(WARMUP_RUNS_SQL), {"limit": limit}).mappings():
+    for row in session.execute(text(sql), {"limit": limit}).mappings():
         run = dict(row)
-        run["progress"] = run["inserted"] / run["keys"] if run["keys"] else 0.0
+        run["progress"] = run[done] / run[asked] if run[asked] else 0.0
         run["active"] = run["state"] in ("starting", "running")
         run["stalled"] = run["active"] and float(run["report_age"] or 0) > LOAD_STALE_SECONDS
         runs.append(run)
