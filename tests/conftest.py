@@ -169,6 +169,24 @@ def serve_app(app_factory, lab_name):
         thread.join(timeout=10)
 
 
+_classes = itertools.count(1)
+
+
+@pytest.fixture
+def class_code() -> str:
+    """A class code unique to this test run (a test module may define its own)."""
+    return f"class-{os.getpid() % 10000}-{next(_classes)}"
+
+
+@pytest.fixture
+def class_url(serve_app, agent, app_factory, class_code):
+    """A server in classroom mode (a class code, no token: loopback), over real HTTP; every
+    attendee's lab dropped at the end."""
+    url = serve_app(LAB_CLASS_CODE=class_code)
+    yield url
+    support.drop_class_labs(app_factory(), class_code)
+
+
 @pytest.fixture
 def browser_page():
     """A Chromium page that records console errors; the test fails if any appear."""

@@ -164,6 +164,17 @@ def drop_lab(app, lab_name: str) -> None:
         command_channel.run(db.engine, lab_name, "lab.drop", {}, timeout=120)
 
 
+def drop_class_labs(app, class_code: str) -> None:
+    """Drop the lab of every attendee of a class a test made (topics, groups, schemas)."""
+    from webapp.store import classroom
+    from webapp.web.db import db
+    with app.app_context():
+        with db.engine.connect() as conn:
+            labs = [person.lab for person in classroom.attendees(conn, class_code)]
+    for lab in labs:
+        drop_lab(app, lab)
+
+
 def assert_every_anomaly_says_why(app) -> None:
     """Each anomaly an exercise left (in the lab's verdict and every lane's) carries a sentence a
     class can read aloud, naming the record it is about."""

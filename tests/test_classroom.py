@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import csv
 import io
-import itertools
 import json
-import os
 import re
 import threading
 
 import pytest
+
+import support
 from sqlalchemy import text
 
 from webapp.store import classroom, command_channel
@@ -27,12 +27,6 @@ from webapp.domain.waits import wait_until
 
 TOKEN = "instructor-token"
 EXERCISE = "01_naive_double_credit"
-_classes = itertools.count(1)
-
-
-@pytest.fixture
-def class_code() -> str:
-    return f"class-{os.getpid() % 10000}-{next(_classes)}"
 
 
 @pytest.fixture
@@ -41,11 +35,7 @@ def class_app(app_factory, agent, lab_name, class_code):
     app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=class_code, LAB_TOKEN=TOKEN)
     yield app
     # Every lab an attendee of this class opened is dropped again (topics, groups, schemas).
-    with app.app_context():
-        with db.engine.connect() as conn:
-            labs = [person.lab for person in classroom.attendees(conn, class_code)]
-        for lab in labs:
-            command_channel.run(db.engine, lab, "lab.drop", {}, timeout=120)
+    support.drop_class_labs(app, class_code)
 
 
 def join(app, name: str, code: str, rejoin: str | None = None):
@@ -187,11 +177,7 @@ def test_one_mistyping_attendee_behind_a_nat_locks_out_neither_the_class_nor_the
         assert board.status_code == 429 and int(board.headers["Retry-After"]) > 0
         assert app.test_client().post("/join", data={"name": "Bruno", "code": class_code}).status_code == 409
     finally:
-        with app.app_context():
-            with db.engine.connect() as conn:
-                labs = [person.lab for person in classroom.attendees(conn, class_code)]
-            for lab in labs:
-                command_channel.run(db.engine, lab, "lab.drop", {}, timeout=120)
+        support.drop_class_labs(app, class_code)
 
 # --- isolation -----------------------------------------------------------------------------------
 
@@ -327,11 +313,7 @@ def test_attendees_may_view_each_other_when_the_instructor_allows_it(app_factory
         assert f"/scenarios/runs/{run_id}" in ana.get("/scenarios/").get_data(as_text=True)
         assert ana.post(f"/scenarios/runs/{run_id}/next").status_code == 403
     finally:
-        with app.app_context():
-            with db.engine.connect() as conn:
-                labs = [person.lab for person in classroom.attendees(conn, class_code)]
-            for lab in labs:
-                command_channel.run(db.engine, lab, "lab.drop", {}, timeout=120)
+        support.drop_class_labs(app, class_code)
 
 
 # --- limits --------------------------------------------------------------------------------------

@@ -12,9 +12,9 @@ import threading
 
 import pytest
 
+import support
+
 from webapp.domain.waits import wait_until
-from webapp.store import classroom, command_channel
-from webapp.web.db import db
 from webapp.web.push import hub
 
 _classes = itertools.count(1)
@@ -27,11 +27,7 @@ def class_app(app_factory, agent, lab_name):
     app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=code, LAB_TOKEN="instructor-token")
     app.class_code = code
     yield app
-    with app.app_context():
-        with db.engine.connect() as conn:
-            labs = [person.lab for person in classroom.attendees(conn, code)]
-        for lab in labs:
-            command_channel.run(db.engine, lab, "lab.drop", {}, timeout=120)
+    support.drop_class_labs(app, code)
 
 
 def join(app, name: str):

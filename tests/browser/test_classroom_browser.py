@@ -3,34 +3,9 @@ browsers as far as the server can tell: separate cookies) join one class over re
 with the session's PostgreSQL, broker and lab agent."""
 from __future__ import annotations
 
-import itertools
-import os
-
 import pytest
 
-from webapp.store import classroom, command_channel
-from webapp.web.db import db
-
 pytestmark = pytest.mark.browser
-
-_classes = itertools.count(1)
-
-
-@pytest.fixture
-def class_code() -> str:
-    return f"secret-{os.getpid() % 10000}-{next(_classes)}"
-
-
-@pytest.fixture
-def class_url(serve_app, agent, app_factory, class_code):
-    """A server in classroom mode (a class code, no token: loopback), over real HTTP."""
-    url = serve_app(LAB_CLASS_CODE=class_code)
-    yield url
-    with app_factory().app_context():
-        with db.engine.connect() as conn:
-            labs = [person.lab for person in classroom.attendees(conn, class_code)]
-        for lab in labs:
-            command_channel.run(db.engine, lab, "lab.drop", {}, timeout=120)
 
 
 def submit_join(page, url: str, name: str, code: str, rejoin: str | None = None) -> None:

@@ -6,14 +6,10 @@ lab agent. Screenshots land in test-artifacts/.
 """
 from __future__ import annotations
 
-import itertools
-import os
 from pathlib import Path
 
 import pytest
 
-from webapp.store import classroom, command_channel
-from webapp.web.db import db
 from webapp.domain.vocabulary import CONSUMER_STATES
 
 pytestmark = pytest.mark.browser
@@ -23,7 +19,6 @@ SETTLE = 60_000  # ms: a consumer's first assignment, a crash, a rejoin
 EXERCISE = "01_naive_double_credit"
 ESSENTIAL = (".present-guide-slot", "#panel-partitions", "#panel-consumers", "#panel-verdict", "#panel-accounts",
              "#panel-timeline")
-_classes = itertools.count(1)
 
 # WCAG 2.x contrast of every piece of text inside ``root``: its colour against the background it
 # is painted on (the nearest backgrounds up the tree, composited over white). Large text (24 px,
@@ -87,24 +82,6 @@ RESTYLED_CONTRAST_JS = f"""
 def screenshot(page, name: str, full_page: bool = False) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=full_page)
-
-
-@pytest.fixture
-def class_code() -> str:
-    return f"present-{os.getpid() % 10000}-{next(_classes)}"
-
-
-@pytest.fixture
-def class_url(serve_app, agent, app_factory, class_code):
-    """A server in classroom mode (a class code, no token: loopback), over real HTTP."""
-    url = serve_app(LAB_CLASS_CODE=class_code)
-    yield url
-    app = app_factory()
-    with app.app_context():
-        with db.engine.connect() as conn:
-            labs = [person.lab for person in classroom.attendees(conn, class_code)]
-        for lab in labs:
-            command_channel.run(db.engine, lab, "lab.drop", {}, timeout=120)
 
 
 def join(page, url: str, name: str, code: str) -> None:
