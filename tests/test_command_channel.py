@@ -128,3 +128,19 @@ def test_the_listening_connection_closes_once_no_waiter_is_left(engine, monkeypa
         assert command_channel.wait_for(engine, command_id, timeout=30) == {"round": round_}
         wait_until(lambda: not listener.running and listening_connections() == 0, timeout=10, interval=0.05,
                    message="the listening thread kept its connection with no waiter left")
+
+
+def test_a_command_whose_lab_is_reset_as_it_ends_still_reaches_its_waiter(engine, monkeypatch):
+    # A guided step's click is answered at once and its thread then resets the very lab the command
+    # named: the reset must leave a command that just ended for the waiter still to read.
+    from webapp.domain.lab import Lab
+    from webapp.store.labs import drop_database_state
+
+    monkeypatch.setattr(command_channel, "WAKE_EVERY", 60.0)
+    command_id = command_channel.enqueue(engine, "t_channel", "scenario.step", {"run_id": 1})
+
+    def finish_then_reset(conn, i):
+        command_rows.finish(conn, i, {"handed_over": True})
+        drop_database_state(conn, Lab("t_channel"))
+    finish_later(engine, command_id, finish_then_reset)
+    assert command_channel.wait_for(engine, command_id, timeout=30) == {"handed_over": True}

@@ -67,7 +67,7 @@ def test_publish_from_the_form_and_see_the_cell_appear(dashboard_url, browser_pa
     expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
     publish(page, "acc-3", "25.00")
     cell = page.locator('#panel-partitions .strip .cell[data-outcome="pending"]')
-    expect(cell).to_have_count(1, timeout=5_000)
+    expect(cell).to_have_count(1, timeout=15_000)
     expect(page.locator('#panel-accounts tr[data-account="acc-3"] [data-expected]')).to_have_text("25.00")
     expect(page.locator('#panel-verdict [data-verdict="not_yet_applied"]')).to_have_text("1")
     # Clicking the cell opens every delivery of it: none yet, one journal row.
