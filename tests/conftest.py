@@ -9,18 +9,13 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
-import threading
 
 import pytest
-from werkzeug.serving import make_server
 
 import support
 from support import LabDriver, Services, drop_lab, stop_process
 from webapp import create_app
-from webapp.settings import DEFAULTS
 from webapp.dev.stack import Stack
-from webapp.store.labs import Lab
-from webapp.domain.waits import free_port
 
 
 @pytest.fixture(scope="session")
@@ -58,17 +53,18 @@ def lab_name(services) -> str:
     return f"t{os.getpid() % 10000}_{next(_lab_numbers)}"
 
 
-@pytest.fixture
-def app_factory(services, tmp_path):
-    """Build apps with test settings over the session's services; their pools closed at the end."""
-    apps = []
+class AppFactory:
+    """Builds apps with test settings over the session's services and closes their pools at the end."""
 
-    def make(**overrides):
+    def __init__(self, services, data_dir):
+        self.services, self.data_dir, self.apps = services, data_dir, []
+
+    def __call__(self, **overrides):
         app = create_app({
             "TESTING": True,
-            "DATABASE_URL": services.database_url,
-            "KAFKA_BOOTSTRAP_SERVERS": services.bootstrap_servers,
-            "LAB_DATA_DIR": str(tmp_path / "data"),
+            "DATABASE_URL": self.services.database_url,
+            "KAFKA_BOOTSTRAP_SERVERS": self.services.bootstrap_servers,
+            "LAB_DATA_DIR": str(self.data_dir / "data"),
             "SECRET_KEY": "test",
             "WTF_CSRF_ENABLED": False,
             # The shared broker keeps every record in memory: loads and synthetic keys stay small here.
@@ -83,15 +79,32 @@ def app_factory(services, tmp_path):
             "LAB_MAX_LABS": 0,
             **overrides,
         })
-        apps.append(app)
+        self.apps.append(app)
         return app
-    yield make
-    from webapp.web.db import db
-    from webapp.web.push import stop_hub
-    for app in apps:
-        stop_hub(app)  # its LISTEN connection and threads, if a stream started them
-        with app.app_context():
-            db.engine.dispose()
+
+    def close(self) -> None:
+        from webapp.web.db import db
+        from webapp.web.push import stop_hub
+        for app in self.apps:
+            stop_hub(app)  # its LISTEN connection and threads, if a stream started them
+            with app.app_context():
+                db.engine.dispose()
+
+
+@pytest.fixture
+def app_factory(services, tmp_path):
+    """Build apps with test settings over the session's services; their pools closed at the end."""
+    factory = AppFactory(services, tmp_path)
+    yield factory
+    factory.close()
+
+
+@pytest.fixture(scope="module")
+def module_app_factory(services, tmp_path_factory):
+    """app_factory for a module's fixtures that one set-up serves every test of (an app, a class)."""
+    factory = AppFactory(services, tmp_path_factory.mktemp("module-apps"))
+    yield factory
+    factory.close()
 
 
 @pytest.fixture
@@ -112,19 +125,10 @@ def runner(app):
 @pytest.fixture
 def lab(app, client, agent, lab_name) -> LabDriver:
     """A fresh lab (schema, topics, seed accounts, default group) and a driver for it."""
-    from webapp.store import command_channel
-    from webapp.web.db import db
-    with app.app_context():
-        command_channel.run(db.engine, lab_name, "lab.ensure", {"partitions": 3}, timeout=60)
-    driver = LabDriver(client, Lab(lab_name))
+    driver = support.open_lab(app, lab_name, client)
     yield driver
-    # SIGKILL, not a graceful stop: the test is over, and a consumer it left waiting (commits
-    # blocked, a lock, a step) would take the whole stop timeout to give up (15 s each).
-    for consumer in driver.state()["consumers"]:
-        if consumer["state"] in ("starting", "running", "frozen", "stepping"):
-            client.post(f"/api/v1/consumers/{consumer['id']}/kill", json={})
+    support.kill_consumers(driver)
     drop_lab(app, lab_name)
-
 
 
 @pytest.fixture(scope="session")
@@ -149,24 +153,14 @@ EXPECTED_NETWORK_LOG = "Failed to load resource: the server responded with a sta
 @pytest.fixture
 def serve_app(app_factory, lab_name):
     """Serve an app of this test's lab, with CSRF on, from a werkzeug thread; return its URL."""
-    servers = []
+    servers = support.Servers()
 
     def serve(**overrides) -> str:
-        app = app_factory(**{"LAB_NAME": lab_name, "WTF_CSRF_ENABLED": True, "TESTING": False,
-                             "LIVE_CACHE_SECONDS": DEFAULTS["LIVE_CACHE_SECONDS"],
-                             "LIVE_STALE_AFTER_SECONDS": DEFAULTS["LIVE_STALE_AFTER_SECONDS"], **overrides})
-        port = free_port()
-        server = make_server("127.0.0.1", port, app, threaded=True)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        servers.append((server, thread))
+        app = app_factory(**support.served_settings(lab_name, **overrides))
         serve.app = app  # the last app served, for a test that reaches into it (its streams, say)
-        return f"http://127.0.0.1:{port}"
+        return servers.serve(app)
     yield serve
-    for server, thread in servers:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    servers.close()
 
 
 _classes = itertools.count(1)
@@ -187,23 +181,34 @@ def class_url(serve_app, agent, app_factory, class_code):
     support.drop_class_labs(app_factory(), class_code)
 
 
-@pytest.fixture
-def browser_page():
-    """A Chromium page that records console errors; the test fails if any appear."""
+@pytest.fixture(scope="session")
+def chromium():
+    """One headless Chromium per test worker (a launch costs about a second of CPU); each test has
+    a context of its own (cookies, storage, pages), closed at its end."""
     from playwright.sync_api import sync_playwright
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS, headless=True)
         try:
-            context = browser.new_context(viewport={"width": 1920, "height": 1080})
-            page = context.new_page()
-            page.console_errors = []
-            page.on("console", lambda message: page.console_errors.append(message.text)
-                    if message.type == "error" and not message.text.startswith(EXPECTED_NETWORK_LOG) else None)
-            page.on("pageerror", lambda error: page.console_errors.append(str(error)))
-            # Name the URL of every failed request: Chromium's console line does not.
-            page.on("response", lambda response: page.console_errors.append(f"{response.status} {response.url}")
-                    if response.status >= 400 and response.status != 422 else None)
-            yield page
-            assert page.console_errors == [], f"console errors: {page.console_errors}"
+            yield browser
         finally:
             browser.close()
+
+
+@pytest.fixture
+def browser_page(chromium):
+    """A Chromium page, in a fresh context, that records console errors; the test fails if any appear."""
+    context = chromium.new_context(viewport={"width": 1920, "height": 1080})
+    try:
+        page = context.new_page()
+        page.console_errors = []
+        page.on("console", lambda message: page.console_errors.append(message.text)
+                if message.type == "error" and not message.text.startswith(EXPECTED_NETWORK_LOG) else None)
+        page.on("pageerror", lambda error: page.console_errors.append(str(error)))
+        # Name the URL of every failed request: Chromium's console line does not.
+        page.on("response", lambda response: page.console_errors.append(f"{response.status} {response.url}")
+                if response.status >= 400 and response.status != 422 else None)
+        yield page
+        assert page.console_errors == [], f"console errors: {page.console_errors}"
+    finally:
+        for opened in chromium.contexts:  # this one, and any other the test opened (a second browser)
+            opened.close()

@@ -3,18 +3,21 @@ JSON API, and the process helpers. Fixtures live in conftest.py; tests import he
 from __future__ import annotations
 
 import re
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from sqlalchemy import text
+from werkzeug.serving import make_server
 
 from webapp.dev.embedded import EmbeddedBroker, stop_process  # noqa: F401  (tests import it from here)
 # The stack's bring-up and its helpers live in webapp/dev/stack.py (the launcher and the benches
 # share them); tests import them from here. Services: what the `services` fixture yields.
 from webapp.dev.stack import Stack, service_env, start_logged, wait_for_agent  # noqa: F401
 from webapp.store.labs import Lab
-from webapp.domain.waits import wait_until
+from webapp.domain.waits import free_port, wait_until
+from webapp.settings import DEFAULTS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -155,6 +158,52 @@ def run_guided(app, exercise: Path, after_prepare: Callable[[], None] | None = N
     return run
 
 
+def open_lab(app, lab_name: str, client=None) -> LabDriver:
+    """A fresh lab (schema, topics, seed accounts, default group), made by the agent, and a driver for it."""
+    from webapp.store import command_channel
+    from webapp.web.db import db
+    with app.app_context():
+        command_channel.run(db.engine, lab_name, "lab.ensure", {"partitions": 3}, timeout=60)
+    return LabDriver(client or app.test_client(), Lab(lab_name))
+
+
+def kill_consumers(driver: LabDriver) -> None:
+    """SIGKILL, not a graceful stop: the test is over, and a consumer it left waiting (commits
+    blocked, a lock, a step) would take the whole stop timeout to give up (15 s each)."""
+    for consumer in driver.state()["consumers"]:
+        if consumer["state"] in ("starting", "running", "frozen", "stepping"):
+            driver.client.post(f"/api/v1/consumers/{consumer['id']}/kill", json={})
+
+
+class Servers:
+    """Apps served from werkzeug threads over real HTTP; every one shut down by :meth:`close`."""
+
+    def __init__(self):
+        self.running = []
+
+    def serve(self, app) -> str:
+        port = free_port()
+        server = make_server("127.0.0.1", port, app, threaded=True)
+        # A short poll: shutdown() waits for the loop's next look (0.5 s by default, at every test's end).
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread.start()
+        self.running.append((server, thread))
+        return f"http://127.0.0.1:{port}"
+
+    def close(self) -> None:
+        for server, thread in self.running:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=10)
+
+
+def served_settings(lab_name: str, **overrides) -> dict:
+    """An app as a viewer's browser meets it: CSRF on, the live panels' default caching."""
+    return {"LAB_NAME": lab_name, "WTF_CSRF_ENABLED": True, "TESTING": False,
+            "LIVE_CACHE_SECONDS": DEFAULTS["LIVE_CACHE_SECONDS"],
+            "LIVE_STALE_AFTER_SECONDS": DEFAULTS["LIVE_STALE_AFTER_SECONDS"], **overrides}
+
+
 def drop_lab(app, lab_name: str) -> None:
     """Drop a lab a test made (topics, groups, schemas): the agent's log reader, summary folder and
     housekeeping walk every lab there is, so a lab left behind costs every later test CPU."""
@@ -217,7 +266,6 @@ def in_process_fault_proxy(base: Path, observer: Callable | None = None) -> Iter
     """A Tansu broker advertising a FaultProxy that runs on an event loop in a thread of this
     process; yields (proxy, its Faults, the address clients bootstrap from)."""
     import asyncio
-    import threading
 
     from webapp.dev.embedded import LOOPBACK
     from webapp.faultproxy.faults import Faults

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 import threading
 
@@ -260,10 +261,23 @@ def lab_control_rows(app, lab: str) -> dict:
                                                "ORDER BY id"), {"lab": lab}).all()}
 
 
+@pytest.fixture(scope="module")
+def two_attendees(module_app_factory, agent):
+    """One class for every route the refusal is tried on (each try changes nothing, which is what
+    the test checks): (app, Ana's client, Bruno's client, Bruno's lab)."""
+    code = f"class-{os.getpid() % 10000}-routes"
+    app = module_app_factory(LAB_CLASS_CODE=code, LAB_TOKEN=TOKEN)
+    try:
+        ana, _ = join(app, "Ana", code)
+        bruno, bruno_lab = join(app, "Bruno", code)
+        yield app, ana, bruno, bruno_lab
+    finally:
+        support.drop_class_labs(app, code)
+
+
 @pytest.mark.parametrize("op", CHANGES, ids=lambda op: op.name)
-def test_naming_another_attendees_lab_in_a_change_is_refused_whatever_the_route(class_app, class_code, op):
-    ana, ana_lab = join(class_app, "Ana", class_code)
-    bruno, bruno_lab = join(class_app, "Bruno", class_code)
+def test_naming_another_attendees_lab_in_a_change_is_refused_whatever_the_route(two_attendees, op):
+    class_app, ana, bruno, bruno_lab = two_attendees
     before_rows, before_state = lab_control_rows(class_app, bruno_lab), bruno.get("/api/v1/state").get_json()
     refused = ana.post(f"{api_path(op)}?lab={bruno_lab}", json={})
     assert refused.status_code == 403, (op.name, refused.status_code, refused.get_data(as_text=True)[:300])

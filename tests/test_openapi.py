@@ -1,5 +1,7 @@
 """The OpenAPI document comes from the registry, and the live API keeps its word: schemathesis
 generates requests for every operation from the document and checks each answer against it."""
+import os
+
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
@@ -7,6 +9,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
 
+import support
 from webapp import ops
 from webapp.web.openapi import openapi_document
 
@@ -48,10 +51,27 @@ def test_an_amount_too_large_for_a_float_is_a_clear_400(lab):
     assert response.get_json()["field"] == "amount"
 
 
+@pytest.fixture(scope="module")
+def live_lab(module_app_factory, agent):
+    """One lab and its app over real HTTP (a werkzeug server), with the lab's real agent behind it,
+    for every operation: (the lab's driver, the API's URL)."""
+    name = f"t{os.getpid() % 10000}_openapi"
+    app = module_app_factory(**support.served_settings(name))
+    servers = support.Servers()
+    driver = support.open_lab(app, name)
+    try:
+        yield driver, servers.serve(app) + "/api/v1"
+    finally:
+        servers.close()
+        support.drop_lab(app, name)
+
+
 @pytest.fixture
-def live_api(lab, serve_app) -> str:
-    """The lab's app over real HTTP (a werkzeug server), with the lab's real agent behind it."""
-    return serve_app() + "/api/v1"
+def live_api(live_lab) -> str:
+    """The live API's URL; the consumers an operation's examples started are killed after it."""
+    driver, url = live_lab
+    yield url
+    support.kill_consumers(driver)
 
 
 # The document is the registry's, so it is loaded once here; every request goes to the live app.
