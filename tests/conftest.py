@@ -181,10 +181,12 @@ def class_url(serve_app, agent, app_factory, class_code):
     support.drop_class_labs(app_factory(), class_code)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium():
-    """One headless Chromium per test worker (a launch costs about a second of CPU); each test has
-    a context of its own (cookies, storage, pages), closed at its end."""
+    """One headless Chromium per browser test module (a launch costs about a second of CPU); each
+    test has a context of its own (cookies, storage, pages), closed at its end. Not per session:
+    Playwright's sync API leaves its event loop marked as running in the thread while it is up, and
+    the tests that run an event loop of their own (test_faultproxy) would meet it."""
     from playwright.sync_api import sync_playwright
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS, headless=True)
