@@ -10,17 +10,15 @@ import threading
 import uuid
 
 import pytest
-from sqlalchemy import create_engine, inspect, select
+from sqlalchemy import create_engine, insert, inspect, select, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from webapp.store import migrations
 from webapp.store.connection import CONTROL_SCHEMA, sqlalchemy_url
-from webapp.web.db import db
 from webapp.store.labs import Lab, create_database_state, ensure_control_schema, ensure_schema
 from webapp.store.migrations.check import build_baseline, differences
-from webapp.store.tables import Account, Command, Consumer, control_tables, lab_tables
+from webapp.store.tables import accounts, commands, consumers, control_tables, lab_tables
 
 OLD_LAB = "lab_old"
 OLD_LANE = "lab_old__fast"
@@ -125,31 +123,32 @@ def test_a_database_of_the_previous_release_upgrades_in_place_and_works(database
                     assert nulls == 0, f"{key}.{column.name}: old rows lack the default"
     engine.dispose()
 
-    # The models read and write the upgraded tables: the control schema...
+    # The store's tables read and write the upgraded tables: the control schema...
     control = engine_for(database)
-    with Session(control) as session, session.begin():
-        session.add(Consumer(lab="old", name="c2", group_id="old.payments", agent_id="h:1"))
-        session.add(Command(lab="old", verb="consumer.start", args={"name": "c2"}))
-    with Session(control) as session:
-        consumers = session.scalars(select(Consumer).order_by(Consumer.id)).all()
-        assert [(c.name, c.state, c.assigned) for c in consumers] == [("c1", "gone", []), ("c2", "starting", [])]
-        assert session.scalars(select(Command.status).order_by(Command.id)).all() == ["done", "pending"]
+    with control.begin() as conn:
+        conn.execute(insert(consumers).values(lab="old", name="c2", group_id="old.payments", agent_id="h:1"))
+        conn.execute(insert(commands).values(lab="old", verb="consumer.start", args={"name": "c2"}))
+    with control.connect() as conn:
+        rows = conn.execute(select(consumers.c.name, consumers.c.state, consumers.c.assigned)
+                            .order_by(consumers.c.id)).all()
+        assert [tuple(row) for row in rows] == [("c1", "gone", []), ("c2", "starting", [])]
+        assert conn.execute(select(commands.c.status).order_by(commands.c.id)).scalars().all() == ["done", "pending"]
     control.dispose()
     # ...and a lab schema.
     lab = engine_for(database, OLD_LAB)
-    with Session(lab) as session, session.begin():
-        account = session.get(Account, "acc-1")
-        account.balance += 250
-        account.status = "FROZEN"
-    with Session(lab) as session:
-        account = session.get(Account, "acc-1")
-        assert (account.owner, account.balance, account.status) == ("Ana", 1750, "FROZEN")
+    with lab.begin() as conn:
+        conn.execute(update(accounts).where(accounts.c.id == "acc-1")
+                     .values(balance=accounts.c.balance + 250, status="FROZEN"))
+    with lab.connect() as conn:
+        row = conn.execute(select(accounts.c.owner, accounts.c.balance, accounts.c.status)
+                           .where(accounts.c.id == "acc-1")).one()
+        assert tuple(row) == ("Ana", 1750, "FROZEN")
     lab.dispose()
-    # Every model selects every column it maps from the upgraded tables.
-    for mapper in db.Model.registry.mappers:
-        engine = engine_for(database, None if mapper.local_table.schema else OLD_LAB)
-        with Session(engine) as session:
-            session.scalars(select(mapper.class_).limit(1)).all()
+    # Every table selects every column it declares from the upgraded tables.
+    for table in control_tables() + lab_tables():
+        engine = engine_for(database, None if table.schema else OLD_LAB)
+        with engine.connect() as conn:
+            conn.execute(select(table).limit(1)).all()
         engine.dispose()
 
     # A lab created now, after the upgrade, is at head too and takes its seed.

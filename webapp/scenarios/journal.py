@@ -31,14 +31,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from .. import ops
 from ..domain.lab import Lab
 from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY
-from ..store.tables import SessionOperation
+from ..store.tables import session_log
 from ..store.schema import begin_in
 from .conditions import VERDICT_FIELDS
 from .observe import Snapshot, observe
 
 log = logging.getLogger("idempotency_lab.journal")
 
-LOG = SessionOperation.__table__
+LOG = session_log
 # Verdict fields that only grow as consumers work, and the one that only shrinks: a replay that
 # runs faster than the recording may be past the recorded value, never short of it.
 GROWING = ("duplicates_applied", "transactions_applied_twice", "effects_lost", "source_duplicates_absorbed",

@@ -13,9 +13,8 @@ from sqlalchemy import Connection, delete, func, literal, select
 from sqlalchemy.dialects.postgresql import insert
 
 from ..domain.vocabulary import AGENT_FRESH_SECONDS
-from .tables import Agent
+from .tables import agents as T
 
-T = Agent.__table__
 
 
 def _ago(seconds: float):

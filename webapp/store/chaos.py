@@ -5,9 +5,8 @@ from typing import Any
 
 from sqlalchemy import Connection, func, insert, select, update
 
-from .tables import ChaosSession
+from .tables import chaos_sessions as sessions
 
-sessions = ChaosSession.__table__
 
 RUNNING = "running"
 STOPPING = "stopping"

@@ -12,10 +12,8 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, literal, or_, select, update
 
-from .tables import Agent, Command
+from .tables import agents as AGENTS, commands as T
 
-T = Command.__table__
-AGENTS = Agent.__table__
 CHANNEL = "lab_commands"
 # NOTIFYed with a command's id when it is done or failed, on commit: whoever waits for it wakes then.
 DONE_CHANNEL = "lab_command_done"

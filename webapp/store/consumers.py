@@ -12,9 +12,8 @@ from typing import Any
 from sqlalchemy import Connection, func, select, update
 
 from ..domain.vocabulary import LIVE_STATES as _LIVE, ConsumerState
-from .tables import Consumer
+from .tables import consumers
 
-consumers = Consumer.__table__
 
 
 def find(conn: Connection, lab: str, consumer_id: int) -> dict[str, Any] | None:

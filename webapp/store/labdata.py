@@ -9,10 +9,8 @@ from sqlalchemy import Connection, select, update
 from sqlalchemy.dialects.postgresql import insert
 
 from . import timeline
-from .tables import ConsumerGroup, Setting
+from .tables import consumer_groups as groups_table, settings as settings_table
 
-settings_table = Setting.__table__
-groups_table = ConsumerGroup.__table__
 
 
 def settings(conn: Connection, prefix: str = "") -> dict[str, Any]:

@@ -14,9 +14,8 @@ from sqlalchemy.dialects.postgresql import insert
 
 from ..domain.lab import Lab
 from .schema import quoted
-from .tables import OutsideRole
+from .tables import outside_roles as roles_table
 
-roles_table = OutsideRole.__table__
 PASSWORD_BYTES = 16  # 32 hex characters
 
 

@@ -40,7 +40,7 @@ Execute = Callable[..., Any]
 
 LAYOUT_SQL = "SELECT relkind FROM pg_class WHERE oid = to_regclass('processed_events')"
 
-# The models' plain table (models.ProcessedEvent), with the names SQLAlchemy gives it.
+# The store's plain table (tables.processed_events), with the names SQLAlchemy gives it.
 PLAIN_DDL = (
     "CREATE TABLE processed_events (\n"
     "    event_id UUID NOT NULL,\n"

@@ -2,7 +2,7 @@
 MetaData, hands out the engine and sessions inside Flask; a session can work in a lab's schema.
 
 Every lab lives in its own PostgreSQL schema. A session sets ``search_path`` at the start of
-each transaction, so the ORM, raw SQL and the strategies' SQL all name plain tables
+each transaction, so the store's statements, raw SQL and the strategies' SQL all name plain tables
 (``accounts``, ``processed_events``) and land in the lab they work in.
 """
 from __future__ import annotations

@@ -3,19 +3,19 @@
 The control tables live in ``lab_control`` (with Alembic's version table). Lab tables exist once
 per lab schema (``lab_<name>``) and per lane schema (``lab_<name>__<lane>``); those schemas come
 and go while the lab runs, so a revision that changes lab tables applies its DDL to every lab
-schema that exists (:func:`for_each_lab_schema`), and a new lab schema is created from the models,
+schema that exists (:func:`for_each_lab_schema`), and a new lab schema is created from the store's tables,
 at the current head (:func:`create_lab_schema`).
 
 :func:`upgrade` runs on start (launcher, ``flask lab init`` and the agent through
 ``labs.ensure_control_schema``), never on a web request:
 
-- a fresh database: the control tables from the models, stamped at head;
+- a fresh database: the control tables from the store's tables, stamped at head;
 - a database of the release before migrations (control tables, no version table): stamped at
   the baseline, then upgraded;
 - otherwise: upgraded to head (nothing to do when it is there already).
 
 Changing a model: add a revision under ``versions/``; ``python -m webapp.store.migrations.check
-DATABASE_URL`` prints the DDL the models have and a migrated database lacks, and
+DATABASE_URL`` prints the DDL the tables have and a migrated database lacks, and
 ``tests/test_migrations.py`` fails while any difference remains.
 """
 from __future__ import annotations
@@ -137,7 +137,7 @@ def _create_control_schema(conn: Connection) -> None:
 
 
 def create_lab_schema(conn: Connection, schema: str) -> bool:
-    """Create ``schema`` with every lab table of the models (the head), if missing.
+    """Create ``schema`` with every lab table of the store (the head), if missing.
 
     True when the schema was created. Leaves the transaction's search_path on ``schema``.
     """

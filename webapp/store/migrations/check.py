@@ -1,12 +1,12 @@
-"""Compare a migrated database with the models, and draft the next revision.
+"""Compare a migrated database with the store's tables (webapp/store/tables.py), and draft the next revision.
 
 ``differences`` is what ``tests/test_migrations.py`` asserts empty: after ``upgrade head`` from
-the baseline, every table of ``lab_control`` and of a lab schema has the models' columns (type,
+the baseline, every table of ``lab_control`` and of a lab schema has the tables' columns (type,
 nullability, whether it has a default), indexes and unique constraints, and no others.
 
 ``python -m webapp.store.migrations.check DATABASE_URL`` builds a database of the baseline (one lab
 schema with a row) in a scratch database on that server, upgrades it to head, and prints the
-statements a new revision needs for what the models have and it lacks (``IF NOT EXISTS`` where
+statements a new revision needs for what the tables have and it lacks (``IF NOT EXISTS`` where
 PostgreSQL has it); what cannot be drafted (a changed type, a dropped column) is printed as a
 comment to write by hand. Paste the lists into a new file under ``versions/`` made from
 ``script.py.mako`` (``down_revision`` = the current head), then run the test.
@@ -79,7 +79,7 @@ def _model_index_shape(index: Index) -> tuple:
 
 
 def differences(conn: Connection, schema: str, tables: list[Table]) -> list[tuple[str, str, str]]:
-    """What ``schema`` lacks or has more than ``tables`` (the models' lab or control tables):
+    """What ``schema`` lacks or has more than ``tables`` (the store's lab or control tables):
     (kind, table, detail) tuples, empty when they agree."""
     inspector = inspect(conn)
     found = set(inspector.get_table_names(schema=schema)) - {VERSION_TABLE}
@@ -169,7 +169,7 @@ def _format(name: str, statements: list[str]) -> str:
 
 
 def migrated_differences(url: str) -> tuple[list, list]:
-    """(control, lab) differences of a baseline database upgraded to head from the models, in a
+    """(control, lab) differences of a baseline database upgraded to head from the tables, in a
     scratch database on the server of ``url``."""
     from ..tables import control_tables, lab_tables
 
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     control, lab = migrated_differences(args[0])
     if not control and not lab:
-        print("# the migrations reach the models: no revision needed")
+        print("# the migrations reach the tables: no revision needed")
         return 0
     print(_format("CONTROL", draft(control, control_tables())))
     print(_format("LAB", draft(lab, lab_tables())))
