@@ -15,7 +15,7 @@ from sqlalchemy import Engine, text
 from ..store import classroom, outside
 from ..kafka.admin import ADMIN_TIMEOUT, delete_topics
 from ..domain.lab import Lab
-from ..store.labs import drop_database_state, lab_schemas
+from ..store.labs import drop_database_state, lab_schemas, retrying_deadlocks
 
 
 def lab_topics(admin: AdminClient, lab: Lab) -> list[str]:
@@ -62,9 +62,12 @@ def drop(engine: Engine, admin: AdminClient, lab: Lab) -> dict[str, Any]:
     groups = lab_group_ids(engine, lab)
     topics = delete_topics(admin, lab_topics(admin, lab))
     deleted, failed = delete_groups(admin, groups)
-    with engine.begin() as conn:
+
+    def drop_state(conn) -> list[str]:
         schemas = lab_schemas(conn, lab)
         drop_database_state(conn, lab)
         outside.forget_passwords(conn, lab)
         classroom.forget_labs(conn, [lab.name])
+        return schemas
+    schemas = retrying_deadlocks(engine, drop_state)
     return {"lab": lab.name, "topics": topics, "schemas": schemas, "groups": deleted, "groups_kept": failed}

@@ -19,7 +19,7 @@ from ..kafka.admin import ADMIN_TIMEOUT, admin_client, delete_topics, ensure_top
 from ..store import timeline
 from ..store.connection import sqlalchemy_url
 from ..domain.lab import Lab
-from ..store.labs import create_database_state, drop_database_state, ensure_control_schema
+from ..store.labs import create_database_state, drop_database_state, ensure_control_schema, retrying_deadlocks
 from ..store.schema import begin_in
 from ..domain.waits import wait_until
 
@@ -74,8 +74,7 @@ def ensure(engine: Engine, admin: AdminClient, lab: Lab, partitions: int) -> dic
 def recreate(engine: Engine, admin: AdminClient, lab: Lab, partitions: int) -> dict[str, Any]:
     """Delete the lab's topics and database state, then create them fresh (consumers already stopped)."""
     delete_topics(admin, [lab.topic, lab.dlq_topic])
-    with engine.begin() as conn:
-        drop_database_state(conn, lab)
+    retrying_deadlocks(engine, lambda conn: drop_database_state(conn, lab))
     # Deleting a topic completes asynchronously on some brokers: retry creation until it sticks.
     wait_until(lambda: _recreated_topics(admin, lab, partitions), timeout=20, interval=0.2,
                message=f"could not recreate {lab.topic}")

@@ -5,13 +5,23 @@ schema or a topic: everything takes the Lab it works in.
 """
 from __future__ import annotations
 
-from sqlalchemy import Connection, text
+import logging
+from typing import Callable, TypeVar
+
+import psycopg
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError
 
 from .connection import CONTROL_SCHEMA
 from ..domain.lab import Lab
 from .migrations import create_lab_schema, upgrade_connection
 from . import faultproxies, outside
 from .schema import enter
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+DROP_ATTEMPTS = 5
 
 SEED_ACCOUNTS = [
     ("acc-1", "Ana"), ("acc-2", "Bruno"), ("acc-3", "Carla"), ("acc-4", "Diego"), ("acc-5", "Elisa"),
@@ -46,6 +56,24 @@ def lab_schemas(conn: Connection, lab: Lab) -> list[str]:
                              "WHERE schema_name = :s OR schema_name LIKE :lanes"),
                         {"s": lab.schema, "lanes": f"{lab.schema}\\_\\_%"}).scalars()
     return sorted(rows)
+
+
+def retrying_deadlocks(engine: Engine, work: Callable[[Connection], T], attempts: int = DROP_ATTEMPTS) -> T:
+    """``work`` in a transaction of its own, run again when PostgreSQL aborts it to break a deadlock.
+
+    A DROP SCHEMA ... CASCADE locks the lab's tables one by one; a reader of the same lab (a panel,
+    the summaries' fold, a pushed look) holding one of them while it waits for another the drop
+    already holds makes a cycle, and PostgreSQL rolls one side back. When that side is the drop,
+    nothing of it happened: it is run again once the reader is through."""
+    for attempt in range(1, attempts + 1):
+        try:
+            with engine.begin() as conn:
+                return work(conn)
+        except DBAPIError as error:
+            if not isinstance(error.orig, psycopg.errors.DeadlockDetected) or attempt == attempts:
+                raise
+            log.warning("deadlock with a reader of the lab (attempt %d of %d): running it again", attempt, attempts)
+    raise AssertionError("unreachable")
 
 
 def drop_database_state(conn: Connection, lab: Lab) -> None:
