@@ -96,6 +96,7 @@ class Hub:
         self.started = False
         self.listening = False
         self.pushes = 0  # events put on queues, for the bench and tests
+        self.threads: list[threading.Thread] = []  # this run's listener and pusher
         # How long each panel took to load and render last time: a look renders the quick ones first,
         # so that a slow panel (the verdict at scale) holds up no other.
         self.render_seconds: dict[str, float] = {}
@@ -151,8 +152,12 @@ class Hub:
         if self.started:
             return
         self.started, self.stopped = True, threading.Event()
-        threading.Thread(target=self._listen, args=(self.stopped,), name="lab-change-listener", daemon=True).start()
-        threading.Thread(target=self._push, args=(self.stopped,), name="lab-change-pusher", daemon=True).start()
+        self.threads = [threading.Thread(target=self._listen, args=(self.stopped,), name="lab-change-listener",
+                                         daemon=True),
+                        threading.Thread(target=self._push, args=(self.stopped,), name="lab-change-pusher",
+                                         daemon=True)]
+        for thread in self.threads:
+            thread.start()
 
     def _listen(self, stopped: threading.Event) -> None:
         backoff = 0.5
@@ -247,8 +252,10 @@ def hub(app: Flask | None = None) -> Hub:
 _hubs_lock = threading.Lock()
 
 
-def stop_hub(app: Flask) -> None:
-    """End every stream of ``app`` and stop its listener and pusher (a test's app, at its end)."""
+def stop_hub(app: Flask, timeout: float = 10.0) -> None:
+    """End every stream of ``app``, stop its listener and pusher and wait (up to ``timeout``) until
+    they are through: a look still rendering holds a connection of the app's pool, which its
+    caller is about to dispose of (a test's app, at its end)."""
     the_hub = app.extensions.get(EXTENSION)
     if the_hub is None:
         return
@@ -256,8 +263,12 @@ def stop_hub(app: Flask) -> None:
         viewers = [viewer for feed in the_hub.feeds.values() for viewer in feed.viewers]
         the_hub.started = False
         the_hub.stopped.set()
+        threads = list(the_hub.threads)
     for viewer in viewers:
         viewer.offer(CLOSE)
+    for thread in threads:
+        if thread is not threading.current_thread():
+            thread.join(timeout)
 
 
 @bp.get("/stream")
