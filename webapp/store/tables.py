@@ -317,6 +317,18 @@ settings = Table(
 )
 
 
+def heavy_run_progress() -> list[Column]:
+    """What a load and a dedup warm-up both report as they run (webapp/agent/heavy.py): the rate
+    over the last report, the lab's request to stop, the error, and when it started, last
+    reported and finished."""
+    return [Column("rate", Double(), default=0, server_default="0", nullable=False),
+            Column("cancel_requested", Boolean(), default=False, server_default="false", nullable=False),
+            Column("error", Text),
+            Column("started_at", DateTime(), server_default=func.now(), nullable=False),
+            Column("updated_at", DateTime(), server_default=func.now(), nullable=False),
+            Column("finished_at", DateTime())]
+
+
 # One run of the load generator (webapp/load.py): what was asked, and its progress as the
 # agent's producer thread reports it. ``cancel_requested`` is the lab's request to stop.
 load_runs = Table(
@@ -333,12 +345,7 @@ load_runs = Table(
     Column("resends", BigInteger, default=0, server_default="0", nullable=False),
     Column("source_duplicates", BigInteger, default=0, server_default="0", nullable=False),
     Column("failed", BigInteger, default=0, server_default="0", nullable=False),
-    Column("rate", Double(), default=0, server_default="0", nullable=False),  # records/s over the last report
-    Column("cancel_requested", Boolean(), default=False, server_default="false", nullable=False),
-    Column("error", Text),
-    Column("started_at", DateTime(), server_default=func.now(), nullable=False),
-    Column("updated_at", DateTime(), server_default=func.now(), nullable=False),
-    Column("finished_at", DateTime()),
+    *heavy_run_progress(),  # rate: records/s over the last report
 )
 
 
@@ -352,12 +359,7 @@ warmup_runs = Table(
     Column("days", Integer, nullable=False),
     Column("state", String(16), default="starting", server_default="starting", nullable=False),
     Column("inserted", BigInteger, default=0, server_default="0", nullable=False),
-    Column("rate", Double(), default=0, server_default="0", nullable=False),  # keys/s over the last report
-    Column("cancel_requested", Boolean(), default=False, server_default="false", nullable=False),
-    Column("error", Text),
-    Column("started_at", DateTime(), server_default=func.now(), nullable=False),
-    Column("updated_at", DateTime(), server_default=func.now(), nullable=False),
-    Column("finished_at", DateTime()),
+    *heavy_run_progress(),  # rate: keys/s over the last report
 )
 
 
@@ -680,6 +682,13 @@ commands = Table(
 )
 
 
+def traffic_counters(*names: str) -> list[Column]:
+    """A fault proxy's traffic counters, zero to start: the whole proxy's (fault_proxies) and each
+    lab's (fault_proxy_labs) count the same things."""
+    return [Column(name, Integer() if name == "connections" else BigInteger, default=0, server_default="0",
+                   nullable=False) for name in names]
+
+
 # The lost-ack fault proxy process as it reports itself, and the version of the labs' settings
 # it acknowledged. What each lab asks of it is that lab's row in ``fault_proxy_labs``.
 #
@@ -699,12 +708,8 @@ fault_proxies = Table(
     Column("started_at", DateTime()),
     Column("heartbeat_at", DateTime()),
     # The whole proxy's traffic, every client's (a lab reads only its own row's counters).
-    Column("connections", Integer(), default=0, server_default="0", nullable=False),
-    Column("produce_requests", BigInteger, default=0, server_default="0", nullable=False),
-    Column("responses_dropped", BigInteger, default=0, server_default="0", nullable=False),
-    Column("responses_delayed", BigInteger, default=0, server_default="0", nullable=False),
-    Column("connections_cut", BigInteger, default=0, server_default="0", nullable=False),
-    Column("commits_blocked", BigInteger, default=0, server_default="0", nullable=False),
+    *traffic_counters("connections", "produce_requests", "responses_dropped", "responses_delayed", "connections_cut",
+                      "commits_blocked"),
     schema=CONTROL_SCHEMA,
 )
 
@@ -732,12 +737,8 @@ fault_proxy_labs = Table(
     Column("seen_cut_version", BigInteger, default=0, server_default="0", nullable=False),
     # The blocked clients that had a connection through the proxy when it took the lab's last setting.
     Column("blocked_seen", JSONB, default=list, server_default="[]", nullable=False),
-    Column("connections", Integer(), default=0, server_default="0", nullable=False),
-    Column("produce_requests", BigInteger, default=0, server_default="0", nullable=False),
-    Column("responses_dropped", BigInteger, default=0, server_default="0", nullable=False),
-    Column("responses_delayed", BigInteger, default=0, server_default="0", nullable=False),
-    Column("commits_blocked", BigInteger, default=0, server_default="0", nullable=False),
-    Column("connections_cut", BigInteger, default=0, server_default="0", nullable=False),
+    *traffic_counters("connections", "produce_requests", "responses_dropped", "responses_delayed", "commits_blocked",
+                      "connections_cut"),
     schema=CONTROL_SCHEMA,
 )
 
