@@ -61,28 +61,23 @@ payments = Table(
 )
 
 
-processed_events = Table(
-    "processed_events", metadata,
-    Column("event_id", UUID, primary_key=True),
-    # indexed: the TTL cleanup, the oldest key's age and the newest keys all range over it;
-    # TIMESTAMPTZ, as in the source text's DDL (an instant, whatever the session's time zone)
-    Column("processed_at", DateTime(timezone=True), server_default=func.now(), index=True, nullable=False),
-)
+def dedup_key_table(name: str, key: Column) -> Table:
+    """A strategy's key table: the key under a primary key (the unique constraint the strategy's
+    INSERT relies on) and when it was processed. processed_at is indexed: the TTL cleanup, the oldest
+    key's age and the newest keys all range over it; TIMESTAMPTZ, as in the source text's DDL (an
+    instant, whatever the session's time zone)."""
+    return Table(name, metadata, key,
+                 Column("processed_at", DateTime(timezone=True), server_default=func.now(), index=True,
+                        nullable=False))
 
 
-processed_transactions = Table(
-    "processed_transactions", metadata,
-    Column("transaction_id", String(64), primary_key=True),
-    Column("processed_at", DateTime(timezone=True), server_default=func.now(), index=True, nullable=False),
-)
-
-
-# payload-hash's key table: sha256 of the event's content without its ids (see the strategy).
-processed_payloads = Table(
-    "processed_payloads", metadata,
-    Column("payload_hash", Text, primary_key=True),
-    Column("processed_at", DateTime(timezone=True), server_default=func.now(), index=True, nullable=False),
-)
+# The event id: eventid-atomic's, eventid-split's and insert-first's key.
+processed_events = dedup_key_table("processed_events", Column("event_id", UUID, primary_key=True))
+# business-key's: the transaction id the source system gave the payment.
+processed_transactions = dedup_key_table("processed_transactions",
+                                         Column("transaction_id", String(64), primary_key=True))
+# payload-hash's: sha256 of the event's content without its ids (see the strategy).
+processed_payloads = dedup_key_table("processed_payloads", Column("payload_hash", Text, primary_key=True))
 
 
 # Natural idempotency: a credit is a fact keyed by its event; the balance is derived.
