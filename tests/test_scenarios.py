@@ -23,6 +23,7 @@ from webapp.scenarios import ScenarioError, built_in, find, guided, journal, loa
 from webapp.scenarios.loader import STEP_OPERATIONS, loads
 from webapp.scenarios.runner import RunState, broker_kind
 from webapp.domain.waits import wait_until
+from webapp.store.connection import connect
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILT_IN = built_in()
@@ -49,7 +50,7 @@ EXERCISES = [
     "10_old_set_regresses_state", "11_dedup_growth_without_ttl", "12_choice_of_key_payload_hash",
     "13_external_notification_idempotency_key", "14_outbox_relay_duplicate", "15_producer_ordering",
     "16_last_batch_redelivered", "17_async_commit_window", "18_dedup_at_a_million_keys",
-    "19_your_consumer_graded", "20_rebalance_redelivers_last_batch",
+    "19_your_consumer_graded", "20_rebalance_redelivers_last_batch", "21_check_then_act_repeatable_read",
 ]
 
 
@@ -72,11 +73,15 @@ GUIDED_ELSEWHERE = ("13_external_notification_idempotency_key",  # tests/test_no
                     "15_producer_ordering",                      # tests/test_ordering.py
                     "17_async_commit_window",                    # below, on the proxied stack
                     "19_your_consumer_graded")                   # tests/byoc: an outside consumer it grades
-HEADLESS = [p for p in BUILT_IN if p.stem not in AT_BENCHMARK_SCALE + GUIDED_ELSEWHERE and p not in GUIDED]
+# Exercises run headless by a test of their own that also reads the ledger behind the verdict.
+HEADLESS_WITH_LEDGER = ("21_check_then_act_repeatable_read",)
+HEADLESS = [p for p in BUILT_IN
+            if p.stem not in AT_BENCHMARK_SCALE + GUIDED_ELSEWHERE + HEADLESS_WITH_LEDGER and p not in GUIDED]
 
 
 def test_every_exercise_runs_headless_or_guided():
-    run = {p.stem for p in HEADLESS + GUIDED} | set(GUIDED_ELSEWHERE) | set(AT_BENCHMARK_SCALE)
+    run = ({p.stem for p in HEADLESS + GUIDED} | set(GUIDED_ELSEWHERE) | set(AT_BENCHMARK_SCALE)
+           | set(HEADLESS_WITH_LEDGER))
     assert run == set(EXERCISES)
 
 
@@ -98,6 +103,33 @@ def test_built_in_scenario_runs_headless(request, app_factory, path):
         f"{result['status']}: {result['reason']}\nsteps: {json.dumps(result['steps'], indent=1)}\nfailed: {failed}")
     assert all(step["status"] == "ok" for step in result["steps"])
     judge_and_drop_run(app_factory, app, result["lab"])
+
+
+def test_check_then_act_under_repeatable_read_fails_on_the_update_then_its_retry_absorbs(app_factory, scenario_app):
+    """Exercise 21, headless, then the ledger behind its verdict: in lane rr the late consumer's
+    delivery failed with 40001 before it was absorbed (the retry, not the check, kept one credit);
+    lane rc's late consumer met no error and applied it a second time."""
+    path = next(p for p in BUILT_IN if p.stem == "21_check_then_act_repeatable_read")
+    code, output = run_cli(scenario_app, "run", str(path), "--json")
+    result = json.loads(output)
+    failed = [c for c in result["checks"] if not c["ok"]]
+    assert result["status"] == "passed" and code == 0, f"{result['reason']}\nsteps: {result['steps']}\nfailed: {failed}"
+    run_lab = Lab(result["lab"])
+
+    def ledger(lane: str) -> list[tuple[str, str, str | None]]:
+        with connect(scenario_app.config["DATABASE_URL"], schema=run_lab.lane_schema(lane)) as conn:
+            return conn.execute("SELECT consumer, outcome, reason FROM deliveries ORDER BY id").fetchall()
+
+    rr = ledger("rr")
+    failures = [row for row in rr if row[1] == "failed"]
+    assert failures and all("SerializationFailure: could not serialize access due to concurrent update" in reason
+                            for _, _, reason in failures), rr
+    late = failures[0][0]
+    assert [outcome for consumer, outcome, _ in rr if consumer == late][-1] == "absorbed", rr
+    assert [outcome for _, outcome, _ in rr].count("applied") == 1, rr
+    rc = ledger("rc")
+    assert [outcome for _, outcome, _ in rc] == ["applied", "applied"], rc
+    judge_and_drop_run(app_factory, scenario_app, result["lab"])
 
 
 # --- record and replay ---------------------------------------------------------------------------

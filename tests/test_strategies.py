@@ -11,8 +11,8 @@ import pytest
 from webapp.domain import events
 from webapp import strategies
 from webapp.store.connection import connect
-from webapp.strategies import check_then_act, insert_first
-from webapp.strategies.base import POINTS, RECORD_DELIVERY
+from webapp.strategies import check_then_act, check_then_act_rr, insert_first
+from webapp.strategies.base import CREDIT_BALANCE, INSERT_PAYMENT, POINTS, RECORD_DELIVERY
 
 
 class Crash(Exception):
@@ -78,6 +78,7 @@ def in_plan_order(strategy, statements) -> bool:
 @pytest.mark.parametrize("name,second_outcome,second_balance", [
     ("none", "applied", 2000),
     ("check-then-act", "absorbed", 1000),
+    ("check-then-act-rr", "absorbed", 1000),
     ("insert-first", psycopg.errors.UniqueViolation, 1000),  # the consumer catches it: see test_consumer
     ("eventid-atomic", "absorbed", 1000),
     ("eventid-split", "absorbed", 1000),
@@ -231,6 +232,57 @@ def test_check_then_act_two_sessions_both_pass_the_check_and_both_credit(service
     assert strategy.apply(zombie, event) == "applied"
     assert balance(conn) == 2000
     assert conn.execute("SELECT count(*) FROM seen_events WHERE event_id = %s", [event.event_id]).fetchone()[0] == 2
+
+
+def test_check_then_act_rr_the_stale_update_fails_with_40001_and_the_retry_absorbs(services, lab, conn):
+    strategy = strategies.get("check-then-act-rr")
+    event = events.credit("acc-1", 1000)
+    # Both pass the check; the other consumer credits and commits while this one waits to act.
+    late = RecordingContext(conn, meanwhile=("between-check-and-act", second_session(services, lab, strategy, event)))
+    with pytest.raises(psycopg.errors.SerializationFailure, match="could not serialize access due to concurrent update"):
+        strategy.apply(late, event)
+    # The line the plan points at: the account's UPDATE, after a check that said "absent".
+    assert late.statements == [check_then_act_rr.REPEATABLE_READ, check_then_act.CHECK, CREDIT_BALANCE]
+    assert balance(conn) == 1000 and count(conn, "seen_events") == 1 and count(conn, "deliveries") == 1
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE  # rolled back, usable
+    # The consumer's retry: a new transaction, a new snapshot, a check that finds the key.
+    retry = RecordingContext(conn)
+    assert strategy.apply(retry, event) == "absorbed"
+    assert balance(conn) == 1000 and count(conn, "seen_events") == 1
+
+
+@pytest.mark.parametrize("isolation,refused", [("REPEATABLE READ", False), ("SERIALIZABLE", True)])
+def test_what_the_rr_plan_says_an_insert_only_effect_is_not_caught_by_repeatable_read(services, lab, conn,
+                                                                                      isolation, refused):
+    """The plan's note: REPEATABLE READ refuses a write to a row changed since the snapshot, nothing
+    else. Two transactions that check seen_events and then only insert rows (a payment, the key)
+    both commit under it (write skew); SERIALIZABLE refuses the second through its predicate locks."""
+    event = events.credit("acc-1", 1000)
+
+    def check_and_insert(connection) -> None:
+        assert connection.execute(check_then_act.CHECK, {"event_id": event.event_id}).fetchone() is None
+        connection.execute(INSERT_PAYMENT, {"event_id": event.event_id, "transaction_id": event.transaction_id,
+                                            "account_id": "acc-1", "amount_cents": 1000})
+        connection.execute(check_then_act.REMEMBER, {"event_id": event.event_id})
+
+    with connect(services.database_url, schema=lab.lab.schema, autocommit=True) as other:
+        conn.execute("BEGIN")
+        conn.execute(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
+        assert conn.execute(check_then_act.CHECK, {"event_id": event.event_id}).fetchone() is None
+        with other.transaction():
+            other.execute(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
+            check_and_insert(other)
+        try:
+            conn.execute(INSERT_PAYMENT, {"event_id": event.event_id, "transaction_id": event.transaction_id,
+                                          "account_id": "acc-1", "amount_cents": 1000})
+            conn.execute(check_then_act.REMEMBER, {"event_id": event.event_id})
+            conn.execute("COMMIT")
+            failure = None
+        except psycopg.errors.SerializationFailure as error:
+            conn.execute("ROLLBACK")
+            failure = error
+    assert (failure is not None) == refused, failure
+    assert count(conn, "payments") == (1 if refused else 2)
 
 
 def test_insert_first_the_late_insert_hits_the_constraint_and_rolls_back(services, lab, conn):

@@ -26,6 +26,9 @@ Every error class has a defined, visible outcome; none ends the process (ERROR_O
 - any other database error, and ``UniqueViolation`` under ``retry``: rolled back, recorded as a
   ``failed`` delivery, retried after a backoff while its partition is paused (it stalls, its lag
   grows; other partitions flow), and after MAX_ATTEMPTS attempts dead-lettered with the reason;
+- a transaction PostgreSQL rolled back because of a concurrent one (``SerializationFailure``,
+  40001, under REPEATABLE READ; ``DeadlockDetected``, 40P01): recorded as a ``failed`` delivery
+  and retried in a new transaction as long as it takes, never dead-lettered;
 - a lost connection or a timeout (``OperationalError``: session terminated, PostgreSQL down,
   lock_timeout): transient, retried with a growing backoff as long as it takes, never
   dead-lettered (a record is not bad because the database is away).
@@ -76,6 +79,9 @@ RETRIABLE_COMMIT_ERRORS = frozenset({
     KafkaError.REQUEST_TIMED_OUT, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
     KafkaError.COORDINATOR_LOAD_IN_PROGRESS})
 COMMIT_RETRY_PAUSE = 0.2
+# SQLSTATE class 40 as PostgreSQL raises it between sessions (psycopg 3 derives these from
+# OperationalError directly, not from its TransactionRollback class).
+ROLLED_BACK_BY_A_CONCURRENT_TRANSACTION = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
 ERROR_OUTCOMES = (
     ("invalid record (events.InvalidEvent: undecodable, invalid field, unknown account)",
      "dead-lettered at once with its reason; offset committed"),
@@ -86,6 +92,9 @@ ERROR_OUTCOMES = (
     ("other database error (psycopg.Error: data, integrity, programming, internal)",
      f"rolled back; 'failed' delivery; partition paused for a backoff, retried; after {MAX_ATTEMPTS} attempts "
      "dead-lettered with the error; offset committed"),
+    ("psycopg.errors.SerializationFailure (40001) or DeadlockDetected (40P01)",
+     "rolled back by a concurrent transaction; 'failed' delivery; partition paused for a backoff, retried in a "
+     "new transaction, as often as it takes, never dead-lettered; offset not committed"),
     ("psycopg.OperationalError or a closed connection (session terminated, database down, lock_timeout)",
      "transient: reconnect and retry with a growing backoff, never dead-lettered; offset not committed"),
 )
@@ -555,7 +564,14 @@ class ConsumerProcess:
                            error: psycopg.Error) -> str | None:
         """The outcome of a delivery whose transaction failed, or None when it is to be retried."""
         conn = self.effects_conn
-        if isinstance(error, psycopg.OperationalError) or conn is None or conn.closed or conn.broken:
+        usable = conn is not None and not (conn.closed or conn.broken)
+        if isinstance(error, ROLLED_BACK_BY_A_CONCURRENT_TRANSACTION) and usable:
+            # 40001 (a REPEATABLE READ update of a row changed since the snapshot) or 40P01 (a
+            # deadlock): PostgreSQL rolled the transaction back because of a concurrent one. The
+            # record is not at fault and the next attempt runs in a new snapshot: retried as long as
+            # it takes, never dead-lettered, and recorded as a failed delivery so the ledger shows it.
+            return self._retry_later(message, event, error, limit=None, record=True)
+        if isinstance(error, psycopg.OperationalError) or not usable:
             # A lost session (terminated, database restarted) or a timeout: nothing committed, and the
             # record is not at fault. Retry as long as it takes; never dead-letter for this.
             return self._retry_later(message, event, error, limit=None)
@@ -573,9 +589,10 @@ class ConsumerProcess:
         return self._retry_later(message, event, error, limit=MAX_ATTEMPTS)
 
     def _retry_later(self, message: Message, event: events.PaymentEvent | None, error: psycopg.Error,
-                     limit: int | None) -> str | None:
+                     limit: int | None, record: bool = False) -> str | None:
         """Count an attempt; under the limit, pause the partition for a backoff and seek back to the
-        record (the partition stalls, its lag grows); at the limit, dead-letter it."""
+        record (the partition stalls, its lag grows); at the limit, dead-letter it. A counted attempt
+        (``limit``) or a ``record``-ed one is written to the ledger as a failed delivery."""
         key = (message.topic(), message.partition())
         retry = self.retrying.get(key)
         if retry is None or retry.offset != message.offset():
@@ -595,7 +612,7 @@ class ConsumerProcess:
         of = f" of {limit}" if limit is not None else ""
         reason = f"attempt {retry.attempts}{of} failed: {what}; partition {message.partition()} waits {delay:g} s"
         self.report.last_error = reason
-        if limit is not None:
+        if limit is not None or record:
             try:
                 with self.transaction():
                     self.record_delivery(event, FAILED, reason)

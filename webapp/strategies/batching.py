@@ -161,23 +161,27 @@ class _ItemContext:
         self._item.outcome, self._item.reason = outcome, reason
 
 
-def looped(apply: Callable[[Context, PaymentEvent], str]) -> Callable[[BatchContext, list[Item]], None]:
+def looped(apply: Callable[[Context, PaymentEvent], str],
+           opening: str | None = None) -> Callable[[BatchContext, list[Item]], None]:
     """``apply_batch`` for a strategy that cannot be set-based honestly: its per-message ``apply``
-    for each record in log order, inside one transaction per batch."""
+    for each record in log order, inside one transaction per batch. ``opening``: a statement run
+    once, first in the batch's transaction (a SET TRANSACTION)."""
     def apply_batch(ctx: BatchContext, items: list[Item]) -> None:
         ctx.checkpoint("before-effect")
         with ctx.transaction():
+            if opening is not None:
+                ctx.execute(opening, {})
             for item in items:
                 apply(_ItemContext(ctx, item), item.event)
             ctx.record_batch(items)
     return apply_batch
 
 
-def looped_plan(plan: tuple[Step, ...], why: str) -> tuple[Step, ...]:
+def looped_plan(plan: tuple[Step, ...], why: str, opening: Step | None = None) -> tuple[Step, ...]:
     """The batch plan of a :func:`looped` strategy: its per-message statements, in a loop, in one
-    transaction; the ledger written once for the batch."""
-    statements = tuple(step for step in plan if step.kind == "sql" and step is not RECORD_STEP)
-    return (point("before-effect"), BEGIN,
+    transaction; the ledger written once for the batch. ``opening``: the step run once after BEGIN."""
+    statements = tuple(step for step in plan if step.kind == "sql" and step is not RECORD_STEP and step is not opening)
+    return (point("before-effect"), BEGIN, *((opening,) if opening is not None else ()),
             note(f"Not set-based: {why} For each record of the batch, in log order, the per-message statements:"),
             *statements, *batch_ends())
 

@@ -30,14 +30,19 @@ REMEMBER = "INSERT INTO seen_events (event_id, processed_at) VALUES (%(event_id)
 def apply(ctx: Context, event: PaymentEvent) -> str:
     ctx.checkpoint("before-effect")
     with ctx.transaction():
-        seen = ctx.execute(CHECK, params(event)).fetchone() is not None
-        if seen:
-            ctx.record_delivery(event, ABSORBED)
-            return ABSORBED
-        ctx.checkpoint("between-check-and-act")
-        apply_effect(ctx, event)
-        ctx.execute(REMEMBER, params(event))
-        ctx.record_delivery(event, APPLIED)
+        return check_and_act(ctx, event)
+
+
+def check_and_act(ctx: Context, event: PaymentEvent) -> str:
+    """The statements inside the transaction (check-then-act-rr runs them after its SET TRANSACTION)."""
+    seen = ctx.execute(CHECK, params(event)).fetchone() is not None
+    if seen:
+        ctx.record_delivery(event, ABSORBED)
+        return ABSORBED
+    ctx.checkpoint("between-check-and-act")
+    apply_effect(ctx, event)
+    ctx.execute(REMEMBER, params(event))
+    ctx.record_delivery(event, APPLIED)
     return APPLIED
 
 
@@ -52,8 +57,11 @@ STRATEGY = Strategy(
           *effect_steps(), sql(REMEMBER, "a plain INSERT: with no constraint a second row goes in, nothing fails"),
           RECORD_STEP, COMMIT,
           point("after-effect-before-commit"), point("after-commit"),
-          note("READ COMMITTED: the SELECT sees only committed keys, so a concurrent apply is invisible to it. "
-               "A unique key here would make the late transaction fail and roll back its effect: see insert-first.")),
+          note("READ COMMITTED (PostgreSQL's default): the SELECT sees only committed keys, so a concurrent apply "
+               "is invisible to it; and an UPDATE of an account row another transaction changed meanwhile waits for "
+               "it, then adds to the row's newest version, with no error. A unique key here would make the late "
+               "transaction fail and roll back its effect: see insert-first. The same code under REPEATABLE READ: "
+               "see check-then-act-rr.")),
     apply=apply,
     apply_batch=looped(apply),
 )
