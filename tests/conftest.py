@@ -9,13 +9,17 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
+import traceback
+import warnings
 
+import psycopg
 import pytest
 
 import support
 from support import LabDriver, Services, drop_lab, stop_process
 from webapp import create_app
 from webapp.dev.stack import Stack
+from webapp.domain.waits import WaitTimeout, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +47,33 @@ def pytest_collection_modifyitems(items) -> None:
         return 0 if item.get_closest_marker("soak") else 1 if item.get_closest_marker("long") else 2
     items.sort(key=rank)
 
+
+def _name_where_each_connection_was_opened() -> None:
+    """A psycopg connection garbage-collected while still open is an error here (warnings are
+    errors), reported by pytest at whichever later test the collection happened in, and psycopg's
+    warning does not say who opened it. So each connection of this process keeps the stack that
+    opened it, and the warning quotes it."""
+    connect = psycopg.Connection.connect.__func__
+    deleted = psycopg.Connection.__del__
+
+    def connect_noting_where(cls, *args, **kwargs):
+        conn = connect(cls, *args, **kwargs)
+        conn._opened_at = "".join(traceback.format_stack(limit=25)[:-1])
+        return conn
+
+    def warn_with_where(self, __warn=warnings.warn) -> None:
+        if hasattr(self, "pgconn") and not self.closed and not hasattr(self, "_pool"):
+            __warn(f"{object.__repr__(self)} was deleted while still open; it was opened at:\n"
+                   f"{getattr(self, '_opened_at', '(unknown)')}", ResourceWarning)
+            return
+        deleted(self)
+
+    psycopg.Connection.connect = classmethod(connect_noting_where)
+    psycopg.connect = psycopg.Connection.connect  # the module's alias, which psycopg binds at import
+    psycopg.Connection.__del__ = warn_with_where
+
+
+_name_where_each_connection_was_opened()
 
 _lab_numbers = itertools.count(1)
 
@@ -88,6 +119,14 @@ class AppFactory:
         for app in self.apps:
             stop_hub(app)  # its LISTEN connection and threads, if a stream started them
             with app.app_context():
+                # A request thread of a served app (werkzeug's are daemons, not joined at shutdown)
+                # may still hold a connection: dispose() closes only those checked in, and one
+                # checked in later is left open for the garbage collector (a ResourceWarning, an
+                # error, in whichever later test collects it).
+                try:
+                    wait_until(lambda: db.engine.pool.checkedout() == 0, timeout=10, interval=0.05, message="")
+                except WaitTimeout:
+                    pass  # a request still running after 10 s: disposed anyway, the warning will name it
                 db.engine.dispose()
 
 

@@ -567,3 +567,18 @@ def test_the_board_judges_a_grading_exercise_by_the_attendees_own_consumer_lane(
     finally:
         with app.app_context():
             command_channel.run(db.engine, ana_lab, "lab.drop", {}, timeout=120)
+
+
+def test_a_labs_idle_time_is_unknown_not_an_error_while_a_reset_holds_its_timeline(app, lab):
+    """The board reads every lab's idle time in one transaction; a lab being reset (its schema
+    locked, then dropped and created again) answers "unknown" for that look, and the board's other
+    reads go on (a 503 of the whole board was seen when a reset dropped the table mid-read)."""
+    lab.credit("acc-1", 100)  # a timeline entry
+    with app.app_context(), db.engine.connect() as holder, db.engine.connect() as board:
+        assert classroom.idle_seconds(board, lab.lab) is not None
+        board.commit()  # its read lock on the table is released with its transaction
+        holder.execute(text(f'LOCK TABLE "{lab.lab.schema}".timeline IN ACCESS EXCLUSIVE MODE'))
+        assert classroom.idle_seconds(board, lab.lab, lock_timeout="100ms") is None
+        assert board.execute(text("SELECT 1")).scalar() == 1  # the savepoint kept the transaction usable
+        holder.rollback()
+        assert classroom.idle_seconds(board, lab.lab) is not None

@@ -215,9 +215,13 @@ class LogReader:
 
     def _connect(self) -> psycopg.Connection:
         conn = connect(self.database_url, autocommit=True)
-        # The mirror is a copy of the log: a crash that loses its last commits loses nothing (the
-        # reader resumes from the table and reads those records again), so no flush per batch.
-        conn.execute("SET synchronous_commit = off")
+        try:
+            # The mirror is a copy of the log: a crash that loses its last commits loses nothing (the
+            # reader resumes from the table and reads those records again), so no flush per batch.
+            conn.execute("SET synchronous_commit = off")
+        except BaseException:
+            conn.close()  # a session lost between the two: not left open for the garbage collector
+            raise
         return conn
 
     def _db(self) -> psycopg.Connection:

@@ -24,12 +24,12 @@ from datetime import datetime
 from typing import Any, Mapping
 
 from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, InternalError, OperationalError, ProgrammingError
 
 from .connection import CONTROL_SCHEMA
 from ..domain.lab import NAME, Lab
 from ..domain.vocabulary import LIVE_STATES
-from .schema import all_lab_schemas
+from .schema import all_lab_schemas, quoted
 
 C = CONTROL_SCHEMA
 NAME_LENGTH = 40        # an attendee's name as typed (collapsed spaces)
@@ -253,15 +253,23 @@ def live_consumers(conn: Connection, labs: list[str]) -> dict[str, int]:
     return {lab: count for lab, count in rows}
 
 
-def idle_seconds(conn: Connection, lab: Lab) -> float | None:
+def idle_seconds(conn: Connection, lab: Lab, lock_timeout: str = "200ms") -> float | None:
     """Seconds since the lab's newest timeline entry (every operation and consumer event writes
-    one); None for a lab without a schema. In SQL: the column holds the server's local time."""
+    one); None for a lab without a schema, or one being reset or dropped right now. In SQL: the
+    column holds the server's local time."""
     exists = conn.execute(text("SELECT 1 FROM pg_tables WHERE schemaname = :s AND tablename = 'timeline'"),
                           {"s": lab.schema}).first()
     if exists is None:
         return None
-    value = conn.execute(text(f'SELECT extract(epoch FROM localtimestamp - max(at)) FROM "{lab.schema}".timeline')
-                         ).scalar()
+    try:
+        # A savepoint: a reset can drop the table between the check above and this read (or hold it
+        # locked while it recreates the schema), and the caller's other reads must go on.
+        with conn.begin_nested():
+            conn.execute(text(f"SET LOCAL lock_timeout = '{lock_timeout}'"))
+            value = conn.execute(text(f"SELECT extract(epoch FROM localtimestamp - max(at)) "
+                                      f"FROM {quoted(lab.schema)}.timeline")).scalar()
+    except (ProgrammingError, OperationalError, InternalError):
+        return None  # dropped or locked by the reset: unknown until the next look
     return max(0.0, float(value)) if value is not None else None
 
 

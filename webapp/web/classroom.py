@@ -250,7 +250,7 @@ def cards() -> list[dict[str, Any]]:
         labs = [person.lab for person in people]
         runs = classroom.latest_runs(conn, labs)
         consumers = classroom.live_consumers(conn, labs)
-        idle = {lab: classroom.idle_seconds(conn, Lab(lab)) for lab in labs}
+        idle = {lab: classroom.idle_seconds(conn, Lab(lab), BOARD_LOCK_TIMEOUT) for lab in labs}
     result = []
     for person in people:
         lab = Lab(person.lab)
