@@ -148,7 +148,8 @@ def run_guided(app, exercise: Path, after_prepare: Callable[[], None] | None = N
     run = progress()[1]
     for _ in range(len(load(exercise).steps) + 3):
         assert client.post(run_page + "/next", headers={"HX-Request": "true"}).status_code == 200
-        wait_until(lambda: not progress()[0], timeout=120, message=f"{exercise.stem}: a guided step never finished")
+        wait_until(lambda: not progress()[0], timeout=120, interval=WAIT_INTERVAL,
+                   message=f"{exercise.stem}: a guided step never finished")
         run = progress()[1]
         if after_prepare is not None and run.prepared:
             after_prepare()
