@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
-from webapp.web.db import lab_session
+from webapp.web.db import db, lab_session
 from webapp.domain.waits import wait_until
 
 
@@ -103,6 +103,20 @@ def test_the_partitioned_layout_keeps_keys_and_still_absorbs_every_redelivery(ap
     assert state["verdict"]["duplicates_applied"] == 0
     assert lab.account("acc-1")["actual"] == 1500
     assert query(app, lab, "SELECT count(*) FROM processed_events")[0][0] == 2
+
+
+def test_a_lab_with_a_lane_is_converted_whole_both_ways(app, lab):
+    """Every schema of the lab (its own and each lane's) is rebuilt in one transaction; each
+    conversion's scratch table is its own (an OpenAPI run found the second one refused: 503)."""
+    lab.post("/groups", {"group": "atomic", "strategy": "eventid-atomic", "lane": "atomic"}, expect=201)
+    for layout, relkind in (("partitioned-by-day", "p"), ("plain", "r")):
+        converted = lab.post("/dedup/layout", {"layout": layout})["converted"]
+        assert set(converted) == {lab.lab.schema, lab.lab.lane_schema("atomic")}, converted
+        for schema in converted:
+            with app.app_context(), db.engine.connect() as conn:
+                kind = conn.execute(text("SELECT relkind FROM pg_class WHERE oid = to_regclass(:t)"),
+                                    {"t": f'"{schema}".processed_events'}).scalar_one()
+            assert kind == relkind, (schema, layout, kind)
 
 
 def test_the_ttl_drops_whole_day_partitions_and_reports_its_duration(app, lab):

@@ -173,6 +173,8 @@ def convert(execute: Execute, target: str, log_schema: str) -> dict[str, int]:
     keys = execute("INSERT INTO processed_events (event_id, occurred_at, processed_at) "
                    "SELECT event_id, occurred_at, processed_at FROM converted_keys", {}).rowcount
     without = execute("SELECT count(*) FROM converted_keys WHERE without_event_time", {}).fetchone()[0]
+    # Dropped now, not only at commit: the caller converts the lab's lanes in the same transaction.
+    execute("DROP TABLE converted_keys", {})
     execute("DROP TABLE processed_events_old CASCADE", {})
     return {"keys": keys, "without_event_time": int(without)}
 

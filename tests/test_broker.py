@@ -1,0 +1,76 @@
+"""What the embedded broker (Tansu) does with what a lesson needs, measured on the session's broker
+(docs/concepts/broker.md). A test here that starts failing means the broker changed: the lesson
+it held back may run on it now."""
+from __future__ import annotations
+
+import uuid
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from webapp.domain.waits import wait_until
+
+TIMEOUT = 15
+
+
+def read_all(bootstrap_servers: str, topic: str, isolation: str, expected: int) -> list[str]:
+    """The values of ``topic`` partition 0 as a consumer with ``isolation.level`` reads them."""
+    reader = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"{topic}-{isolation}",
+                       "isolation.level": isolation, "enable.auto.commit": False, "log_level": 3})
+    seen: list[str] = []
+    try:
+        reader.assign([TopicPartition(topic, 0, 0)])
+
+        def read() -> bool:
+            message = reader.poll(0.2)
+            if message is not None and not message.error():
+                seen.append(message.value().decode())
+            return len(seen) >= expected
+        wait_until(read, timeout=TIMEOUT, interval=0,
+                   message=lambda: f"a {isolation} consumer read {seen}, expected {expected} records")
+    finally:
+        reader.close()
+    return seen
+
+
+def test_tansu_takes_kafka_transactions_but_a_read_committed_consumer_reads_an_aborted_one(services):
+    """A transactional producer initializes, sends a consumer's offsets to its transaction and
+    commits them with its record; it aborts a second transaction. On Apache Kafka a read_committed
+    consumer then reads the committed record alone. Tansu hands it the aborted one too: it does not
+    filter aborted transactions. The lesson on Kafka transactions therefore needs Apache Kafka
+    (the compose stack), not the embedded broker."""
+    bootstrap = services.bootstrap_servers
+    source, sink = (f"broker-txn-{name}-{uuid.uuid4().hex[:8]}" for name in ("in", "out"))
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(source, 1, 1), NewTopic(sink, 1, 1)]).values():
+        future.result(TIMEOUT)
+    plain = Producer({"bootstrap.servers": bootstrap, "log_level": 3})
+    plain.produce(source, value=b"payment")
+    assert plain.flush(TIMEOUT) == 0
+
+    group = f"{source}-processor"
+    processor = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                          "log_level": 3})
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{source}-txn", "log_level": 3})
+    try:
+        processor.assign([TopicPartition(source, 0, 0)])
+        consumed = wait_until(lambda: processor.poll(0.2), timeout=TIMEOUT, interval=0,
+                              message="the processor never read the payment")
+        producer.init_transactions(TIMEOUT)
+        producer.begin_transaction()
+        producer.produce(sink, value=b"committed")
+        producer.send_offsets_to_transaction([TopicPartition(source, 0, consumed.offset() + 1)],
+                                             processor.consumer_group_metadata(), TIMEOUT)
+        producer.commit_transaction(TIMEOUT)
+        producer.begin_transaction()
+        producer.produce(sink, value=b"aborted")
+        producer.flush(TIMEOUT)
+        producer.abort_transaction(TIMEOUT)
+        # The offset went in with the transaction: what Kafka's exactly-once covers, inside Kafka.
+        assert processor.committed([TopicPartition(source, 0)], TIMEOUT)[0].offset == consumed.offset() + 1
+    finally:
+        processor.close()
+
+    assert read_all(bootstrap, sink, "read_uncommitted", 2) == ["committed", "aborted"]
+    assert read_all(bootstrap, sink, "read_committed", 2) == ["committed", "aborted"], (
+        "Tansu hands an aborted record to a read_committed consumer (measured 2026-12-04)")
