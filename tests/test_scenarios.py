@@ -121,12 +121,14 @@ def test_check_then_act_under_repeatable_read_fails_on_the_update_then_its_retry
             return conn.execute("SELECT consumer, outcome, reason FROM deliveries ORDER BY id").fetchall()
 
     rr = ledger("rr")
+    outcomes = [outcome for _, outcome, _ in rr]
     failures = [row for row in rr if row[1] == "failed"]
     assert failures and all("SerializationFailure: could not serialize access due to concurrent update" in reason
                             for _, _, reason in failures), rr
-    late = failures[0][0]
-    assert [outcome for consumer, outcome, _ in rr if consumer == late][-1] == "absorbed", rr
-    assert [outcome for _, outcome, _ in rr].count("applied") == 1, rr
+    # The retry came after the failure and found the key (the late consumer's, or, had its frozen
+    # time outlasted its session, the partition's next owner's): one credit in all.
+    assert "absorbed" in outcomes[outcomes.index("failed"):], rr
+    assert outcomes.count("applied") == 1, rr
     rc = ledger("rc")
     assert [outcome for _, outcome, _ in rc] == ["applied", "applied"], rc
     judge_and_drop_run(app_factory, scenario_app, result["lab"])
