@@ -526,12 +526,23 @@ verdict_totals = Table(
 )
 
 
+def cents_per_account(name: str) -> Table:
+    """A running summary: per account, a sum of cents."""
+    return Table(name, metadata,
+                 Column("account_id", String(32), primary_key=True),
+                 Column("cents", BigInteger, nullable=False))
+
+
+def cents_per_second(name: str) -> Table:
+    """A running summary for the chart: per second (epoch), the cents and the rows behind them."""
+    return Table(name, metadata,
+                 Column("second", BigInteger, primary_key=True, autoincrement=False),
+                 Column("cents", BigInteger, nullable=False),
+                 Column("rows", BigInteger, nullable=False))
+
+
 # Per account, the sum of the log's first credits (the lab's schema: the journal's).
-expected_credits = Table(
-    "expected_credits", metadata,
-    Column("account_id", String(32), primary_key=True),
-    Column("cents", BigInteger, nullable=False),
-)
+expected_credits = cents_per_account("expected_credits")
 
 
 # The events the log holds at more than one offset (the lab's schema: the journal's).
@@ -542,29 +553,11 @@ repeated_events = Table(
 
 
 # Per second (epoch), the cents of the first credits the reader mirrored then (the journal's).
-chart_truth = Table(
-    "chart_truth", metadata,
-    Column("second", BigInteger, primary_key=True, autoincrement=False),
-    Column("cents", BigInteger, nullable=False),
-    Column("rows", BigInteger, nullable=False),
-)
-
-
+chart_truth = cents_per_second("chart_truth")
 # Per second (epoch), the cents this copy's effects (payments, ledger rows) applied then.
-chart_effects = Table(
-    "chart_effects", metadata,
-    Column("second", BigInteger, primary_key=True, autoincrement=False),
-    Column("cents", BigInteger, nullable=False),
-    Column("rows", BigInteger, nullable=False),
-)
-
-
+chart_effects = cents_per_second("chart_effects")
 # Per account, the sum of this copy's ledger rows (the natural strategy's credits).
-ledger_sums = Table(
-    "ledger_sums", metadata,
-    Column("account_id", String(32), primary_key=True),
-    Column("cents", BigInteger, nullable=False),
-)
+ledger_sums = cents_per_account("ledger_sums")
 
 
 # --- control: shared by all labs on this database ---------------------------------------
