@@ -6,7 +6,8 @@ browser session of its own over HTTP: join with a name and the class code, start
 (guided mode, in the attendee's own lab; by default exercise 16, two consumers at once, each
 crashed and restarted), press "next step" until the run ends, as a person clicking would.
 Meanwhile the instructor's board (/class) and GET /healthz (the machine's floor: a request that
-reads nothing) are each asked once a second.
+reads nothing) are each asked once a second, and a board page's stream (/class/stream) is held
+open as the instructor's browser holds it.
 
 Prints how many runs passed, the wall time, the peak memory (RSS) and CPU time of the agent
 (with its consumers and log reader), the web app (gunicorn master and workers) and PostgreSQL;
@@ -144,9 +145,58 @@ class Board(Asker):
         super().__init__(url, "/class", stop)
 
     def sign_in(self) -> None:
-        token = CSRF.search(self.http.get(self.url + "/sign-in", timeout=60).text).group(1)
-        self.http.post(self.url + "/sign-in", data={"token": TOKEN, "next": "/healthz", "csrf_token": token},
-                       timeout=60)
+        sign_in(self.http, self.url)
+
+
+def sign_in(http: requests.Session, url: str) -> None:
+    """Sign ``http`` in as the instructor (the token)."""
+    token = CSRF.search(http.get(url + "/sign-in", timeout=60).text).group(1)
+    http.post(url + "/sign-in", data={"token": TOKEN, "next": "/healthz", "csrf_token": token}, timeout=60)
+
+
+class BoardStream(threading.Thread):
+    """The instructor's board as a browser keeps it open: one ``GET /class/stream`` (reconnecting
+    when the server ends it), its ``board`` events counted, the gaps between them, and how far
+    behind its lab a pushed card said it was (``data-behind``)."""
+
+    def __init__(self, url: str, stop: threading.Event):
+        super().__init__(name="board-stream", daemon=True)
+        self.url, self.stop = url, stop
+        self.http = requests.Session()
+        self.arrivals: list[float] = []
+        self.behind: list[float] = []
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        sign_in(self.http, self.url)
+        while not self.stop.is_set():
+            try:
+                with self.http.get(self.url + "/class/stream", stream=True, timeout=(10, 30)) as response:
+                    event = None
+                    for line in response.iter_lines(decode_unicode=True):
+                        if self.stop.is_set():
+                            return
+                        if line.startswith("event: "):
+                            event = line[7:]
+                            if event == "board":
+                                self.arrivals.append(time.monotonic())
+                            elif event == "refused":
+                                self.errors.append("refused")
+                        elif line.startswith("data: ") and event == "board":
+                            self.behind += [float(v) for v in re.findall(r'data-behind="([0-9.]+)"', line)]
+            except requests.RequestException as error:
+                self.errors.append(type(error).__name__)
+                self.stop.wait(1.0)
+
+    def line(self) -> str:
+        gaps = sorted(b - a for a, b in zip(self.arrivals, self.arrivals[1:]))
+        if not gaps:
+            return f"/class/stream: {len(self.arrivals)} board events; {len(self.errors)} errors"
+        p95 = gaps[min(len(gaps) - 1, int(round(0.95 * (len(gaps) - 1))))]
+        behind = f"cards shown behind their lab: {len(self.behind)}, longest {max(self.behind):.1f} s" if self.behind \
+            else "no card shown behind its lab"
+        return (f"/class/stream: {len(self.arrivals)} board events, gap between two p50 "
+                f"{statistics.median(gaps):.1f} s, p95 {p95:.1f} s; {behind}; {len(self.errors)} errors")
 
 
 class Meter(threading.Thread):
@@ -241,6 +291,7 @@ def run_class(options: argparse.Namespace, base: Path, port: int, agent, web) ->
     meter.sample()
     baseline = {name: dict(values) for name, values in meter.cpu.items()}
     board = Board(url, stop)
+    board_stream = BoardStream(url, stop)
     floor = Asker(url, "/healthz", stop)
     deadline = time.monotonic() + options.timeout
     started = 0.0
@@ -251,6 +302,7 @@ def run_class(options: argparse.Namespace, base: Path, port: int, agent, web) ->
         meter.sample()
         baseline.update({name: dict(values) for name, values in meter.cpu.items()})
         board.start()
+        board_stream.start()
         floor.start()
 
     everyone_joined = threading.Barrier(options.attendees, action=class_starts)
@@ -267,6 +319,7 @@ def run_class(options: argparse.Namespace, base: Path, port: int, agent, web) ->
     stop.set()
     meter.join(timeout=5)
     board.join(timeout=60)
+    board_stream.join(timeout=60)
     floor.join(timeout=60)
     meter.sample()
 
@@ -305,6 +358,7 @@ def run_class(options: argparse.Namespace, base: Path, port: int, agent, web) ->
         print(f"board {board.line()}")
         print(f"floor {floor.line()}")
         print(f"board p95 / floor p95: {ratio:.1f}× (goal ≤ {BOARD_GOAL_RATIO:.0f}×)")
+    print(f"board {board_stream.line()}")
     return 0 if len(passed) == len(attendees) else 1
 
 

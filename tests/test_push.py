@@ -15,7 +15,10 @@ import pytest
 import support
 
 from webapp.domain.waits import wait_until
-from webapp.web.push import hub
+from sqlalchemy import text
+
+from webapp.web.db import db
+from webapp.web.push import hub, stop_hub
 
 _classes = itertools.count(1)
 
@@ -91,3 +94,100 @@ def test_in_classroom_mode_a_labs_changes_reach_its_own_stream_never_another_lab
         for stream in (ana_stream, bruno_stream):
             stream.thread.join(timeout=15)
     assert hub(class_app).streams == 0
+
+
+def instructor(app):
+    client = app.test_client()
+    assert client.post("/sign-in", data={"token": "instructor-token", "next": "/class"}).status_code == 302
+    return client
+
+
+def test_the_board_stream_is_the_instructors_and_is_pushed_a_new_attendees_card(class_app):
+    ana, _ana_lab = join(class_app, "Ana")
+    refused = ana.get("/class/stream")
+    assert refused.status_code in (302, 403) and refused.mimetype != "text/event-stream"
+    board = Stream(instructor(class_app), "/class/stream")
+    try:
+        wait_until(lambda: board.carries("Ana"), timeout=20, message=lambda: f"no board event with Ana's card: {board.names()}")
+        assert board.events[0] == ("hello", "class")
+        _bruno, bruno_lab = join(class_app, "Bruno")
+        wait_until(lambda: board.carries(f'data-lab="{bruno_lab}"'), timeout=10,
+                   message="Bruno joined, and the board's stream never carried his card")
+        # The same HTML goes to every board: no viewer's CSRF token in it.
+        assert 'name="csrf_token" value=""' in board.events[-1][1]
+    finally:
+        stop_hub(class_app)
+        board.thread.join(timeout=15)
+
+
+def test_a_guided_runs_stream_carries_its_steps_and_live_panel_to_its_lab_only(class_app):
+    ana, ana_lab = join(class_app, "Ana")
+    bruno, _bruno_lab = join(class_app, "Bruno")
+    started = ana.post("/scenarios/01_naive_double_credit/runs")
+    assert started.status_code == 303, started.get_data(as_text=True)
+    run_path = started.location.split("://", 1)[-1].split("/", 1)[-1]
+    # Another attendee's run is not theirs to read (LAB_CLASS_VIEW_OTHERS is off), pushed or not.
+    assert bruno.get(f"/{run_path}/stream").status_code in (403, 404)
+    stream = Stream(ana, f"/{run_path}/stream")
+    try:
+        wait_until(lambda: {"run-guide", "run-live"} <= set(stream.names()), timeout=20,
+                   message=lambda: f"the run's stream did not send its panels: {stream.names()}")
+        assert stream.events[0] == ("hello", run_path.rsplit("/", 1)[-1]) and stream.carries("Prepare a fresh lab")
+        with class_app.app_context(), db.engine.begin() as conn:  # the run's row changes: pushed
+            conn.execute(text("UPDATE lab_control.scenario_runs SET busy = true WHERE lab = :lab"), {"lab": ana_lab})
+        wait_until(lambda: stream.carries("A lab agent is running this step"), timeout=10,
+                   message="the run's row changed, and its stream never carried the new steps panel")
+    finally:
+        with class_app.app_context(), db.engine.begin() as conn:
+            conn.execute(text("UPDATE lab_control.scenario_runs SET busy = false WHERE lab = :lab"), {"lab": ana_lab})
+        stop_hub(class_app)
+        stream.thread.join(timeout=15)
+
+
+def test_the_presenters_stream_carries_the_labs_panels_and_its_step_line(class_app):
+    ana, ana_lab = join(class_app, "Ana")
+    stream = Stream(ana, "/present/stream")
+    try:
+        wait_until(lambda: {"present-guide", "accounts"} <= set(stream.names()), timeout=20,
+                   message=lambda: f"the presenter's stream did not send its step line and panels: {stream.names()}")
+        assert stream.carries("no exercise running")
+        assert ana.post("/scenarios/01_naive_double_credit/runs").status_code == 303
+        wait_until(lambda: stream.carries("A naive consumer credits twice"), timeout=10,
+                   message="an exercise started, and the presenter's step line was never pushed")
+    finally:
+        stop_hub(class_app)
+        stream.thread.join(timeout=15)
+
+
+def test_a_cards_lab_part_is_read_again_when_its_lab_changed_and_not_before(class_app, monkeypatch):
+    """The board keeps each lab's verdict until the change feed announces the lab (web/board.py):
+    with the freshness window closed, an unchanged lab is not read again, a changed one is."""
+    from webapp.web import board as board_module
+    ana, ana_lab = join(class_app, "Ana")
+    _bruno, bruno_lab = join(class_app, "Bruno")
+    reads: list[str] = []
+    real = board_module.read_lab_part
+    monkeypatch.setattr(board_module, "read_lab_part", lambda lab, lane: reads.append(lab.name) or real(lab, lane))
+    monkeypatch.setattr(board_module, "CORE_FRESH_SECONDS", 0.0)
+    with class_app.test_request_context("/"):
+        the_board = board_module.class_board()
+        the_hub = hub(class_app)
+        wait_until(lambda: the_hub.listening, timeout=10, message="the hub never listened on the change feed")
+        the_board.cards()
+        assert sorted(reads) == sorted([ana_lab, bruno_lab])
+
+        def read_again() -> list[str]:
+            reads.clear()
+            the_board.cards()
+            return list(reads)
+        # A new lab is written a while longer (its log reader starts on it): once neither changes,
+        # a look reads neither.
+        wait_until(lambda: read_again() == [], timeout=20, message=lambda: f"unchanged labs read again: {reads}")
+        stamps = {lab: the_hub.stamp(lab) for lab in (ana_lab, bruno_lab)}
+        assert ana.post("/api/v1/publish", json={"account_id": "acc-1", "amount_cents": 100}).status_code == 201
+        wait_until(lambda: the_hub.stamp(ana_lab) != stamps[ana_lab], timeout=10,
+                   message="Ana's publish was never announced")
+        cards = {card["lab"]: card for card in the_board.cards()}
+        assert ana_lab in reads and cards[ana_lab]["verdict"] == "pending", (reads, cards[ana_lab])
+        assert all(the_hub.stamp(lab) != stamps[lab] for lab in reads), "a lab was read again unchanged"
+    stop_hub(class_app)

@@ -102,6 +102,10 @@
       .then(function (body) {
         if (mode === "starting") mode = "poll";
         setIndicator("live");
+        // The page's other live parts (the presenter's step line, data-poll-ms) fetch themselves too.
+        document.querySelectorAll("[data-poll-ms]").forEach(function (element) {
+          if (!busy(element)) htmx.trigger(element, "refresh");
+        });
         Object.keys(body.fingerprints).forEach(function (name) { refresh(name, body.fingerprints[name]); });
       })
       .catch(function () { setIndicator("offline"); })

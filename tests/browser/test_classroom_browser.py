@@ -44,3 +44,31 @@ def test_a_second_browser_needs_the_rejoin_code_to_open_an_attendees_lab(class_u
         expect(second_banner.locator("code").first).to_have_text(alice_lab)
     finally:
         other.close()
+
+
+def test_the_board_is_pushed_a_new_attendees_card_and_its_pushed_forms_work(class_url, class_code, browser_page):
+    """The board holds one stream: an attendee who joins after it loaded appears without a poll, and
+    the buttons of that pushed card (HTML pushed to every board, so with no viewer's CSRF token in
+    it) work: the page puts its own token in as the form is sent."""
+    from playwright.sync_api import expect
+    board = browser_page
+    polls = []
+    board.on("request", lambda request: polls.append(request.url) if "/class/cards" in request.url else None)
+    board.goto(f"{class_url}/class")
+    expect(board.locator("#live-indicator")).to_have_attribute("data-mode", "push")
+    expect(board.locator("#live-indicator")).to_have_text("● live · push")
+
+    other = board.context.browser.new_context()
+    try:
+        carol = other.new_page()
+        submit_join(carol, class_url, "carol", class_code)
+        lab = carol.locator("[data-classroom-banner] code").first.inner_text()
+    finally:
+        other.close()
+    card = board.locator(f'.class-card[data-lab="{lab}"]')
+    expect(card).to_contain_text("carol", timeout=10_000)
+    assert card.locator('input[name="csrf_token"]').first.get_attribute("value") == ""
+
+    card.get_by_role("button", name="Hand over").click()
+    expect(board.locator(f'[data-handed-over="{lab}"]')).to_contain_text("carol's new rejoin code")
+    assert polls == [], f"a pushed board polled: {polls}"

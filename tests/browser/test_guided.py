@@ -29,6 +29,16 @@ def test_guided_mode_walks_exercise_one_to_a_green_verdict(guided_server, page):
 
     exercise = built_in()[0]
     scenario = load(exercise)
+    fetched = {"guide": 0, "live": 0, "loads": 0}
+
+    def count(request) -> None:
+        path = request.url.split("?", 1)[0]
+        for part in ("guide", "live"):
+            if path.endswith(f"/{part}"):
+                fetched[part] += 1
+        if request.resource_type == "document" and "/scenarios/runs/" in path:
+            fetched["loads"] += 1
+    page.on("request", count)
     page.goto(f"{guided_server}/scenarios/")
     card = page.locator(f'[data-scenario="{exercise.stem}"]')
     expect(card).to_contain_text(scenario.title)
@@ -38,6 +48,7 @@ def test_guided_mode_walks_exercise_one_to_a_green_verdict(guided_server, page):
     expect(page.locator(".narrative")).to_contain_text("after-effect-before-commit")
     button = page.locator("#next-step")
     expect(button).to_have_text("Prepare a fresh lab")
+    expect(page.locator("#live-indicator")).to_have_attribute("data-mode", "push")
 
     clicks = 0
     guide = page.locator("#guide")
@@ -45,8 +56,8 @@ def test_guided_mode_walks_exercise_one_to_a_green_verdict(guided_server, page):
         progress = guide.get_attribute("data-progress")
         page.locator("#next-step").click()
         clicks += 1
-        # A lab agent runs the step (a wait can take several seconds); the panel polls the run
-        # until the step is done and the run is free again.
+        # A lab agent runs the step (a wait can take several seconds); the run's stream pushes the
+        # steps panel as the run's row changes, until the step is done and the run is free again.
         expect(guide).not_to_have_attribute("data-progress", progress, timeout=90_000)
         expect(guide).to_have_attribute("data-busy", "false", timeout=90_000)
         if clicks == 1:
@@ -63,3 +74,7 @@ def test_guided_mode_walks_exercise_one_to_a_green_verdict(guided_server, page):
     expect(page.locator('#expectations [data-ok="false"]')).to_have_count(0, timeout=10_000)
     expect(page.locator('#expectations [data-check="acc-1 actual (cents)"]')).to_contain_text("20000")
     expect(page.locator('[data-account="acc-1"]').first).to_contain_text("R$ 200.00")
+    # Pushed, never polled (a poll a second would be dozens of fetches): the steps panel was never
+    # fetched, the live panel on each page load, and at most once more each when a push came while
+    # that fetch was under way (stream.js holds it back, then fetches the panel as it is now).
+    assert fetched["guide"] == 0 and fetched["loads"] <= fetched["live"] <= 2 * fetched["loads"], fetched

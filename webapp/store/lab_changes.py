@@ -1,7 +1,7 @@
 """The change feed of the live panels (issue 32): whatever changes a lab's data says so.
 
-Statement triggers on every table of a lab (and lane) schema, and a row trigger on
-``lab_control.consumers``, run ``pg_notify('lab_change', <lab name>)`` in the writer's own
+Statement triggers on every table of a lab (and lane) schema, and row triggers on the control
+tables whose rows name a lab (the consumers, the guided runs, the attendees), run ``pg_notify('lab_change', <lab name>)`` in the writer's own
 transaction: a consumer's transaction, the log reader, a control, the agent, a person in psql, the
 learner's own code. PostgreSQL delivers a notification at its transaction's commit, never for a
 rolled-back one, and folds identical notifications of one transaction into one; so a consumer's
@@ -41,14 +41,31 @@ END $fn$"""]
     return statements
 
 
+# The control tables whose rows name a lab and whose changes a screen shows: the consumers (the
+# dashboard), the guided runs (the run page, the presenter's step line, the board), the attendees
+# (the board).
+CONTROL_TABLES = ("consumers", "scenario_runs", "attendees")
+# A consumer writes its row every half second whether or not anything changed but its heartbeat: an
+# update that changes nothing else announces nothing (a stale heartbeat shows through web/push.py's
+# once-a-second look, as it writes nothing either).
+MORE_THAN_THE_HEARTBEAT_CHANGED = "(to_jsonb(OLD) - 'heartbeat_at') IS DISTINCT FROM (to_jsonb(NEW) - 'heartbeat_at')"
+
+
 def control_trigger_ddl() -> list[str]:
-    """The change trigger on ``lab_control.consumers`` (its rows name their lab); idempotent.
-    A heartbeat is a change too: the push side coalesces them (at most a few pushes a second)."""
-    table = f"{CONTROL_SCHEMA}.consumers"
+    """The change triggers of the control tables that name a lab (CONTROL_TABLES); idempotent. A row
+    trigger announces the row's lab; on the consumers, an update of the heartbeat alone does not."""
     function = f"{CONTROL_SCHEMA}.{TRIGGER}"
-    return [
-        notify_lab_function(function, CHANNEL),
-        f"DROP TRIGGER IF EXISTS {TRIGGER} ON {table}",
-        f"CREATE TRIGGER {TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON {table} FOR EACH ROW "
-        f"EXECUTE FUNCTION {function}()",
-    ]
+    statements = [notify_lab_function(function, CHANNEL)]
+    for name in CONTROL_TABLES:
+        table = f"{CONTROL_SCHEMA}.{name}"
+        statements += [f"DROP TRIGGER IF EXISTS {TRIGGER} ON {table}",
+                       f"DROP TRIGGER IF EXISTS {TRIGGER}_update ON {table}"]
+        if name == "consumers":
+            statements += [
+                f"CREATE TRIGGER {TRIGGER} AFTER INSERT OR DELETE ON {table} FOR EACH ROW EXECUTE FUNCTION {function}()",
+                f"CREATE TRIGGER {TRIGGER}_update AFTER UPDATE ON {table} FOR EACH ROW "
+                f"WHEN ({MORE_THAN_THE_HEARTBEAT_CHANGED}) EXECUTE FUNCTION {function}()"]
+        else:
+            statements.append(f"CREATE TRIGGER {TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON {table} FOR EACH ROW "
+                              f"EXECUTE FUNCTION {function}()")
+    return statements

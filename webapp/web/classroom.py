@@ -8,28 +8,20 @@ from __future__ import annotations
 import csv
 import io
 import time
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
-from flask import (Blueprint, Flask, Response, abort, current_app, has_request_context, jsonify, redirect,
-                   render_template, request, session, url_for)
-from sqlalchemy import text
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from flask import (Blueprint, Flask, Response, abort, current_app, has_request_context, jsonify, make_response,
+                   redirect, render_template, request, session, url_for)
+from sqlalchemy.exc import SQLAlchemyError
 
 from ..store import classroom, command_channel
 from ..store import scenario_runs
 from .. import ops
-from ..readmodel import group_health as group_health_readmodel
-from ..readmodel import service_health as service_health_readmodel
-from ..readmodel import state
-from ..store.schema import enter
-from .db import db, lab_session
+from .db import db
 from ..domain.lab import Lab
-from ..scenarios import built_in, load
-from ..scenarios.loader import Scenario
 from ..scenarios.runner import RunState
-from . import dashboard
+from . import dashboard, push
+from .board import cards_html as board_cards_html, class_board, exercise, exercises
 from .access import (ATTENDEE_LAB, ATTENDEE_NAME, REJOIN_CODE, VIEWING, current_lab, home_lab, in_class, is_instructor, may_view,
                      named_lab, own_lab, require_instructor, viewing)
 from .markdown import markdown
@@ -40,7 +32,6 @@ bp = Blueprint("classroom", __name__)
 # The blueprints whose every request works in the request's lab: an unbound visitor joins first.
 LAB_BLUEPRINTS = ("dashboard", "controls", "api", "scenarios")
 TOUCH_EVERY_SECONDS = 10.0
-BOARD_LOCK_TIMEOUT = "200ms"
 JOIN_TIMEOUT = 120.0  # seconds a join waits for an agent to create the attendee's lab
 _touched: dict[str, float] = {}
 HANDED_OVER = "handed_over"  # the board's one-time notice of a new rejoin code
@@ -240,100 +231,37 @@ def stop_viewing():
                     code=303)
 
 
-# --- the instructor's board -------------------------------------------------------------------
+# --- the instructor's board (its cards: board.py) ---------------------------------------------
 
-def cards() -> list[dict[str, Any]]:
-    """One card per attendee of this class: exercise and step, verdict, consumers, last activity."""
-    code = classroom.class_code(_config())
-    with db.engine.connect() as conn:
-        people = classroom.attendees(conn, code)
-        labs = [person.lab for person in people]
-        runs = classroom.latest_runs(conn, labs)
-        consumers = classroom.live_consumers(conn, labs)
-        idle = {lab: classroom.idle_seconds(conn, Lab(lab), BOARD_LOCK_TIMEOUT) for lab in labs}
-    result = []
-    for person in people:
-        lab = Lab(person.lab)
-        run = runs.get(person.lab)
-        scenario = exercise(run["scenario"]) if run else None
-        progress = RunState.from_dict(run["progress"]) if run else None
-        # A grading exercise judges the learner's own consumer: its lane's verdict, once prepared.
-        graded_lane = scenario.outside_lane if scenario and progress and progress.prepared else None
-        try:
-            with lab_session(lab.schema) as session_:
-                # The board must never hold up (or deadlock with) a lab being reset or dropped: a
-                # lock it cannot get at once makes the card say "unavailable" until the next refresh.
-                session_.execute(text(f"SET LOCAL lock_timeout = '{BOARD_LOCK_TIMEOUT}'"))
-                stalled_groups = group_health_readmodel.stalled(session_, lab)  # issue 29
-                if graded_lane:
-                    enter(session_.connection(), lab.lane_schema(graded_lane))
-                verdict = state.verdict(session_, lab, explain=False)  # a card shows counts, not the whys
-        except SQLAlchemyError:
-            verdict, stalled_groups = None, []
-        quiet = min(t for t in (idle.get(person.lab), person.seen_seconds_ago) if t is not None)
-        result.append({
-            "name": person.name, "lab": person.lab, "joined_at": person.joined_at,
-            "exercise": scenario.title if scenario else (run["scenario"] if run else None),
-            "run_id": run["id"] if run else None, "run_status": run["status"] if run else None,
-            "step": progress.position if progress else None,
-            "steps": len(scenario.steps) if scenario else None,
-            "verdict": verdict.status if verdict else "unavailable",
-            "duplicates_applied": verdict.duplicates_applied if verdict else None,
-            "effects_lost": verdict.effects_lost if verdict else None,
-            "consumers": consumers.get(person.lab, 0),
-            "idle_seconds": round(quiet, 1),
-            "stalled_groups": stalled_groups,
-            "graded_lane": graded_lane,
-        })
-    return result
-
-
-@lru_cache(maxsize=64)
-def _parsed(path: Path, modified: float) -> Scenario:
-    return load(path)
-
-
-def exercise(name: str) -> Scenario | None:
-    """A built-in exercise by name, parsed once per version of its file (the board and the
-    presenter ask every second; parsing all of them takes about a second)."""
-    path = next((p for p in built_in() if p.stem == name), None)
-    return _parsed(path, path.stat().st_mtime) if path else None
-
-
-def _exercises() -> list[tuple[str, str]]:
-    return [(path.stem, _parsed(path, path.stat().st_mtime).title) for path in built_in()]
+def _require_class() -> None:
+    require_instructor()
+    if not in_class():
+        abort(make_response(render_template("errors/error.html", code=404, message=(
+            "This lab runs no class: set LAB_CLASS_CODE (or LAB_CLASSROOM=1) to turn classroom mode on.")), 404))
 
 
 @bp.get("/class")
 def board():
-    require_instructor()
-    if not in_class():
-        return render_template("errors/error.html", code=404, message=(
-            "This lab runs no class: set LAB_CLASS_CODE (or LAB_CLASSROOM=1) to turn classroom mode on.")), 404
-    return render_template("classroom/board.html", cards=cards(), down=down_parts(), exercises=_exercises(),
+    _require_class()
+    return render_template("classroom/board.html", cards_html=board_cards_html(class_board()), exercises=exercises(),
                            notice=request.args.get("notice"), code=classroom.class_code(_config()),
-                           handed_over=session.pop(HANDED_OVER, None))
-
-
-def down_parts() -> list[dict[str, Any]]:
-    """The parts every lab depends on that are down (readmodel/service_health.py), for the board's
-    header; PostgreSQL itself when it does not answer."""
-    try:
-        with db.engine.connect() as conn:
-            return service_health_readmodel.down(service_health_readmodel.service_health(conn, None))
-    except OperationalError as error:
-        return service_health_readmodel.down(
-            service_health_readmodel.database_unreachable(service_health_readmodel.driver_error(error)))
+                           handed_over=session.pop(HANDED_OVER, None),
+                           push=bool(current_app.config.get("LIVE_PUSH")))
 
 
 @bp.get("/class/cards")
 def board_cards():
-    """The cards alone, under the parts that are down: the board refreshes them every few seconds.
-    Without PostgreSQL, the header alone (the cards are read from it)."""
-    require_instructor()
-    down = down_parts()
-    database_down = any(part["part"] == service_health_readmodel.POSTGRES for part in down)
-    return render_template("classroom/_cards.html", cards=[] if database_down else cards(), down=down)
+    """The cards alone, under the parts that are down: what the board polls when push is unavailable."""
+    _require_class()
+    return board_cards_html(class_board())
+
+
+@bp.get("/class/stream")
+def board_stream():
+    """The cards as server-sent events (event ``board``, the HTML of ``/class/cards``) whenever they
+    change, looked at once a second at most."""
+    _require_class()
+    return push.stream_of([class_board()], "class")
 
 
 @bp.post("/class/start")
@@ -408,7 +336,7 @@ def results_csv():
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, extrasaction="ignore")
     writer.writeheader()
-    for card in cards():
+    for card in class_board().cards():
         writer.writerow(card)
     return Response(out.getvalue(), mimetype="text/csv",
                     headers={"Content-Disposition": "attachment; filename=class-results.csv"})
@@ -440,8 +368,20 @@ def present():
 
 @bp.get("/present/guide")
 def present_guide():
-    """The presenter's step line, polled every second."""
-    lab = current_lab()
+    """The presenter's step line: what the page polls when push is unavailable."""
+    return present_guide_html(current_lab())
+
+
+def present_guide_html(lab: Lab) -> str:
     run, scenario, progress = _present_run(lab)
     return render_template("classroom/_present_guide.html", lab=lab, run=run, scenario=scenario, progress=progress,
                            markdown=markdown)
+
+
+@bp.get("/present/stream")
+def present_stream():
+    """The presenter's stream: its lab's panels, as ``/stream`` sends them, and its step line
+    (event ``present-guide``)."""
+    lab = current_lab()
+    step_line = push.Partials(f"present:{lab.name}", lab, {"present-guide": lambda: present_guide_html(lab)})
+    return push.stream_of([push.lab_panels(lab), step_line], lab.name)

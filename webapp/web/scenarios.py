@@ -6,8 +6,9 @@ calls the same operations as every other control. A click claims the run and han
 lab agent (command ``scenario.step``, webapp/scenarios/guided.py): a step may wait for a minute,
 and no web request waits that long. The run's progress (which step is next, what each step
 observed, the consumers' ids, whether a step is running) lives in ``lab_control.scenario_runs``,
-so a reload, a second browser or a second web worker sees the same run; the page polls it while
-a step runs.
+so a reload, a second browser or a second web worker sees the same run. The page is pushed the
+run's steps and live panel as they change (``RunFeed``, web/push.py), or polls them when push is
+unavailable.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from ..scenarios.claims import claims_markdown
 from ..scenarios.loader import SEEDS, Scenario
 from ..scenarios.observe import observe
 from ..scenarios.runner import RunState, check_expectations, fresh_lab_name
+from . import push
 from .access import current_lab, guided_run_lab, readable_labs, require_drivable, require_readable
 from .markdown import markdown
 
@@ -105,7 +107,11 @@ def start(name: str):
 
 
 def _context(run_id: int) -> dict:
-    row = _run_row(run_id)
+    return run_context(_run_row(run_id))
+
+
+def run_context(row: dict) -> dict:
+    """What the run's page and partials show, from its row (the caller checked the session may read it)."""
     scenario = _scenario(row["scenario"])
     run = RunState.from_dict(row["progress"])
     done = {step["index"]: step for step in run.steps}
@@ -130,13 +136,51 @@ def what_to_watch(narrative: str) -> tuple[str | None, str]:
 
 @bp.get("/runs/<int:run_id>")
 def show(run_id: int):
-    return render_template("scenarios/run.html", **_context(run_id))
+    return render_template("scenarios/run.html", push=bool(current_app.config.get("LIVE_PUSH")), **_context(run_id))
 
 
 @bp.get("/runs/<int:run_id>/guide")
 def guide(run_id: int):
-    """The steps panel alone: what the page polls while a step runs."""
+    """The steps panel alone: what the page polls while a step runs when push is unavailable."""
     return render_template("scenarios/_guide.html", error=None, **_context(run_id))
+
+
+@bp.get("/runs/<int:run_id>/stream")
+def run_stream(run_id: int):
+    """The run's steps panel (event ``run-guide``) and live panel (``run-live``) as server-sent
+    events, each whenever it changes: the HTML of ``/guide`` and ``/live``."""
+    row = _run_row(run_id)
+    return push.stream_of([RunFeed(row["id"], Lab(row["lab"]))], str(row["id"]))
+
+
+def _gone(element_id: str) -> str:
+    """What a run's panel shows once the run's row is gone (a class reset deletes its lab's runs)."""
+    return (f'<section class="panel" id="{element_id}"><p class="badge bad" role="alert">This run is no longer '
+            f'here: its lab was reset or dropped. <a href="{url_for("scenarios.index")}">Back to the exercises</a>'
+            '</p></section>')
+
+
+class RunFeed(push.Partials):
+    """A guided run's steps and live panels, rendered once a look for every viewer of the run."""
+    gap = 0.5  # its live panel reads the whole lab (observe): at most twice a second
+
+    def __init__(self, run_id: int, lab: Lab):
+        super().__init__(f"run:{run_id}", lab, {"run-guide": self._guide, "run-live": self._live})
+        self.run_id = run_id
+
+    def _row(self) -> dict | None:
+        with db.engine.connect() as conn:
+            return scenario_runs.get(conn, self.run_id)
+
+    def _guide(self) -> str:
+        row = self._row()
+        if row is None:
+            return _gone("guide")
+        return render_template("scenarios/_guide.html", error=None, **run_context(row))
+
+    def _live(self) -> str:
+        row = self._row()
+        return _gone("live-gone") if row is None else live_html(run_context(row))
 
 
 @bp.post("/runs/<int:run_id>/next")
@@ -168,7 +212,10 @@ def _respond(run_id: int, error: str | None = None):
 @bp.get("/runs/<int:run_id>/live")
 def live(run_id: int):
     """The run's lab, live: accounts (per lane), verdict, consumers, expectations, timeline."""
-    context = _context(run_id)
+    return live_html(_context(run_id))
+
+
+def live_html(context: dict) -> str:
     lab = Lab(context["row"]["lab"])
     try:
         snap = observe(db.engine, lab)

@@ -20,8 +20,9 @@ import hmac
 import secrets
 from typing import Callable
 
-from flask import Flask, Response, abort, current_app, jsonify, redirect, render_template, request, session, url_for
-from flask_wtf.csrf import CSRFError, CSRFProtect
+from flask import Flask, Response, abort, current_app, g, jsonify, redirect, render_template, request, session, url_for
+from flask_wtf.csrf import CSRFError, CSRFProtect, generate_csrf
+from markupsafe import Markup, escape
 
 from .ratelimit import BrowserAndAddressLimiter, FailureLimiter
 
@@ -99,6 +100,16 @@ def too_many_guesses(wait: int) -> Response:
     return response
 
 
+def csrf_field() -> Markup:
+    """A form's hidden CSRF field. In HTML pushed to every viewer of a feed (``g.pushed``, web/push.py)
+    it is left empty, for no viewer's token may go to another: the page fills it from its own
+    ``csrf-token`` meta tag when the form is sent (static/js/stream.js); htmx sends the token as a
+    header anyway."""
+    if g.get("pushed"):
+        return Markup('<input type="hidden" name="csrf_token" value="" data-page-token>')
+    return Markup(f'<input type="hidden" name="csrf_token" value="{escape(generate_csrf())}">')
+
+
 def init_app(app: Flask, may_post_without_token: Callable[[], bool] = lambda: False) -> None:
     """``may_post_without_token``: whether this request may change the lab without LAB_TOKEN
     (classroom mode: an attendee drives their own lab; create_app passes access.attendee_may_post)."""
@@ -109,6 +120,7 @@ def init_app(app: Flask, may_post_without_token: Callable[[], bool] = lambda: Fa
     from . import headers
     headers.init_app(app)
     app.context_processor(lambda: {"signed_in": signed_in})  # the header's sign-out button
+    app.add_template_global(csrf_field)
 
     @app.before_request
     def refuse_a_body_too_large():

@@ -1,0 +1,71 @@
+"""The change feed's triggers on the control tables (store/lab_changes.py), on the real PostgreSQL:
+a row that names a lab announces it at commit, and a consumer's write that changes nothing but its
+heartbeat announces nothing (it lands twice a second per consumer)."""
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from webapp.store.connection import CONTROL_SCHEMA, psycopg_conninfo
+from webapp.store.lab_changes import CHANNEL
+
+C = CONTROL_SCHEMA
+
+
+@pytest.fixture
+def listener(services):
+    """A connection that LISTENs on the change feed; ``heard()`` drains what it was sent."""
+    conn = psycopg.connect(psycopg_conninfo(services.database_url), autocommit=True)
+    conn.execute(f"LISTEN {CHANNEL}")
+
+    def heard(lab: str) -> int:
+        return sum(1 for notify in conn.notifies(timeout=0.5) if notify.payload == lab)
+    try:
+        yield heard
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def writer(services):
+    conn = psycopg.connect(psycopg_conninfo(services.database_url), autocommit=True)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def consumer_row(writer, lab_name):
+    consumer_id = writer.execute(f"INSERT INTO {C}.consumers (lab, name, group_id, state, heartbeat_at) "
+                                 "VALUES (%s, 'c1', 'g', 'running', now()) RETURNING id", [lab_name]).fetchone()[0]
+    try:
+        yield consumer_id
+    finally:
+        writer.execute(f"DELETE FROM {C}.consumers WHERE id = %s", [consumer_id])
+
+
+def test_a_consumers_heartbeat_alone_announces_nothing_any_other_change_announces_its_lab(
+        listener, writer, consumer_row, lab_name):
+    listener(lab_name)  # the insert's announcement
+    writer.execute(f"UPDATE {C}.consumers SET heartbeat_at = now() + interval '1 second' WHERE id = %s", [consumer_row])
+    # The consumer's own write (webapp/consumer/control.py) sets every column to what it holds.
+    writer.execute(f"UPDATE {C}.consumers SET state = state, positions = positions, heartbeat_at = now() "
+                   "WHERE id = %s", [consumer_row])
+    assert listener(lab_name) == 0
+    writer.execute(f"UPDATE {C}.consumers SET positions = '{{\"0\": 3}}', heartbeat_at = now() WHERE id = %s",
+                   [consumer_row])
+    assert listener(lab_name) == 1
+
+
+@pytest.mark.parametrize("table, row", [
+    ("scenario_runs", "(scenario, lab, status, progress) VALUES ('01_naive_double_credit', %s, 'pending', '{}')"),
+    ("attendees", "(class_code, name, name_key, lab) VALUES ('feed-test', 'Ana', 'ana', %s)"),
+])
+def test_a_guided_run_or_an_attendee_announces_its_lab(listener, writer, lab_name, table, row):
+    writer.execute(f"INSERT INTO {C}.{table} {row}", [lab_name])
+    try:
+        assert listener(lab_name) == 1
+    finally:
+        writer.execute(f"DELETE FROM {C}.{table} WHERE lab = %s", [lab_name])
+    assert listener(lab_name) == 1

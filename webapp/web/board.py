@@ -1,0 +1,202 @@
+"""The instructor's class board: one card per attendee, kept current for every board at once.
+
+A card has cheap parts, read for the whole class in three queries at every look (who joined, their
+newest guided run, how many consumers run), and a costly one, read in the attendee's lab: the
+verdict (the graded lane's for a grading exercise), the stalled groups, the lab's last activity.
+Thirty labs' verdicts on every request made the board the slowest page of a class (issue 28), so
+the costly part is kept per lab and read again only when it may have changed:
+
+- the lab was announced on the change feed since it was read (web/push.py's stamps: every writer
+  of a lab's data announces it at commit), or its guided run is another, or was prepared since;
+- or it is older than CORE_MAX_AGE_SECONDS: a group stalls with time alone, which writes nothing.
+
+A part younger than CORE_FRESH_SECONDS is used as it is, changed or not: a class in full swing
+announces every lab every second, and the board would read them all at every request. So a card
+may be that far behind its lab; a card whose lab changed since its part was read more than
+BEHIND_SHOWN_SECONDS ago says so (``behind_seconds``: the board is slower than the class). While the listener is not listening, nothing is known unchanged: a part is
+used only while it is fresh.
+
+One board per class code and web process, kept by the hub (``Hub.keep``) while a board is open or
+was asked for lately, so its pusher reads the changed labs in the background once a second and a
+request rarely waits for one. The instructor's pages stream it (``GET /class/stream``, event
+``board``) or poll ``GET /class/cards`` when push is unavailable.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Hashable
+
+from flask import render_template
+from markupsafe import Markup
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+
+from ..domain.lab import Lab
+from ..readmodel import group_health as group_health_readmodel
+from ..readmodel import service_health as service_health_readmodel
+from ..readmodel import state
+from ..scenarios import built_in, load
+from ..scenarios.loader import Scenario
+from ..scenarios.runner import RunState
+from ..store import classroom
+from ..store.schema import enter
+from . import push
+from .db import db, lab_session
+from .singleflight import SingleFlight
+
+BOARD_LOCK_TIMEOUT = "200ms"
+CORE_FRESH_SECONDS = 2.0     # a lab's verdict this young is shown as it is
+CORE_MAX_AGE_SECONDS = 10.0  # ...and one this old is read again, changed or not (a group stalls with time)
+BEHIND_SHOWN_SECONDS = 3.0   # a card further behind its lab than this says so
+
+
+@lru_cache(maxsize=64)
+def _parsed(path: Path, modified: float) -> Scenario:
+    return load(path)
+
+
+def exercise(name: str) -> Scenario | None:
+    """A built-in exercise by name, parsed once per version of its file (the board and the
+    presenter ask every second; parsing all of them takes about a second)."""
+    path = next((p for p in built_in() if p.stem == name), None)
+    return _parsed(path, path.stat().st_mtime) if path else None
+
+
+def exercises() -> list[tuple[str, str]]:
+    return [(path.stem, _parsed(path, path.stat().st_mtime).title) for path in built_in()]
+
+
+@dataclass(frozen=True)
+class LabPart:
+    """The costly part of a card, read in the attendee's lab."""
+    verdict: str
+    duplicates_applied: int | None
+    effects_lost: int | None
+    stalled_groups: list[dict[str, Any]]
+    active_at: float | None  # wall-clock time of the lab's newest timeline entry
+    read_at: float           # wall-clock time it was read
+
+
+def read_lab_part(lab: Lab, graded_lane: str | None) -> LabPart:
+    """The verdict (the graded lane's for a grading exercise), stalled groups and last activity of
+    ``lab``; "unavailable" when the lab cannot be read at once (being reset or dropped)."""
+    read_at = time.time()
+    with db.engine.connect() as conn:
+        idle = classroom.idle_seconds(conn, lab, BOARD_LOCK_TIMEOUT)
+    try:
+        with lab_session(lab.schema) as session_:
+            # The board must never hold up (or deadlock with) a lab being reset or dropped: a
+            # lock it cannot get at once makes the card say "unavailable" until the next look.
+            session_.execute(text(f"SET LOCAL lock_timeout = '{BOARD_LOCK_TIMEOUT}'"))
+            stalled_groups = group_health_readmodel.stalled(session_, lab)  # issue 29
+            if graded_lane:
+                enter(session_.connection(), lab.lane_schema(graded_lane))
+            verdict = state.verdict(session_, lab, explain=False)  # a card shows counts, not the whys
+    except SQLAlchemyError:
+        return LabPart("unavailable", None, None, [], None if idle is None else read_at - idle, read_at)
+    return LabPart(verdict.status, verdict.duplicates_applied, verdict.effects_lost, stalled_groups,
+                   None if idle is None else read_at - idle, read_at)
+
+
+class ClassBoard(push.Source):
+    """The cards of one class, for the board's page, its stream and the results export."""
+    gap = 1.0  # at most one look a second, however many labs are announced
+
+    def __init__(self, code: str, hub: push.Hub):
+        self.key, self.code, self.hub = f"class:{code}", code, hub
+        self.parts = SingleFlight()  # lab -> (its stamp, its run, LabPart)
+
+    def concerns(self, lab_name: str) -> bool:
+        return True  # any lab may be an attendee's, or one's who is joining
+
+    def cards(self) -> list[dict[str, Any]]:
+        """One card per attendee of this class: exercise and step, verdict, consumers, last activity."""
+        with db.engine.connect() as conn:
+            people = classroom.attendees(conn, self.code)
+            labs = [person.lab for person in people]
+            runs = classroom.latest_runs(conn, labs)
+            consumers = classroom.live_consumers(conn, labs)
+        now = time.time()
+        result = []
+        for person in people:
+            run = runs.get(person.lab)
+            scenario = exercise(run["scenario"]) if run else None
+            progress = RunState.from_dict(run["progress"]) if run else None
+            # A grading exercise judges the learner's own consumer: its lane's verdict, once prepared.
+            graded_lane = scenario.outside_lane if scenario and progress and progress.prepared else None
+            part, unchanged = self._lab_part(Lab(person.lab), (run["id"] if run else None, graded_lane))
+            quiet = [t for t in (None if part.active_at is None else now - part.active_at,
+                                 person.seen_seconds_ago) if t is not None]
+            behind = 0.0 if unchanged else now - part.read_at
+            result.append({
+                "name": person.name, "lab": person.lab, "joined_at": person.joined_at,
+                "exercise": scenario.title if scenario else (run["scenario"] if run else None),
+                "run_id": run["id"] if run else None, "run_status": run["status"] if run else None,
+                "step": progress.position if progress else None,
+                "steps": len(scenario.steps) if scenario else None,
+                "verdict": part.verdict,
+                "duplicates_applied": part.duplicates_applied,
+                "effects_lost": part.effects_lost,
+                "consumers": consumers.get(person.lab, 0),
+                "idle_seconds": round(max(0.0, min(quiet)), 1) if quiet else None,
+                "stalled_groups": part.stalled_groups,
+                "graded_lane": graded_lane,
+                "behind_seconds": round(behind, 1) if behind > BEHIND_SHOWN_SECONDS else None,
+            })
+        return result
+
+    def _lab_part(self, lab: Lab, run: Hashable) -> tuple[LabPart, bool]:
+        """The lab's part, read again unless still valid; and whether the lab is known unchanged
+        since it was read."""
+        stamp = self.hub.stamp(lab.name)  # before the read: a change committed meanwhile moves it
+
+        def valid(kept) -> bool:
+            kept_stamp, kept_run, part = kept
+            age = time.time() - part.read_at
+            if kept_run != run:
+                return False
+            return age < CORE_FRESH_SECONDS or (stamp is not None and kept_stamp == stamp
+                                                and age < CORE_MAX_AGE_SECONDS)
+        def read() -> tuple[tuple, tuple]:
+            kept = (stamp, run, read_lab_part(lab, run[1]))
+            return kept, kept  # (what validity is judged on, the value): the same here
+        kept_stamp, _run, part = self.parts.get(lab.name, valid, read)
+        return part, stamp is not None and kept_stamp == stamp
+
+    def render(self, shown):
+        started = time.monotonic()
+        html = cards_html(self)
+        digest = hashlib.blake2b(html.encode(), digest_size=12).hexdigest()
+        if digest != shown.get("board"):
+            yield "board", digest, html, time.monotonic() - started
+
+
+def down_parts() -> list[dict[str, Any]]:
+    """The parts every lab depends on that are down (readmodel/service_health.py), for the board's
+    header; PostgreSQL itself when it does not answer."""
+    try:
+        with db.engine.connect() as conn:
+            return service_health_readmodel.down(service_health_readmodel.service_health(conn, None))
+    except OperationalError as error:
+        return service_health_readmodel.down(
+            service_health_readmodel.database_unreachable(service_health_readmodel.driver_error(error)))
+
+
+def cards_html(board: ClassBoard) -> Markup:
+    """The board's cards under the parts that are down, as HTML the board page includes. Without
+    PostgreSQL, the header alone (the cards are read from it)."""
+    down = down_parts()
+    database_down = any(part["part"] == service_health_readmodel.POSTGRES for part in down)
+    return Markup(render_template("classroom/_cards.html",  # noqa: S704 (our own template's output)
+                                  cards=[] if database_down else board.cards(), down=down))
+
+
+def class_board() -> ClassBoard:
+    """This process's board of the configured class, kept warm a while longer by this request."""
+    from flask import current_app
+    the_hub = push.hub()
+    return the_hub.keep(ClassBoard(classroom.class_code(current_app.config), the_hub))
