@@ -161,24 +161,31 @@ def test_the_presenters_stream_carries_the_labs_panels_and_its_step_line(class_a
 
 def test_a_cards_lab_part_is_read_again_when_its_lab_changed_and_not_before(class_app, monkeypatch):
     """The board keeps each lab's verdict until the change feed announces the lab (web/board.py):
-    with the freshness window closed, an unchanged lab is not read again, a changed one is."""
+    with the freshness window closed, the pusher's look reads an unchanged lab no more, a changed one
+    again; a request reads neither (it shows the parts as last read)."""
     from webapp.web import board as board_module
     ana, ana_lab = join(class_app, "Ana")
     _bruno, bruno_lab = join(class_app, "Bruno")
     reads: list[str] = []
-    real = board_module.read_lab_part
-    monkeypatch.setattr(board_module, "read_lab_part", lambda lab, lane: reads.append(lab.name) or real(lab, lane))
+    real, here = board_module.read_lab_part, threading.current_thread()
+
+    def counted(lab, lane):  # this test's reads only, not the hub's pusher's (it looks at the kept board)
+        if threading.current_thread() is here:
+            reads.append(lab.name)
+        return real(lab, lane)
+    monkeypatch.setattr(board_module, "read_lab_part", counted)
     monkeypatch.setattr(board_module, "CORE_FRESH_SECONDS", 0.0)
     with class_app.test_request_context("/"):
-        the_board = board_module.class_board()
         the_hub = hub(class_app)
+        board_module.class_board()  # starts the hub's listener
+        the_board = board_module.ClassBoard(class_app.class_code, the_hub)
         wait_until(lambda: the_hub.listening, timeout=10, message="the hub never listened on the change feed")
-        the_board.cards()
+        the_board.cards(read_changed=True)
         assert sorted(reads) == sorted([ana_lab, bruno_lab])
 
         def read_again() -> list[str]:
             reads.clear()
-            the_board.cards()
+            the_board.cards(read_changed=True)
             return list(reads)
         # A new lab is written a while longer (its log reader starts on it): once neither changes,
         # a look reads neither.
@@ -187,7 +194,10 @@ def test_a_cards_lab_part_is_read_again_when_its_lab_changed_and_not_before(clas
         assert ana.post("/api/v1/publish", json={"account_id": "acc-1", "amount_cents": 100}).status_code == 201
         wait_until(lambda: the_hub.stamp(ana_lab) != stamps[ana_lab], timeout=10,
                    message="Ana's publish was never announced")
+        reads.clear()
         cards = {card["lab"]: card for card in the_board.cards()}
+        assert reads == [] and cards[ana_lab]["verdict"] == "no-events", "a request read a lab part"
+        cards = {card["lab"]: card for card in the_board.cards(read_changed=True)}
         assert ana_lab in reads and cards[ana_lab]["verdict"] == "pending", (reads, cards[ana_lab])
         assert all(the_hub.stamp(lab) != stamps[lab] for lab in reads), "a lab was read again unchanged"
     stop_hub(class_app)

@@ -11,10 +11,14 @@ the costly part is kept per lab and read again only when it may have changed:
 - or it is older than CORE_MAX_AGE_SECONDS: a group stalls with time alone, which writes nothing.
 
 A part younger than CORE_FRESH_SECONDS is used as it is, changed or not: a class in full swing
-announces every lab every second, and the board would read them all at every request. So a card
-may be that far behind its lab; a card whose lab changed since its part was read more than
-BEHIND_SHOWN_SECONDS ago says so (``behind_seconds``: the board is slower than the class). While the listener is not listening, nothing is known unchanged: a part is
-used only while it is fresh.
+announces every lab every second, and the board would read them all at every look.
+
+Who reads: the hub's pusher, at each look at the board (once a second while a board is open or was
+asked for in the last IDLE_SECONDS). A request (the page, its polling fallback, the export) uses the
+parts as the pusher last read them and reads only a lab it has none of yet (or whose run changed):
+it answers as fast as the cheap queries, never behind thirty verdicts. So a card may be a look
+behind its lab; one whose lab changed since its part was read more than BEHIND_SHOWN_SECONDS ago
+says how old its verdict is (``behind_seconds``: the board reads slower than the class changes).
 
 One board per class code and web process, kept by the hub (``Hub.keep``) while a board is open or
 was asked for lately, so its pusher reads the changed labs in the background once a second and a
@@ -113,8 +117,10 @@ class ClassBoard(push.Source):
     def concerns(self, lab_name: str) -> bool:
         return True  # any lab may be an attendee's, or one's who is joining
 
-    def cards(self) -> list[dict[str, Any]]:
-        """One card per attendee of this class: exercise and step, verdict, consumers, last activity."""
+    def cards(self, read_changed: bool = False) -> list[dict[str, Any]]:
+        """One card per attendee of this class: exercise and step, verdict, consumers, last activity.
+        ``read_changed`` (the pusher): read again each lab part that may have changed; else only
+        the missing ones."""
         with db.engine.connect() as conn:
             people = classroom.attendees(conn, self.code)
             labs = [person.lab for person in people]
@@ -128,7 +134,7 @@ class ClassBoard(push.Source):
             progress = RunState.from_dict(run["progress"]) if run else None
             # A grading exercise judges the learner's own consumer: its lane's verdict, once prepared.
             graded_lane = scenario.outside_lane if scenario and progress and progress.prepared else None
-            part, unchanged = self._lab_part(Lab(person.lab), (run["id"] if run else None, graded_lane))
+            part, unchanged = self._lab_part(Lab(person.lab), (run["id"] if run else None, graded_lane), read_changed)
             quiet = [t for t in (None if part.active_at is None else now - part.active_at,
                                  person.seen_seconds_ago) if t is not None]
             behind = 0.0 if unchanged else now - part.read_at
@@ -149,9 +155,9 @@ class ClassBoard(push.Source):
             })
         return result
 
-    def _lab_part(self, lab: Lab, run: Hashable) -> tuple[LabPart, bool]:
-        """The lab's part, read again unless still valid; and whether the lab is known unchanged
-        since it was read."""
+    def _lab_part(self, lab: Lab, run: Hashable, read_changed: bool) -> tuple[LabPart, bool]:
+        """The lab's part, read again if it is missing, its run changed, or (``read_changed``) it
+        may be out of date; and whether the lab is known unchanged since it was read."""
         stamp = self.hub.stamp(lab.name)  # before the read: a change committed meanwhile moves it
 
         def valid(kept) -> bool:
@@ -159,8 +165,8 @@ class ClassBoard(push.Source):
             age = time.time() - part.read_at
             if kept_run != run:
                 return False
-            return age < CORE_FRESH_SECONDS or (stamp is not None and kept_stamp == stamp
-                                                and age < CORE_MAX_AGE_SECONDS)
+            return not read_changed or age < CORE_FRESH_SECONDS or (
+                stamp is not None and kept_stamp == stamp and age < CORE_MAX_AGE_SECONDS)
         def read() -> tuple[tuple, tuple]:
             kept = (stamp, run, read_lab_part(lab, run[1]))
             return kept, kept  # (what validity is judged on, the value): the same here
@@ -169,7 +175,7 @@ class ClassBoard(push.Source):
 
     def render(self, shown):
         started = time.monotonic()
-        html = cards_html(self)
+        html = cards_html(self, read_changed=True)
         digest = hashlib.blake2b(html.encode(), digest_size=12).hexdigest()
         if digest != shown.get("board"):
             yield "board", digest, html, time.monotonic() - started
@@ -186,13 +192,13 @@ def down_parts() -> list[dict[str, Any]]:
             service_health_readmodel.database_unreachable(service_health_readmodel.driver_error(error)))
 
 
-def cards_html(board: ClassBoard) -> Markup:
+def cards_html(board: ClassBoard, read_changed: bool = False) -> Markup:
     """The board's cards under the parts that are down, as HTML the board page includes. Without
     PostgreSQL, the header alone (the cards are read from it)."""
     down = down_parts()
     database_down = any(part["part"] == service_health_readmodel.POSTGRES for part in down)
     return Markup(render_template("classroom/_cards.html",  # noqa: S704 (our own template's output)
-                                  cards=[] if database_down else board.cards(), down=down))
+                                  cards=[] if database_down else board.cards(read_changed), down=down))
 
 
 def class_board() -> ClassBoard:
