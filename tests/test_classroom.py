@@ -582,3 +582,17 @@ def test_a_labs_idle_time_is_unknown_not_an_error_while_a_reset_holds_its_timeli
         assert board.execute(text("SELECT 1")).scalar() == 1  # the savepoint kept the transaction usable
         holder.rollback()
         assert classroom.idle_seconds(board, lab.lab) is not None
+
+
+def test_the_board_answers_when_an_exercise_file_does_not_load(class_app, tmp_path, monkeypatch):
+    """A broken exercise file (a typo in a strategy's name, say) is the Exercises page's to show with
+    its error; the board still answers, and offers the exercises that load."""
+    from webapp.web import board
+    broken = tmp_path / "99_broken.yaml"
+    broken.write_text("title: Broken\nsetup: {partitions: 1, groups: {g: {strategy: no-such}}}\nsteps: []\n")
+    built_in = board.built_in
+    monkeypatch.setattr(board, "built_in", lambda: [*built_in(), broken])
+    page = instructor(class_app).get("/class")
+    assert page.status_code == 200, page.get_data(as_text=True)
+    html = page.get_data(as_text=True)
+    assert 'value="01_naive_double_credit"' in html and "99_broken" not in html

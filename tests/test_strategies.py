@@ -180,6 +180,25 @@ def test_natural_sets_are_the_same_however_often_they_run_and_credits_double(con
     assert {table: count(conn, table) for table in KEY_TABLES} == dict.fromkeys(KEY_TABLES, 0)
 
 
+def status_row(conn, account_id: str) -> tuple:
+    return conn.execute("SELECT status, status_at FROM accounts WHERE id = %s", [account_id]).fetchone()
+
+
+@pytest.mark.parametrize("name, row_changes", [("natural", False), ("natural-clock", True)])
+def test_a_set_is_idempotent_only_if_its_values_come_from_the_event(conn, name, row_changes):
+    """Source text 000's `SET status = 'PAID', paid_at = ?`: natural writes the event's time, so a
+    redelivery rewrites the same row; natural-clock writes now(), so the row changes (the status not)."""
+    strategy = strategies.get(name)
+    event = events.set_status("acc-5", "PAID", occurred_at=at(0))
+    assert strategy.apply(RecordingContext(conn), event) == "applied"
+    first = status_row(conn, "acc-5")
+    assert strategy.apply(RecordingContext(conn), event) == "applied"  # the redelivery: rewritten, not skipped
+    second = status_row(conn, "acc-5")
+    assert first[0] == second[0] == "PAID"
+    assert (first != second) is row_changes, (first, second)
+    assert (second[1] == datetime.fromisoformat(at(0))) is not row_changes
+
+
 def at(seconds: int) -> str:
     return (datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc) + timedelta(seconds=seconds)).isoformat()
 

@@ -9,6 +9,7 @@ import threading
 import uuid
 
 import pytest
+from markupsafe import escape
 from confluent_kafka import Producer
 
 from webapp.logreader import LogReader
@@ -153,6 +154,35 @@ def test_an_old_status_resent_after_a_newer_one_is_a_regression_not_a_harmless_r
     panel = lab.client.get("/panels/verdict").get_data(as_text=True)
     assert re.search(r'class="bad"><dt>↶ Sets regressed[^<]*</dt><dd data-verdict="sets_regressed">1<', panel), panel
     assert '<dd data-verdict="sets_reapplied_harmless">0<' in panel and regression["why"] in panel
+
+
+@pytest.mark.parametrize("strategy, changed", [("natural", 0), ("natural-clock", 1)])
+def test_a_status_set_again_with_the_clocks_time_is_a_set_the_redelivery_changed(lab, log_reader, strategy, changed):
+    """natural writes the event's time beside the status: replayed, the row is the same (re-applied,
+    harmless). natural-clock writes now(): replayed, the row's status_at moves (source text 000's
+    `paid_at = ?` is idempotent only because ? is the event's)."""
+    use_strategy(lab, strategy)
+    start(lab)
+    record = lab.publish(type="set_status", account_id="acc-4", status="PAID")["records"][0]
+    lab.wait_caught_up()
+    wait_verdict(lab, "exactly-once", "the status was never applied", sets_changed_by_redelivery=0)
+    lab.post("/groups/payments/reset-offsets", {"mode": "earliest"})
+    state = wait_verdict(lab, "anomalies" if changed else "exactly-once", "the replayed status was never judged",
+                         sets_reapplied=1, sets_changed_by_redelivery=changed)
+    verdict = state["verdict"]
+    assert verdict["sets_reapplied_harmless"] == 1 - changed, verdict
+    kinds = [a["kind"] for a in verdict["anomalies"]]
+    assert kinds == (["set-changed"] if changed else ["re-applied"]), verdict["anomalies"]
+    if changed:
+        [anomaly] = verdict["anomalies"]
+        p, o = record["partition"], record["offset"]
+        assert re.fullmatch(
+            rf"P{p}@{o} \(status acc-4 = PAID, occurred_at [^)]+\) was applied 2 times, last by c1 \(generation "
+            r"\d+, `natural-clock`\): acc-4's status_at is now [^,]+, and each application wrote its own time "
+            r"\(`status_at = now\(\)`\), not the event's, so the redelivery changed the row — a set is idempotent "
+            r"only if every value it writes comes from the event", anomaly["why"]), anomaly["why"]
+        panel = lab.client.get("/panels/verdict").get_data(as_text=True)
+        assert '<dd data-verdict="sets_changed_by_redelivery">1<' in panel and str(escape(anomaly["why"])) in panel
 
 
 def test_why_a_double_credit_after_a_kill_at_after_effect_before_commit(lab, log_reader):

@@ -1,6 +1,6 @@
-"""Regressed sets: a set applied after a newer set of the same account and kind, an older value
-written over a newer one. A common table expression the verdict counts them with (verdict.py) and
-the whys name them from (why.py)."""
+"""Regressed sets (a set applied after a newer set of the same account and kind, an older value
+written over a newer one) and changed sets (a set whose redelivery changed the row). Common table
+expressions the verdict counts them with (verdict.py) and the whys name them from (why.py)."""
 from __future__ import annotations
 
 # Set deliveries applied after a newer set of the same account and kind had been applied: an
@@ -24,3 +24,23 @@ ordered AS (
     FROM applied
 ),
 regressions AS (SELECT * FROM ordered WHERE newest_before > place)"""
+
+
+# A set is idempotent only if every value it writes comes from its event (source text 000:
+# `UPDATE orders SET status = 'PAID', paid_at = ?`). Each account's latest status transaction in the
+# log, applied more than once, whose account holds its status but not its time: the row changed at
+# a redelivery (status_at = now(), the time of each application), a set that is not idempotent.
+# The status itself differing is a mismatch or a regression, counted and explained as such.
+CHANGED_SETS = """
+latest_status AS (
+    SELECT DISTINCT ON (account_id) account_id, transaction_id, status, occurred_at, partition, "offset"
+    FROM {journal}.log_records WHERE first_of_transaction AND type = 'set_status' AND invalid_reason IS NULL
+    ORDER BY account_id, partition DESC, "offset" DESC
+),
+changed AS (
+    SELECT s.*, a.status_at,
+           (SELECT count(*) FROM deliveries d WHERE d.transaction_id = s.transaction_id AND d.outcome = 'applied')
+               AS applications
+    FROM latest_status s JOIN accounts a ON a.id = s.account_id
+    WHERE a.status = s.status AND a.status_at IS DISTINCT FROM s.occurred_at::timestamptz
+)"""

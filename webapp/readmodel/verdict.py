@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from ..summary import reads as summary
 from ..store.schema import quoted
 from .accounts import AccountLine, accounts, accounts_sql  # noqa: F401  (AccountLine, accounts: re-exported)
-from .regressions import REGRESSED_SETS
+from .regressions import CHANGED_SETS, REGRESSED_SETS
 from .why import explain as explain_anomalies
 
 SET_TYPES = ("set_status", "set_balance", "set_score")
@@ -141,6 +141,10 @@ SELECT count(DISTINCT transaction_id) AS sets_regressed,
 FROM regressions
 """
 
+SETS_CHANGED_SQL = "WITH " + CHANGED_SETS + """
+SELECT count(*) FROM changed WHERE applications > 1
+"""
+
 # Accounts whose balance or status differs from the log's truth.
 MISMATCHES_SQL = """
 SELECT count(*) FILTER (WHERE actual <> expected) AS balances_mismatched,
@@ -173,6 +177,7 @@ class Verdict:
     statuses_mismatched: int = 0
     sets_regressed: int = 0              # sets applied after a newer set of their account: a regression
     reapplied_sets_regressed: int = 0    # of those, sets applied more than once (in sets_reapplied too)
+    sets_changed_by_redelivery: int = 0  # sets applied again whose row changed: a value not from the event (now())
     anomalies: tuple = field(default=(), compare=False)  # one dict per anomaly, with its "why"
 
     @property
@@ -182,8 +187,9 @@ class Verdict:
 
     @property
     def sets_reapplied_harmless(self) -> int:
-        """Sets applied more than once with nothing newer applied before them: the same value again."""
-        return self.sets_reapplied - self.reapplied_sets_regressed
+        """Sets applied more than once with nothing newer applied before them, writing the same row
+        again each time."""
+        return self.sets_reapplied - self.reapplied_sets_regressed - self.sets_changed_by_redelivery
 
     @property
     def status(self) -> str:
@@ -192,7 +198,7 @@ class Verdict:
             return "anomalies"
         if self.pending or self.not_yet_applied:
             return "pending" if self.records or self.effects_not_yet_mirrored else "no-events"
-        if self.balances_mismatched or self.statuses_mismatched:
+        if self.balances_mismatched or self.statuses_mismatched or self.sets_changed_by_redelivery:
             return "anomalies"
         return "exactly-once" if self.records else "no-events"
 
@@ -231,6 +237,9 @@ def verdict(session: Session, journal_schema: str, explain: bool = True, exact: 
         # (a resend, a redelivery) or, applied once and not overwritten since, left a status wrong.
         regressed = session.execute(text(REGRESSED_SETS_SQL.format(journal=_journal(journal_schema)))).one()
         values["sets_regressed"], values["reapplied_sets_regressed"] = int(regressed[0]), int(regressed[1])
+    if values["sets_reapplied"]:
+        values["sets_changed_by_redelivery"] = int(session.execute(text(SETS_CHANGED_SQL.format(
+            journal=_journal(journal_schema)))).scalar_one())
     result = Verdict(**values)
     if explain and (result.status == "anomalies" or result.sets_reapplied or result.sets_regressed):
         anomalies = explain_anomalies(session, journal_schema, result, summarized=summarized)

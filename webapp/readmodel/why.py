@@ -18,7 +18,7 @@ from ..summary.reads import APPLIED_TWICE_SQL
 from .accounts import accounts
 from .outbox import republish_origin
 from ..store.schema import quoted
-from .regressions import REGRESSED_SETS
+from .regressions import CHANGED_SETS, REGRESSED_SETS
 
 LIMIT = 10
 
@@ -91,6 +91,20 @@ WHERE d.outcome = 'applied' AND d.transaction_id IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM {journal}.log_records r WHERE r.transaction_id = d.transaction_id
                   AND r.invalid_reason IS NULL AND r.type = 'credit')
 GROUP BY d.transaction_id HAVING count(*) > 1 LIMIT :limit
+"""
+
+# The sets a redelivery changed (regressions.py), with each application's time: the last one's is the
+# row's status_at when the strategy wrote now() (deliveries.delivered_at is now() in local time, in
+# the same transaction).
+CHANGED_SQL = "WITH " + CHANGED_SETS + """
+SELECT c.account_id, c.transaction_id, c.status, c.occurred_at, c.partition, c."offset", c.status_at,
+       c.applications, last.consumer, last.generation, last.strategy,
+       c.status_at = last.delivered_at::timestamptz AS written_at_application
+FROM changed c
+CROSS JOIN LATERAL (SELECT d.consumer, d.generation, d.strategy, d.delivered_at FROM deliveries d
+                    WHERE d.transaction_id = c.transaction_id AND d.outcome = 'applied'
+                    ORDER BY d.id DESC LIMIT 1) last
+WHERE c.applications > 1 LIMIT :limit
 """
 
 ORPHANS_SQL = """
@@ -323,6 +337,20 @@ def why_reapplied(ctx: _Context, transaction_id: str, applied: int) -> dict[str,
                     "same value again — re-applied, harmless")}
 
 
+def why_changed(row: dict[str, Any]) -> dict[str, Any]:
+    """A set applied again whose row changed: a value it writes does not come from its event."""
+    where = _at(row["partition"], row["offset"])
+    source = ("each application wrote its own time (`status_at = now()`), not the event's"
+              if row["written_at_application"] else "the row holds a time its event does not carry")
+    return {"kind": "set-changed", "severity": "bad", "transaction_id": row["transaction_id"],
+            "partition": row["partition"], "offset": row["offset"],
+            "why": (f"{where} (status {row['account_id']} = {row['status']}, occurred_at {row['occurred_at']}) was "
+                    f"applied {row['applications']} times, last by {row['consumer']} (generation {row['generation']}, "
+                    f"`{row['strategy']}`): {row['account_id']}'s status_at is now {row['status_at']}, and {source}, so "
+                    "the redelivery changed the row — a set is idempotent only if every value it writes comes from "
+                    "the event")}
+
+
 def why_regressed(row: dict[str, Any]) -> dict[str, Any]:
     """An older set applied after a newer one of the same account: a regression, lasting unless a
     newer set was applied again after it (a replay in log order converges)."""
@@ -354,7 +382,10 @@ def explain(session: Session, journal_schema: str, verdict, summarized: bool = F
         [dict(r) for r in session.execute(text(REGRESSED_SQL.format(**fmt)), {"limit": LIMIT}).mappings()]
     reapplied = [] if not verdict.sets_reapplied else \
         session.execute(text(REAPPLIED_SQL.format(**fmt)), {"limit": LIMIT}).all()
-    reapplied = [(tx, n) for tx, n in reapplied if tx not in {r["transaction_id"] for r in regressed}]
+    changed = [] if not verdict.sets_changed_by_redelivery else \
+        [dict(r) for r in session.execute(text(CHANGED_SQL.format(**fmt)), {"limit": LIMIT}).mappings()]
+    explained = {r["transaction_id"] for r in regressed} | {r["transaction_id"] for r in changed}
+    reapplied = [(tx, n) for tx, n in reapplied if tx not in explained]
     ids = sorted({t for t, _ in doubled} | set(lost) | {t for t, _ in reapplied})
     ctx = _Context(session, journal, ids) if ids else None
     result = [why_applied_twice(ctx, tx, n) for tx, n in doubled]
@@ -388,6 +419,7 @@ def explain(session: Session, journal_schema: str, verdict, summarized: bool = F
                            "why": f"{line.id} is {line.status} but its latest status transaction in the log{said} "
                                   f"sets {line.expected_status}{cause}"})
     result += [why_regressed(row) for row in regressed]
+    result += [why_changed(row) for row in changed]
     result += [why_reapplied(ctx, tx, n) for tx, n in reapplied]
     return result
 

@@ -18,7 +18,8 @@ CREDIT_BALANCE = "UPDATE accounts SET balance = balance + %(amount_cents)s WHERE
 INSERT_PAYMENT = ("INSERT INTO payments (event_id, transaction_id, account_id, amount_cents)\n"
                   "VALUES (%(event_id)s, %(transaction_id)s, %(account_id)s, %(amount_cents)s)")
 # The sets, plain: idempotent (a replay writes the same value) but not commutative (an older set
-# applied after a newer one wins). Each records the event time it wrote; only `natural` reads it.
+# applied after a newer one wins). Each records the event time it wrote; `natural` reads it (its guard), and
+# the verdict compares the status's with its event's (readmodel/regressions.py, CHANGED_SETS).
 SET_STATUS = "UPDATE accounts SET status = %(status)s, status_at = %(occurred_at)s WHERE id = %(account_id)s"
 SET_BALANCE = ("UPDATE accounts SET balance = %(balance_cents)s, balance_at = %(occurred_at)s "
                "WHERE id = %(account_id)s")

@@ -43,7 +43,7 @@ from ..domain.lab import Lab
 from ..readmodel import group_health as group_health_readmodel
 from ..readmodel import service_health as service_health_readmodel
 from ..readmodel import state
-from ..scenarios import built_in, load
+from ..scenarios import ScenarioError, built_in, load
 from ..scenarios.loader import Scenario
 from ..scenarios.runner import RunState
 from ..store import classroom
@@ -65,13 +65,20 @@ def _parsed(path: Path, modified: float) -> Scenario:
 
 def exercise(name: str) -> Scenario | None:
     """A built-in exercise by name, parsed once per version of its file (the board and the
-    presenter ask every second; parsing all of them takes about a second)."""
+    presenter ask every second; parsing all of them takes about a second). None when there is no
+    such file, or it does not load: a card then names the run's exercise by its file, and the
+    Exercises page shows the error."""
     path = next((p for p in built_in() if p.stem == name), None)
-    return _parsed(path, path.stat().st_mtime) if path else None
+    try:
+        return _parsed(path, path.stat().st_mtime) if path else None
+    except ScenarioError:
+        return None
 
 
 def exercises() -> list[tuple[str, str]]:
-    return [(path.stem, _parsed(path, path.stat().st_mtime).title) for path in built_in()]
+    """(name, title) of each built-in exercise that loads: what the board can start for everyone."""
+    loaded = ((path.stem, exercise(path.stem)) for path in built_in())
+    return [(name, scenario.title) for name, scenario in loaded if scenario is not None]
 
 
 @dataclass(frozen=True)
