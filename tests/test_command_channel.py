@@ -144,3 +144,18 @@ def test_a_command_whose_lab_is_reset_as_it_ends_still_reaches_its_waiter(engine
         drop_database_state(conn, Lab("t_channel"))
     finish_later(engine, command_id, finish_then_reset)
     assert command_channel.wait_for(engine, command_id, timeout=30) == {"handed_over": True}
+
+
+def test_a_command_an_agent_claimed_but_did_not_finish_by_the_deadline_is_left_running(engine):
+    """Withdrawn only while pending: a claimed command runs on, and the waiter is told so
+    (CommandStillRunning), so that it keeps what the command holds (a guided run stays claimed)."""
+    command_id = command_channel.enqueue(engine, "t_channel", "lab.ensure", {})
+    with engine.begin() as conn:  # claimed as command_rows.claim does, this one by its id
+        conn.execute(text("UPDATE lab_control.commands SET status = :running, claimed_by = 'test-agent', "
+                          "lease_expires_at = now() + interval '1 minute' WHERE id = :id"),
+                     {"running": command_rows.RUNNING, "id": command_id})
+    with pytest.raises(command_channel.CommandStillRunning, match="still running"):
+        command_channel.wait_for(engine, command_id, timeout=0.5)
+    with engine.begin() as conn:
+        assert command_rows.outcome(conn, command_id)[0] == command_rows.RUNNING
+        command_rows.finish(conn, command_id, {"ok": True})

@@ -43,6 +43,11 @@ class NoAgent(CommandError):
     pass
 
 
+class CommandStillRunning(CommandError):
+    """An agent claimed the command and had not finished it at the deadline: it carries on, and
+    ends it later. Whatever the caller holds for the command (a guided run's claim) is still in use."""
+
+
 class CommandNotFound(CommandError):
     """The command named something (a consumer, a group) that does not exist."""
 
@@ -201,16 +206,20 @@ def wait_for(engine: Engine, command_id: int, timeout: float) -> dict[str, Any]:
 
 
 def _at_the_deadline(engine: Engine, command_id: int, timeout: float) -> tuple[str, dict[str, Any] | None, str | None]:
-    """The command's end if it ended just now; else withdrawn if still pending, and CommandError."""
+    """The command's end if it ended just now; else CommandError once it is withdrawn (still
+    pending: no agent will carry it out), or CommandStillRunning (an agent claimed it, even in the
+    instant between the read and the withdrawal: it runs)."""
     with engine.begin() as conn:
         status, result, error = command_rows.outcome(conn, command_id)
         if status in (command_rows.DONE, command_rows.FAILED):
             return status, result, error
         reason = (f"no lab agent finished command {command_id} within {timeout:.0f}s (it is {status}); "
                   "is the agent running?")
-        if status == command_rows.PENDING:
-            command_rows.withdraw(conn, command_id, f"withdrawn: {reason}")
-    raise CommandError(reason)
+        withdrawn = status == command_rows.PENDING and command_rows.withdraw(conn, command_id, f"withdrawn: {reason}")
+    if withdrawn:  # raised once the withdrawal is committed
+        raise CommandError(reason)
+    raise CommandStillRunning(f"a lab agent took command {command_id} and had not finished it within "
+                              f"{timeout:.0f}s: it is still running")
 
 
 def run(engine: Engine, lab: str, verb: str, args: dict[str, Any] | None = None, *,

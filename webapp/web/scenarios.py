@@ -196,8 +196,13 @@ def next_step(run_id: int):
     try:
         command_id = command_channel.enqueue(db.engine, row["lab"], guided.VERB, {"run_id": run_id})
         command_channel.wait_for(db.engine, command_id, HAND_OVER_SECONDS)
+    except command_channel.CommandStillRunning:
+        # A busy agent took the step late: it runs, and releases the run when it ends. Released
+        # here, a second click would start the same step again beside it (seen at 30 attendees: a
+        # step's events published twice).
+        return _respond(run_id)
     except command_channel.CommandError as problem:
-        guided.release(db.engine, run_id)
+        guided.release(db.engine, run_id)  # withdrawn: no agent will run it
         return _respond(run_id, error=f"{type(problem).__name__}: {problem}")
     return _respond(run_id)
 
