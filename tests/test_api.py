@@ -145,3 +145,19 @@ def test_state_judges_each_lane_against_the_same_log(lab):
         assert summarized[key] == exact[key], key
     wrong = lab.client.get("/api/v1/state?exact=perhaps")
     assert wrong.status_code == 400 and wrong.get_json()["field"] == "exact"
+
+
+@pytest.mark.parametrize("timed_out", ["CommandTimedOut", "CommandStillRunning"])
+def test_an_agent_that_does_not_finish_in_time_is_a_503_with_the_reason_not_bad_input(lab, monkeypatch, timed_out):
+    """A busy agent (thirty attendees' steps queued) is no fault of the request's: not a 400 naming a
+    field, but a 503 saying what happened to the command (withdrawn, or still running)."""
+    from webapp.store import command_channel
+    reason = {"CommandTimedOut": "no lab agent finished command 7 within 30s (it is pending)",
+              "CommandStillRunning": "a lab agent took command 7 and had not finished it within 30s: it is still running"}
+    exception = getattr(command_channel, timed_out)
+
+    def late(engine, command_id, timeout):
+        raise exception(reason[timed_out])
+    monkeypatch.setattr(command_channel, "wait_for", late)
+    response = lab.client.post("/api/v1/publish", json={"account_id": "acc-1", "amount": "1"})
+    assert response.status_code == 503 and response.get_json() == {"error": reason[timed_out]}, response.get_json()

@@ -75,8 +75,9 @@ def test_a_failure_comes_back_with_the_agents_reason_and_kind(engine, monkeypatc
 
 def test_a_command_nobody_claimed_is_withdrawn_at_the_deadline(engine):
     command_id = command_channel.enqueue(engine, "t_channel", "lab.ensure", {})
-    with pytest.raises(command_channel.CommandError, match="no lab agent finished"):
+    with pytest.raises(command_channel.CommandTimedOut, match="no lab agent finished") as raised:
         command_channel.wait_for(engine, command_id, timeout=0.5)
+    assert not isinstance(raised.value, command_channel.CommandStillRunning)
     with engine.connect() as conn:
         status, _, error = command_rows.outcome(conn, command_id)
     assert status == command_rows.FAILED and error.startswith("withdrawn:"), (status, error)

@@ -11,10 +11,10 @@ from . import scale  # noqa: F401  (load generator, dedup table layout, issue 14
 from . import throughput  # noqa: F401  (batch mode, commit mode, static membership, issue 14)
 from . import outbox  # noqa: F401  (the transactional outbox, issue 13)
 from . import outside  # noqa: F401  (your consumer: a learner's own code on a lane, issue 34)
-from .agent_commands import NoAgent
+from .agent_commands import AgentTimedOut, NoAgent
 from .faults import NoFaultProxy
 from .registry import (OPERATIONS, Args, Busy, Context, InvalidRequest, NotFound, Operation, add_hooks, by_step, call,
                        get, run, validate)
 
-__all__ = ["OPERATIONS", "Args", "Busy", "Context", "InvalidRequest", "NoAgent", "NoFaultProxy", "NotFound", "Operation",
+__all__ = ["OPERATIONS", "AgentTimedOut", "Args", "Busy", "Context", "InvalidRequest", "NoAgent", "NoFaultProxy", "NotFound", "Operation",
            "add_hooks", "by_step", "call", "get", "run", "validate"]

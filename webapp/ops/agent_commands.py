@@ -10,6 +10,11 @@ from .registry import Busy, Context, InvalidRequest, NotFound
 NoAgent = command_channel.NoAgent
 
 
+class AgentTimedOut(NoAgent):
+    """No lab agent finished the operation in time: it was withdrawn (nothing was done), or an agent
+    took it late and carries it out still. Not bad input: the API answers 503 with the reason."""
+
+
 def run_command(ctx: Context, verb: str, args: dict[str, Any], *, agent_id: str | None = None,
                 field: str = "request", timeout: float = 30.0) -> dict:
     """Carry out ``verb`` on an agent; its refusals become InvalidRequest naming their field."""
@@ -19,6 +24,8 @@ def run_command(ctx: Context, verb: str, args: dict[str, Any], *, agent_id: str 
         raise NotFound(str(error)) from None
     except command_channel.NoAgent:
         raise
+    except command_channel.CommandTimedOut as error:
+        raise AgentTimedOut(str(error)) from None
     except command_channel.CommandError as error:
         message = str(error)
         named = message.split(":", 1)[0] if ":" in message else ""

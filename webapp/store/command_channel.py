@@ -43,7 +43,11 @@ class NoAgent(CommandError):
     pass
 
 
-class CommandStillRunning(CommandError):
+class CommandTimedOut(CommandError):
+    """No agent finished the command by the caller's deadline; it was withdrawn before any claimed it."""
+
+
+class CommandStillRunning(CommandTimedOut):
     """An agent claimed the command and had not finished it at the deadline: it carries on, and
     ends it later. Whatever the caller holds for the command (a guided run's claim) is still in use."""
 
@@ -217,7 +221,7 @@ def _at_the_deadline(engine: Engine, command_id: int, timeout: float) -> tuple[s
                   "is the agent running?")
         withdrawn = status == command_rows.PENDING and command_rows.withdraw(conn, command_id, f"withdrawn: {reason}")
     if withdrawn:  # raised once the withdrawal is committed
-        raise CommandError(reason)
+        raise CommandTimedOut(reason)
     raise CommandStillRunning(f"a lab agent took command {command_id} and had not finished it within "
                               f"{timeout:.0f}s: it is still running")
 

@@ -89,6 +89,8 @@ def run_form(form: str, render: Renderer, action: Callable[[dict[str, Any]], str
         return render(form=form, values=values, errors={field: message}, status=422)
     except ops.NotFound as error:
         return render(form=form, values=values, errors={"form": str(error)}, status=404)
+    except ops.AgentTimedOut as error:
+        return render(form=form, values=values, banner=f"{error}.", status=503)
     except ops.NoAgent:
         return render(form=form, values=values, banner=NO_AGENT, status=503)
     return render(form=form, values=values, notice=notice)
@@ -147,7 +149,7 @@ def run_consumer_action(action: Callable[[], str]):
         return notice(message, ok=False, status=422)
     except ops.NotFound as error:
         return notice(str(error), ok=False, status=404)
-    except ops.NoFaultProxy as error:
+    except (ops.NoFaultProxy, ops.AgentTimedOut) as error:
         return notice(f"{error}.", ok=False, status=503)
     except ops.NoAgent:
         return notice(NO_AGENT, ok=False, status=503)

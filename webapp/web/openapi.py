@@ -38,7 +38,8 @@ def _operation(op: ops.Operation, components: dict[str, Any]) -> dict[str, Any]:
         "responses": {str(op.status): _answer("done", {"type": "object"}),
                       "400": _answer("bad input: `field` names what to fix", ERROR),
                       "404": _answer("no such consumer, group or resource", ERROR),
-                      "503": _answer("no lab agent (or fault proxy) is running, or the database is down", ERROR)},
+                      "503": _answer("no lab agent (or fault proxy) is running, none finished the request in time, or "
+                                     "the database is down", ERROR)},
     }
     if op.name in ops.scale.HEAVY_JOBS:
         spec["responses"]["409"] = _answer("the lab runs a heavy job already (a load or a dedup warm-up): the "
