@@ -2,8 +2,9 @@
 
 Threaded workers: a control request may wait up to a few seconds for the lab agent, and each open
 dashboard holds one event stream (webapp/web/push.py) in a thread while it is open; threads keep
-them from queuing behind each other. 64 threads a worker: LIVE_STREAMS_PER_WORKER (48) streams, and
-16 threads left for requests, however many streams are open. A stream past the cap is refused at
+them from queuing behind each other. 112 threads a worker: LIVE_STREAMS_PER_WORKER (96) streams, and
+16 threads left for requests, however many streams are open. 96, not half of a room's screens: gunicorn
+does not spread connections evenly between its workers, and one worker may be handed most of them. A stream past the cap is refused at
 once (the page polls). No Kafka client lives in these processes, so forking them is safe.
 """
 import os
@@ -11,7 +12,7 @@ import os
 bind = f"{os.environ.get('LAB_HOST', '127.0.0.1')}:{os.environ.get('LAB_PORT', '5000')}"
 workers = int(os.environ.get("WEB_WORKERS", "2"))
 worker_class = "gthread"
-threads = int(os.environ.get("WEB_THREADS", "64"))
+threads = int(os.environ.get("WEB_THREADS", "112"))
 timeout = 60
 graceful_timeout = 10
 accesslog = os.environ.get("WEB_ACCESS_LOG") or None

@@ -160,7 +160,7 @@ class LabSettings(BaseSettings):
         1, "1: the dashboard's panels are pushed over server-sent events (`GET /stream`), each panel rendered "
         "once per change per lab for all its viewers; 0: every page polls `/live` once a second, as before.")
     LIVE_STREAMS_PER_WORKER: int = setting(
-        48, "The most event streams one web process holds at once (each holds one of its WEB_THREADS threads "
+        96, "The most event streams one web process holds at once (each holds one of its WEB_THREADS threads "
         "while open). Past it a stream answers at once with a refusal and the page polls instead, saying so.",
         ge=0)
     LIVE_PUSHES_PER_SECOND: float = setting(
