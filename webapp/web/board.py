@@ -14,11 +14,12 @@ A part younger than CORE_FRESH_SECONDS is used as it is, changed or not: a class
 announces every lab every second, and the board would read them all at every look.
 
 Who reads: the hub's pusher, at each look at the board (once a second while a board is open or was
-asked for in the last IDLE_SECONDS). A request (the page, its polling fallback, the export) uses the
+asked for in the last IDLE_SECONDS). A request for the page or its polling fallback uses the
 parts as the pusher last read them and reads only a lab it has none of yet (or whose run changed):
 it answers as fast as the cheap queries, never behind thirty verdicts. So a card may be a look
 behind its lab; one whose lab changed since its part was read more than BEHIND_SHOWN_SECONDS ago
 says how old its verdict is (``behind_seconds``: the board reads slower than the class changes).
+The results export reads every changed lab itself: a file has no such marks.
 
 One board per class code and web process, kept by the hub (``Hub.keep``) while a board is open or
 was asked for lately, so its pusher reads the changed labs in the background once a second and a
