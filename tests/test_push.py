@@ -175,6 +175,7 @@ def test_a_cards_lab_part_is_read_again_when_its_lab_changed_and_not_before(clas
         return real(lab, lane)
     monkeypatch.setattr(board_module, "read_lab_part", counted)
     monkeypatch.setattr(board_module, "CORE_FRESH_SECONDS", 0.0)
+    monkeypatch.setattr(board_module, "BEHIND_SHOWN_SECONDS", 0.0)
     with class_app.test_request_context("/"):
         the_hub = hub(class_app)
         board_module.class_board()  # starts the hub's listener
@@ -197,6 +198,10 @@ def test_a_cards_lab_part_is_read_again_when_its_lab_changed_and_not_before(clas
         reads.clear()
         cards = {card["lab"]: card for card in the_board.cards()}
         assert reads == [] and cards[ana_lab]["verdict"] == "no-events", "a request read a lab part"
+        # Shown as it was read, and said so (any lag shows here: BEHIND_SHOWN_SECONDS is 0).
+        assert cards[ana_lab]["behind_seconds"] is not None and cards[ana_lab]["changed_since"], cards[ana_lab]
+        if the_hub.stamp(bruno_lab) == stamps[bruno_lab]:
+            assert cards[bruno_lab]["behind_seconds"] is None, cards[bruno_lab]
         cards = {card["lab"]: card for card in the_board.cards(read_changed=True)}
         assert ana_lab in reads and cards[ana_lab]["verdict"] == "pending", (reads, cards[ana_lab])
         assert all(the_hub.stamp(lab) != stamps[lab] for lab in reads), "a lab was read again unchanged"

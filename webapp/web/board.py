@@ -57,6 +57,7 @@ BOARD_LOCK_TIMEOUT = "200ms"
 CORE_FRESH_SECONDS = 2.0     # a lab's verdict this young is shown as it is
 CORE_MAX_AGE_SECONDS = 10.0  # ...and one this old is read again, changed or not (a group stalls with time)
 BEHIND_SHOWN_SECONDS = 3.0   # a card further behind its lab than this says so
+UNCHANGED, CHANGED, UNKNOWN = "unchanged", "changed", "unknown"  # a lab since its part was read
 
 
 @lru_cache(maxsize=64)
@@ -142,10 +143,10 @@ class ClassBoard(push.Source):
             progress = RunState.from_dict(run["progress"]) if run else None
             # A grading exercise judges the learner's own consumer: its lane's verdict, once prepared.
             graded_lane = scenario.outside_lane if scenario and progress and progress.prepared else None
-            part, unchanged = self._lab_part(Lab(person.lab), (run["id"] if run else None, graded_lane), read_changed)
+            part, since = self._lab_part(Lab(person.lab), (run["id"] if run else None, graded_lane), read_changed)
             quiet = [t for t in (None if part.active_at is None else now - part.active_at,
                                  person.seen_seconds_ago) if t is not None]
-            behind = 0.0 if unchanged else now - part.read_at
+            behind = 0.0 if since == UNCHANGED else now - part.read_at
             result.append({
                 "name": person.name, "lab": person.lab, "joined_at": person.joined_at,
                 "exercise": scenario.title if scenario else (run["scenario"] if run else None),
@@ -160,12 +161,14 @@ class ClassBoard(push.Source):
                 "stalled_groups": part.stalled_groups,
                 "graded_lane": graded_lane,
                 "behind_seconds": round(behind, 1) if behind > BEHIND_SHOWN_SECONDS else None,
+                "changed_since": since == CHANGED,  # else unknown: the listener was not listening
             })
         return result
 
-    def _lab_part(self, lab: Lab, run: Hashable, read_changed: bool) -> tuple[LabPart, bool]:
+    def _lab_part(self, lab: Lab, run: Hashable, read_changed: bool) -> tuple[LabPart, str]:
         """The lab's part, read again if it is missing, its run changed, or (``read_changed``) it
-        may be out of date; and whether the lab is known unchanged since it was read."""
+        may be out of date; and what is known of the lab since it was read: UNCHANGED, CHANGED or
+        UNKNOWN (the listener does not listen)."""
         stamp = self.hub.stamp(lab.name)  # before the read: a change committed meanwhile moves it
 
         def valid(kept) -> bool:
@@ -179,7 +182,9 @@ class ClassBoard(push.Source):
             kept = (stamp, run, read_lab_part(lab, run[1]))
             return kept, kept  # (what validity is judged on, the value): the same here
         kept_stamp, _run, part = self.parts.get(lab.name, valid, read)
-        return part, stamp is not None and kept_stamp == stamp
+        if stamp is None or kept_stamp is None:
+            return part, UNKNOWN
+        return part, UNCHANGED if kept_stamp == stamp else CHANGED
 
     def render(self, shown):
         started = time.monotonic()
