@@ -210,6 +210,23 @@ def test_ttl_cleanup_then_reset_to_earliest_applies_old_events_again(app, lab):
     assert lab.verdict()["duplicates_applied"] == 2
 
 
+def test_expired_offsets_restart_the_group_at_auto_offset_reset_earliest(services, lab):
+    """The offsets expire (mode ``expire``: the empty group deleted, as offsets.retention.minutes
+    leaves it): no committed offset is left, and the restarted consumer replays the whole log."""
+    use_strategy(lab, "eventid-atomic")
+    start(lab, "c1")
+    records = [lab.credit("acc-1", 1000), lab.credit("acc-2", 300)]
+    caught_up(lab, *records)
+    result = lab.post("/groups/payments/reset-offsets", {"mode": "expire"})
+    assert result["offsets"] == {} and result["restarted"], result
+    lab.wait(lambda s: s["verdict"]["redeliveries_absorbed"] == 2 and s,
+             "the restarted consumer never replayed the log from its start")
+    caught_up(lab, *records)
+    assert lab.verdict()["duplicates_applied"] == 0
+    said = [summary for (summary,) in query(services, lab, "SELECT summary FROM timeline WHERE kind = 'offsets-reset'")]
+    assert any("its committed offsets expired" in summary for summary in said), said
+
+
 def query(services, lab, sql: str, *params) -> list[tuple]:
     with connect(services.database_url, schema=lab.lab.schema, autocommit=True) as conn:
         return conn.execute(sql, params).fetchall()

@@ -281,6 +281,32 @@ def _live_members(agent: AgentContext, lab: Lab, group_id: str) -> list[consumer
         return consumer_rows.live(conn, lab.name, group_id)
 
 
+def _expire_offsets(agent: AgentContext, lab: Lab, group_id: str, kafka_group_id: str, members: list) -> dict:
+    """What the broker does once a group has been empty for offsets.retention.minutes (7 days by
+    default): its committed offsets are gone. The lab deletes the (now empty) group, which takes
+    them with it; the members restarted then start where auto.offset.reset says."""
+    last_error: list[str] = []
+
+    def deleted() -> bool:
+        # A killed member stays in the group until its session times out: retry until empty.
+        done, failed = delete_groups(agent.admin, [kafka_group_id])
+        last_error[:] = list(failed.values())
+        # A group that never committed has nothing to expire.
+        return bool(done) or any("GROUP_ID_NOT_FOUND" in why.upper() for why in failed.values())
+    try:
+        wait_until(deleted, timeout=GROUP_EMPTY_TIMEOUT, interval=0.5,
+                   message=lambda: f"group {group_id} could not be deleted: {last_error}")
+    except WaitTimeout as error:
+        raise CommandRejected(str(error)) from None
+    agent.say(lab, "offsets-reset", f"{group_id}: its committed offsets expired (deleted, as the broker does once "
+              "the group has been empty for offsets.retention.minutes); its consumers start at auto.offset.reset "
+              "(earliest: every record the topic still retains)", group=group_id, offsets={})
+    snapshot_offsets(agent.conn, agent.admin, lab)
+    for row in members:
+        on_own_or_remote(agent, lab, row, "consumer.restart")
+    return {"group_id": group_id, "offsets": {}, "restarted": [row.id for row in members]}
+
+
 def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
     """Stop the group's consumers, move its committed offsets, restart them."""
     group_id = lab.group_id(str(args.get("group") or ""))
@@ -298,6 +324,8 @@ def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
     agent.say(lab, "offsets-reset", f"stopped {len(members)} consumer(s) of {group_id}: Kafka moves a "
               "group's offsets only while the group is empty", group=group_id)
     kafka_group_id = group_health.kafka_group_id(agent.conn.execute, lab, group_id)
+    if reset.mode == "expire":
+        return _expire_offsets(agent, lab, group_id, kafka_group_id, members)
     try:
         targets = target_offsets(agent.admin, kafka_group_id, lab.topic, reset)
     except ValueError as error:

@@ -9,6 +9,7 @@ from datetime import datetime
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
+from ..domain.vocabulary import OFFSET_RESET_MODES
 from .config import _quiet
 
 ADMIN_TIMEOUT = 10.0
@@ -92,13 +93,14 @@ def committed_offsets_of(admin: AdminClient, groups: list[tuple[str, str]]
 
 @dataclass(frozen=True)
 class OffsetReset:
-    """Where to move a group: ``earliest``, ``offset`` (per partition), ``back`` N, or ``timestamp``."""
+    """Where to move a group: ``earliest``, ``offset`` (per partition), ``back`` N, ``timestamp``, or
+    ``expire`` (no committed offset at all: the members start where auto.offset.reset says)."""
     mode: str
     offsets: dict[int, int] | None = None
     back: int | None = None
     timestamp: datetime | None = None
 
-    MODES = ("earliest", "offset", "back", "timestamp")
+    MODES = OFFSET_RESET_MODES
 
     def __post_init__(self):
         if self.mode not in self.MODES:
