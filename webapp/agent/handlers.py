@@ -281,23 +281,34 @@ def _live_members(agent: AgentContext, lab: Lab, group_id: str) -> list[consumer
         return consumer_rows.live(conn, lab.name, group_id)
 
 
+def _once_the_group_is_empty(group_id: str, attempt: Callable[[], str | None]) -> None:
+    """Run ``attempt`` (None when it succeeded, else the broker's error) until it succeeds: Kafka
+    changes a group's offsets only while the group is empty, and a killed member stays in it until
+    its session times out. CommandRejected with the last error after GROUP_EMPTY_TIMEOUT."""
+    last_error: list[str] = []
+
+    def succeeded() -> bool:
+        error = attempt()
+        last_error[:] = [error] if error is not None else []
+        return error is None
+    try:
+        wait_until(succeeded, timeout=GROUP_EMPTY_TIMEOUT, interval=0.5,
+                   message=lambda: f"group {group_id} did not become empty: {last_error}")
+    except WaitTimeout as error:
+        raise CommandRejected(str(error)) from None
+
+
 def _expire_offsets(agent: AgentContext, lab: Lab, group_id: str, kafka_group_id: str, members: list) -> dict:
     """What the broker does once a group has been empty for offsets.retention.minutes (7 days by
     default): its committed offsets are gone. The lab deletes the (now empty) group, which takes
     them with it; the members restarted then start where auto.offset.reset says."""
-    last_error: list[str] = []
-
-    def deleted() -> bool:
-        # A killed member stays in the group until its session times out: retry until empty.
+    def delete() -> str | None:
         done, failed = delete_groups(agent.admin, [kafka_group_id])
-        last_error[:] = list(failed.values())
         # A group that never committed has nothing to expire.
-        return bool(done) or any("GROUP_ID_NOT_FOUND" in why.upper() for why in failed.values())
-    try:
-        wait_until(deleted, timeout=GROUP_EMPTY_TIMEOUT, interval=0.5,
-                   message=lambda: f"group {group_id} could not be deleted: {last_error}")
-    except WaitTimeout as error:
-        raise CommandRejected(str(error)) from None
+        if done or any("GROUP_ID_NOT_FOUND" in why.upper() for why in failed.values()):
+            return None
+        return "; ".join(failed.values())
+    _once_the_group_is_empty(group_id, delete)
     agent.say(lab, "offsets-reset", f"{group_id}: its committed offsets expired (deleted, as the broker does once "
               "the group has been empty for offsets.retention.minutes); its consumers start at auto.offset.reset "
               "(earliest: every record the topic still retains)", group=group_id, offsets={})
@@ -330,21 +341,13 @@ def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
         targets = target_offsets(agent.admin, kafka_group_id, lab.topic, reset)
     except ValueError as error:
         raise CommandRejected(str(error)) from None
-    # A killed member stays in the group until its session times out: retry until empty.
-    last_error: list[str] = []
-
-    def altered() -> bool:
+    def alter() -> str | None:
         try:
             alter_offsets(agent.admin, kafka_group_id, lab.topic, targets)
-            return True
+            return None
         except KafkaException as error:
-            last_error[:] = [str(error)]
-            return False
-    try:
-        wait_until(altered, timeout=GROUP_EMPTY_TIMEOUT, interval=0.5,
-                   message=lambda: f"group {group_id} did not become empty: {last_error}")
-    except WaitTimeout as error:
-        raise CommandRejected(str(error)) from None
+            return str(error)
+    _once_the_group_is_empty(group_id, alter)
     agent.say(lab, "offsets-reset", f"{group_id} reset ({reset.mode}) to "
               + ", ".join(f"p{p}@{o}" for p, o in sorted(targets.items())), group=group_id,
               offsets={str(p): o for p, o in targets.items()})
