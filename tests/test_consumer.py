@@ -227,6 +227,24 @@ def test_expired_offsets_restart_the_group_at_auto_offset_reset_earliest(service
     assert any("its committed offsets expired" in summary for summary in said), said
 
 
+def test_offsets_do_not_expire_while_the_group_has_a_member_the_lab_cannot_stop(services, lab):
+    """Kafka deletes only an empty group's offsets; Tansu would delete a group with a member in it
+    (measured), which wedges it. A member the lab does not run (a plain client in the group) keeps
+    the expiry waiting, refused once GROUP_EMPTY_TIMEOUT passes, and the group unchanged."""
+    lab.credit("acc-1", 1000)
+    outsider = Consumer({"bootstrap.servers": services.bootstrap_servers, "group.id": lab.lab.group_id("payments"),
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 3})
+    try:
+        outsider.subscribe([lab.lab.topic])
+        wait_until(lambda: outsider.poll(0.5) is not None or bool(outsider.assignment()), timeout=30,
+                   message="the outside member never joined the group")
+        refused = lab.client.post("/api/v1/groups/payments/reset-offsets", json={"mode": "expire"})
+        assert refused.status_code == 400 and "not empty" in refused.get_json()["error"], refused.get_json()
+        assert outsider.assignment(), "the outside member lost its partitions"
+    finally:
+        outsider.close()
+
+
 def query(services, lab, sql: str, *params) -> list[tuple]:
     with connect(services.database_url, schema=lab.lab.schema, autocommit=True) as conn:
         return conn.execute(sql, params).fetchall()

@@ -89,9 +89,12 @@ def test_no_operation_answers_5xx_or_off_the_document(case, live_api):
     # 10 s default (a lab reset on a busy machine took longer, and the client gave up first).
     response = case.call(base_url=live_api, timeout=RECOVER_TIMEOUT + 10)
     # 503 is the documented answer when a service the operation needs is not running (this test
-    # stack has no fault proxy): allowed only with its reason. Any other 5xx is a bug.
+    # stack has no fault proxy), or no agent finished the operation in time (a busy machine):
+    # allowed only with its reason. Any other 5xx is a bug.
     if response.status_code == 503:
-        assert "is running" in response.json()["error"] or "does not answer" in response.json()["error"]
+        error = response.json()["error"]
+        assert any(reason in error for reason in ("is running", "does not answer", "finished command",
+                                                  "had not finished")), error
     else:
         case.validate_response(response, checks=[not_a_server_error])
     case.validate_response(response, checks=[status_code_conformance, content_type_conformance,

@@ -14,7 +14,7 @@ from confluent_kafka import KafkaException
 
 from ..store import command_channel
 from .. import strategies
-from ..kafka.admin import OffsetReset, alter_offsets, committed_offsets, target_offsets
+from ..kafka.admin import OffsetReset, alter_offsets, committed_offsets, group_state, target_offsets
 from ..kafka.config import producer_config
 from ..kafka import producer
 from ..domain.lab import Lab
@@ -303,6 +303,11 @@ def _expire_offsets(agent: AgentContext, lab: Lab, group_id: str, kafka_group_id
     default): its committed offsets are gone. The lab deletes the (now empty) group, which takes
     them with it; the members restarted then start where auto.offset.reset says."""
     def delete() -> str | None:
+        # Kafka refuses to delete a group with members; Tansu deletes it (measured), and a member
+        # left in it then wedges the group. So the lab waits for what Kafka would.
+        state = group_state(agent.admin, kafka_group_id)
+        if state not in ("EMPTY", "DEAD"):
+            return f"the broker says the group is {state}, not empty"
         done, failed = delete_groups(agent.admin, [kafka_group_id])
         # A group that never committed has nothing to expire.
         if done or any("GROUP_ID_NOT_FOUND" in why.upper() for why in failed.values()):

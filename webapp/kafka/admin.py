@@ -3,6 +3,7 @@ committed offsets, offset resets (OffsetReset, target_offsets, alter_offsets) an
 """
 from __future__ import annotations
 
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -63,6 +64,16 @@ def committed_offsets(admin: AdminClient, group_id: str, topic: str) -> dict[int
     return offsets
 
 
+def group_state(admin: AdminClient, group_id: str) -> str:
+    """The broker's state of ``group_id``: EMPTY, STABLE, PREPARING_REBALANCE, DEAD…, or UNKNOWN
+    when it does not say in time."""
+    future = admin.describe_consumer_groups([group_id], request_timeout=ADMIN_TIMEOUT)[group_id]
+    try:
+        return future.result(timeout=ADMIN_TIMEOUT + 5).state.name
+    except (KafkaException, FutureTimeout):
+        return "UNKNOWN"
+
+
 def committed_offsets_of(admin: AdminClient, groups: list[tuple[str, str]]
                          ) -> dict[tuple[str, str], dict[int, int | None] | KafkaException]:
     """:func:`committed_offsets` of many (group, topic) pairs, their requests in flight together
@@ -71,7 +82,8 @@ def committed_offsets_of(admin: AdminClient, groups: list[tuple[str, str]]
     if not groups:
         return {}
     topics = admin.list_topics(timeout=ADMIN_TIMEOUT).topics
-    futures = {pair: admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(pair[0])])[pair[0]]
+    futures = {pair: admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(pair[0])],
+                                                       request_timeout=ADMIN_TIMEOUT)[pair[0]]
                for pair in groups}
     answers: dict[tuple[str, str], dict[int, int | None] | KafkaException] = {}
     for (group_id, topic), future in futures.items():
@@ -79,9 +91,15 @@ def committed_offsets_of(admin: AdminClient, groups: list[tuple[str, str]]
         try:
             if metadata is None or metadata.error is not None:
                 raise KafkaException(f"topic {topic} does not exist")
-            result = future.result()
+            # Bounded twice: a broker that never answers must not hold up the agent's loop, which
+            # snapshots every lab's offsets (seen on Tansu, for a group it deleted with a member in it).
+            result = future.result(timeout=ADMIN_TIMEOUT + 5)
         except KafkaException as error:
             answers[(group_id, topic)] = error
+            continue
+        except FutureTimeout:
+            answers[(group_id, topic)] = KafkaException(f"the broker did not answer for group {group_id} "
+                                                        f"within {ADMIN_TIMEOUT + 5:.0f} s")
             continue
         offsets: dict[int, int | None] = {p: None for p in range(len(metadata.partitions))}
         for tp in result.topic_partitions:
