@@ -210,41 +210,6 @@ def test_ttl_cleanup_then_reset_to_earliest_applies_old_events_again(app, lab):
     assert lab.verdict()["duplicates_applied"] == 2
 
 
-def test_expired_offsets_restart_the_group_at_auto_offset_reset_earliest(services, lab):
-    """The offsets expire (mode ``expire``: the empty group deleted, as offsets.retention.minutes
-    leaves it): no committed offset is left, and the restarted consumer replays the whole log."""
-    use_strategy(lab, "eventid-atomic")
-    start(lab, "c1")
-    records = [lab.credit("acc-1", 1000), lab.credit("acc-2", 300)]
-    caught_up(lab, *records)
-    result = lab.post("/groups/payments/reset-offsets", {"mode": "expire"})
-    assert result["offsets"] == {} and result["restarted"], result
-    lab.wait(lambda s: s["verdict"]["redeliveries_absorbed"] == 2 and s,
-             "the restarted consumer never replayed the log from its start")
-    caught_up(lab, *records)
-    assert lab.verdict()["duplicates_applied"] == 0
-    said = [summary for (summary,) in query(services, lab, "SELECT summary FROM timeline WHERE kind = 'offsets-reset'")]
-    assert any("its committed offsets expired" in summary for summary in said), said
-
-
-def test_offsets_do_not_expire_while_the_group_has_a_member_the_lab_cannot_stop(services, lab):
-    """Kafka deletes only an empty group's offsets; Tansu would delete a group with a member in it
-    (measured), which wedges it. A member the lab does not run (a plain client in the group) keeps
-    the expiry waiting, refused once GROUP_EMPTY_TIMEOUT passes, and the group unchanged."""
-    lab.credit("acc-1", 1000)
-    outsider = Consumer({"bootstrap.servers": services.bootstrap_servers, "group.id": lab.lab.group_id("payments"),
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 3})
-    try:
-        outsider.subscribe([lab.lab.topic])
-        wait_until(lambda: outsider.poll(0.5) is not None or bool(outsider.assignment()), timeout=30,
-                   message="the outside member never joined the group")
-        refused = lab.client.post("/api/v1/groups/payments/reset-offsets", json={"mode": "expire"})
-        assert refused.status_code == 400 and "not empty" in refused.get_json()["error"], refused.get_json()
-        assert outsider.assignment(), "the outside member lost its partitions"
-    finally:
-        outsider.close()
-
-
 def query(services, lab, sql: str, *params) -> list[tuple]:
     with connect(services.database_url, schema=lab.lab.schema, autocommit=True) as conn:
         return conn.execute(sql, params).fetchall()

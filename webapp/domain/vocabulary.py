@@ -52,9 +52,7 @@ ON_UNIQUE_VIOLATION = ("already-processed", "retry")
 # and a crash can lose the commits still in flight, so more records come back).
 COMMIT_MODES = ("sync", "async")
 CONSUMER_VERBS = ("kill", "freeze", "thaw", "stop", "restart")
-# "expire": the group's committed offsets deleted, as Kafka does once an empty group has been empty
-# for offsets.retention.minutes; its members then start where auto.offset.reset says (earliest here).
-OFFSET_RESET_MODES = ("earliest", "offset", "back", "timestamp", "expire")
+OFFSET_RESET_MODES = ("earliest", "offset", "back", "timestamp")
 PUBLISH_MODES = ("normal", "burst", "resend", "source-duplicate", "poison")
 
 # Freshness: a heartbeat older than this says the process is gone.

@@ -3,6 +3,7 @@ committed offsets, offset resets (OffsetReset, target_offsets, alter_offsets) an
 """
 from __future__ import annotations
 
+import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import datetime
@@ -10,7 +11,6 @@ from datetime import datetime
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from ..domain.vocabulary import OFFSET_RESET_MODES
 from .config import _quiet
 
 ADMIN_TIMEOUT = 10.0
@@ -64,16 +64,6 @@ def committed_offsets(admin: AdminClient, group_id: str, topic: str) -> dict[int
     return offsets
 
 
-def group_state(admin: AdminClient, group_id: str) -> str:
-    """The broker's state of ``group_id``: EMPTY, STABLE, PREPARING_REBALANCE, DEAD…, or UNKNOWN
-    when it does not say in time."""
-    future = admin.describe_consumer_groups([group_id], request_timeout=ADMIN_TIMEOUT)[group_id]
-    try:
-        return future.result(timeout=ADMIN_TIMEOUT + 5).state.name
-    except (KafkaException, FutureTimeout):
-        return "UNKNOWN"
-
-
 def committed_offsets_of(admin: AdminClient, groups: list[tuple[str, str]]
                          ) -> dict[tuple[str, str], dict[int, int | None] | KafkaException]:
     """:func:`committed_offsets` of many (group, topic) pairs, their requests in flight together
@@ -86,20 +76,23 @@ def committed_offsets_of(admin: AdminClient, groups: list[tuple[str, str]]
                                                        request_timeout=ADMIN_TIMEOUT)[pair[0]]
                for pair in groups}
     answers: dict[tuple[str, str], dict[int, int | None] | KafkaException] = {}
+    # One bound for all: the requests are in flight together, and a broker that never answers must
+    # not hold up the agent's loop, which snapshots every lab's offsets (seen on Tansu once:
+    # docs/concepts/broker.md).
+    deadline = time.monotonic() + ADMIN_TIMEOUT + 5
     for (group_id, topic), future in futures.items():
         metadata = topics.get(topic)
         try:
             if metadata is None or metadata.error is not None:
                 raise KafkaException(f"topic {topic} does not exist")
-            # Bounded twice: a broker that never answers must not hold up the agent's loop, which
-            # snapshots every lab's offsets (seen on Tansu, for a group it deleted with a member in it).
-            result = future.result(timeout=ADMIN_TIMEOUT + 5)
+            result = future.result(timeout=max(0.0, deadline - time.monotonic()))
         except KafkaException as error:
             answers[(group_id, topic)] = error
             continue
         except FutureTimeout:
             answers[(group_id, topic)] = KafkaException(f"the broker did not answer for group {group_id} "
                                                         f"within {ADMIN_TIMEOUT + 5:.0f} s")
+            future.cancel()
             continue
         offsets: dict[int, int | None] = {p: None for p in range(len(metadata.partitions))}
         for tp in result.topic_partitions:
@@ -111,14 +104,13 @@ def committed_offsets_of(admin: AdminClient, groups: list[tuple[str, str]]
 
 @dataclass(frozen=True)
 class OffsetReset:
-    """Where to move a group: ``earliest``, ``offset`` (per partition), ``back`` N, ``timestamp``, or
-    ``expire`` (no committed offset at all: the members start where auto.offset.reset says)."""
+    """Where to move a group: ``earliest``, ``offset`` (per partition), ``back`` N, or ``timestamp``."""
     mode: str
     offsets: dict[int, int] | None = None
     back: int | None = None
     timestamp: datetime | None = None
 
-    MODES = OFFSET_RESET_MODES
+    MODES = ("earliest", "offset", "back", "timestamp")
 
     def __post_init__(self):
         if self.mode not in self.MODES:
