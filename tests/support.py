@@ -176,6 +176,25 @@ def kill_consumers(driver: LabDriver) -> None:
             driver.client.post(f"/api/v1/consumers/{consumer['id']}/kill", json={})
 
 
+def static_files_read_at_once(app):
+    """The app, with each static file read whole and closed before the server writes it.
+
+    Werkzeug's development server skips a response's ``close()`` when the browser resets the
+    connection while the server drains the request (``run_wsgi``'s ``finally``): the open file is
+    then collected later, in whichever test runs, as an unraisable ResourceWarning. A browser that
+    navigates away mid-load does exactly that. Streams and pages are not touched."""
+    def read_at_once(environ, start_response):
+        if not environ.get("PATH_INFO", "").startswith("/static/"):
+            return app(environ, start_response)
+        body = app(environ, start_response)
+        try:
+            return [b"".join(body)]
+        finally:
+            if hasattr(body, "close"):
+                body.close()
+    return read_at_once
+
+
 class Servers:
     """Apps served from werkzeug threads over real HTTP; every one shut down by :meth:`close`."""
 
@@ -184,7 +203,7 @@ class Servers:
 
     def serve(self, app) -> str:
         port = free_port()
-        server = make_server("127.0.0.1", port, app, threaded=True)
+        server = make_server("127.0.0.1", port, static_files_read_at_once(app), threaded=True)
         # A short poll: shutdown() waits for the loop's next look (0.5 s by default, at every test's end).
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         thread.start()
