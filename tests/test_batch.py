@@ -59,6 +59,18 @@ def test_the_sql_view_says_what_the_groups_commit_mode_and_membership_change(cli
     html = client.get("/panels/sql?strategy=none").get_data(as_text=True)
     assert "<b>async</b> offset commits" in html and "a failed one is not retried" in html
     assert "<b>static membership</b>" in html and f"group.instance.id = {lab.lab.name}.payments." in html
+    assert "data-kafka-transaction" not in html
+
+
+def test_the_sql_plan_shows_where_the_kafka_transaction_begins_and_commits(client, lab):
+    """Commit mode transactional: the plan puts the Kafka transaction after the database's COMMIT,
+    the crash point after-effect-before-commit inside it, and its commit where the offset commit was."""
+    throughput(lab, commit_mode="transactional")
+    html = client.get("/panels/sql?strategy=none").get_data(as_text=True)
+    begin = html.index('data-kafka-transaction="begin"')
+    assert html.index('class="boundary commit"') < begin < html.index('data-point="after-effect-before-commit"')
+    assert html.index('data-point="after-effect-before-commit"') < html.index("producer.commit_transaction()")
+    assert "<b>transactional</b> offset commits" in html and "the PostgreSQL effect was committed before it began" in html
 
 
 def test_throughput_settings_refuse_bad_input_naming_the_field(lab):

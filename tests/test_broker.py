@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from webapp.domain.waits import wait_until
@@ -37,8 +37,8 @@ def test_tansu_takes_kafka_transactions_but_a_read_committed_consumer_reads_an_a
     """A transactional producer initializes, sends a consumer's offsets to its transaction and
     commits them with its record; it aborts a second transaction. On Apache Kafka a read_committed
     consumer then reads the committed record alone. Tansu hands it the aborted one too: it does not
-    filter aborted transactions. The lesson on Kafka transactions therefore needs Apache Kafka
-    (the compose stack), not the embedded broker."""
+    filter aborted transactions. A lesson whose transactions produce records therefore needs Apache
+    Kafka (the compose stack); exercise 24 commits offsets alone, which Tansu does as Kafka does."""
     bootstrap = services.bootstrap_servers
     source, sink = (f"broker-txn-{name}-{uuid.uuid4().hex[:8]}" for name in ("in", "out"))
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -74,3 +74,42 @@ def test_tansu_takes_kafka_transactions_but_a_read_committed_consumer_reads_an_a
     assert read_all(bootstrap, sink, "read_uncommitted", 2) == ["committed", "aborted"]
     assert read_all(bootstrap, sink, "read_committed", 2) == ["committed", "aborted"], (
         "Tansu hands an aborted record to a read_committed consumer (measured 2026-12-04)")
+
+
+def test_a_new_producer_under_the_same_transactional_id_aborts_the_open_transaction_and_its_offsets(services):
+    """What exercise 24 stands on: a process dies inside a transaction that holds a group's offsets;
+    its successor's init_transactions (same transactional.id) aborts it, so the group's committed
+    offset is still the one before. The fenced producer's commit then fails: Kafka says
+    PRODUCER_FENCED (fatal); Tansu lets it time out (measured 2026-12-05), and the lab aborts and
+    drops such a producer either way (consumer/loop.py)."""
+    bootstrap = services.bootstrap_servers
+    topic = f"broker-fence-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        future.result(TIMEOUT)
+    plain = Producer({"bootstrap.servers": bootstrap, "log_level": 3})
+    plain.produce(topic, value=b"payment")
+    assert plain.flush(TIMEOUT) == 0
+    processor = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-g", "enable.auto.commit": False,
+                          "log_level": 3})
+    settings = {"bootstrap.servers": bootstrap, "transactional.id": f"{topic}-txn", "log_level": 3}
+    first, successor = Producer(settings), Producer(settings)
+    try:
+        processor.assign([TopicPartition(topic, 0, 0)])
+        consumed = wait_until(lambda: processor.poll(0.2), timeout=TIMEOUT, interval=0,
+                              message="the processor never read the payment")
+        first.init_transactions(TIMEOUT)
+        first.begin_transaction()
+        first.send_offsets_to_transaction([TopicPartition(topic, 0, consumed.offset() + 1)],
+                                          processor.consumer_group_metadata(), TIMEOUT)
+        successor.init_transactions(TIMEOUT)
+        assert processor.committed([TopicPartition(topic, 0)], TIMEOUT)[0].offset < 0, "the open transaction's offset landed"
+        try:
+            first.commit_transaction(3)
+            committed = True
+        except KafkaException:
+            committed = False
+        assert not committed, "a fenced producer committed its transaction"
+        assert processor.committed([TopicPartition(topic, 0)], TIMEOUT)[0].offset < 0
+    finally:
+        processor.close()

@@ -210,6 +210,60 @@ def test_ttl_cleanup_then_reset_to_earliest_applies_old_events_again(app, lab):
     assert lab.verdict()["duplicates_applied"] == 2
 
 
+def test_expired_offsets_restart_the_group_at_auto_offset_reset_earliest(services, lab):
+    """The offsets expire (mode ``expire``: the empty group moved to a fresh Kafka group id, which
+    has none, as offsets.retention.minutes leaves a group): the restarted consumer replays the log."""
+    use_strategy(lab, "eventid-atomic")
+    start(lab, "c1")
+    records = [lab.credit("acc-1", 1000), lab.credit("acc-2", 300)]
+    caught_up(lab, *records)
+    result = lab.post("/groups/payments/reset-offsets", {"mode": "expire"})
+    assert result["offsets"] == {} and result["restarted"], result
+    assert result["kafka_group_id"] == lab.lab.group_id("payments") + ".r1", result
+    lab.wait(lambda s: s["verdict"]["redeliveries_absorbed"] == 2 and s,
+             "the restarted consumer never replayed the log from its start")
+    caught_up(lab, *records)
+    assert lab.verdict()["duplicates_applied"] == 0
+    said = [summary for (summary,) in query(services, lab, "SELECT summary FROM timeline WHERE kind = 'offsets-reset'")]
+    assert any("its committed offsets expired" in summary for summary in said), said
+
+
+def test_offsets_do_not_expire_while_the_group_has_a_member_the_lab_cannot_stop(services, lab):
+    """Kafka expires only an empty group's offsets. A member the lab does not run (a plain client in
+    the group) keeps the expiry waiting, refused once GROUP_EMPTY_TIMEOUT passes, the group unmoved."""
+    lab.credit("acc-1", 1000)
+    outsider = Consumer({"bootstrap.servers": services.bootstrap_servers, "group.id": lab.lab.group_id("payments"),
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 3})
+    try:
+        outsider.subscribe([lab.lab.topic])
+        wait_until(lambda: outsider.poll(0.5) is not None or bool(outsider.assignment()), timeout=30,
+                   message="the outside member never joined the group")
+        refused = lab.client.post("/api/v1/groups/payments/reset-offsets", json={"mode": "expire"})
+        assert refused.status_code == 400 and "not empty" in refused.get_json()["error"], refused.get_json()
+        assert outsider.assignment(), "the outside member lost its partitions"
+        assert query(services, lab, "SELECT kafka_group_id FROM consumer_groups") == [(None,)]
+    finally:
+        outsider.close()
+
+
+def test_offsets_committed_in_a_kafka_transaction_still_come_back_after_a_crash_inside_it(services, app, lab):
+    """Commit mode transactional: each offset goes through a Kafka transaction of the consumer's own.
+    A crash inside it (after the effect's COMMIT and send_offsets_to_transaction) leaves it open; the
+    restarted process's init_transactions aborts it, offset included, and the record comes back:
+    the PostgreSQL effect was never part of the Kafka transaction."""
+    lab.post("/groups/payments/throughput", {"commit_mode": "transactional"})
+    c1 = start(lab, "c1")
+    first = lab.credit("acc-2", 500)
+    caught_up(lab, first)  # committed through a transaction: the group is caught up only if it landed
+    record = crash_then_recover(lab, c1, "after-effect-before-commit")
+    assert (lab.account("acc-1")["actual"], lab.account("acc-2")["actual"]) == (2000, 500)
+    assert [d["outcome"] for d in deliveries(app, lab, record["event_id"])] == ["applied", "applied"]
+    assert lab.verdict()["duplicates_applied"] == 1
+    said = query(services, lab, "SELECT detail->>'transactional_id' FROM timeline WHERE kind = 'transactions'")
+    # One per process: the first, and the restarted one whose init_transactions fenced it.
+    assert said == [(lab.lab.client_id("c1") + ".offsets",)] * 2, said
+
+
 def query(services, lab, sql: str, *params) -> list[tuple]:
     with connect(services.database_url, schema=lab.lab.schema, autocommit=True) as conn:
         return conn.execute(sql, params).fetchall()

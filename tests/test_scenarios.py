@@ -51,7 +51,7 @@ EXERCISES = [
     "13_external_notification_idempotency_key", "14_outbox_relay_duplicate", "15_producer_ordering",
     "16_last_batch_redelivered", "17_async_commit_window", "18_dedup_at_a_million_keys",
     "19_your_consumer_graded", "20_rebalance_redelivers_last_batch", "21_check_then_act_repeatable_read",
-    "22_set_from_the_clock",
+    "22_set_from_the_clock", "23_expired_offsets_replay_the_retained_log", "24_kafka_transactions_stop_at_kafka",
 ]
 
 

@@ -14,7 +14,7 @@ from confluent_kafka import KafkaException
 
 from ..store import command_channel
 from .. import strategies
-from ..kafka.admin import OffsetReset, alter_offsets, committed_offsets, target_offsets
+from ..kafka.admin import OffsetReset, alter_offsets, committed_offsets, group_state, target_offsets
 from ..kafka.config import producer_config
 from ..kafka import producer
 from ..domain.lab import Lab
@@ -281,6 +281,47 @@ def _live_members(agent: AgentContext, lab: Lab, group_id: str) -> list[consumer
         return consumer_rows.live(conn, lab.name, group_id)
 
 
+def _once_the_group_is_empty(group_id: str, attempt: Callable[[], str | None]) -> None:
+    """Run ``attempt`` (None when it succeeded, else the broker's error) until it succeeds: Kafka
+    changes a group's offsets only while the group is empty, and a killed member stays in it until
+    its session times out. CommandRejected with the last error after GROUP_EMPTY_TIMEOUT."""
+    last_error: list[str] = []
+
+    def succeeded() -> bool:
+        error = attempt()
+        last_error[:] = [error] if error is not None else []
+        return error is None
+    try:
+        wait_until(succeeded, timeout=GROUP_EMPTY_TIMEOUT, interval=0.5,
+                   message=lambda: f"group {group_id} did not become empty: {last_error}")
+    except WaitTimeout as error:
+        raise CommandRejected(str(error)) from None
+
+
+def _expire_offsets(agent: AgentContext, lab: Lab, group_id: str, kafka_group_id: str, members: list) -> dict:
+    """What the broker does once a group has been empty for offsets.retention.minutes (7 days by
+    default): its committed offsets are gone, and its members start where auto.offset.reset says.
+
+    The lab does not wait seven days, nor delete the group (Tansu deletes a group that still has a
+    member, and the group then wedges: docs/concepts/broker.md). Once the broker says the group is
+    empty, as Kafka requires before offsets can expire, it moves the group to a fresh Kafka group id
+    that has no committed offset: what a consumer meets after the expiry, to the byte."""
+    def empty() -> str | None:
+        state = group_state(agent.admin, kafka_group_id)
+        return None if state in ("EMPTY", "DEAD") else f"the broker says the group is {state}, not empty"
+    _once_the_group_is_empty(group_id, empty)
+    new_id = lab.moved_group_id(group_id, Lab.moves_of(kafka_group_id, group_id) + 1)
+    group_health.move_group(agent.conn.execute, lab, group_id, new_id)
+    agent.say(lab, "offsets-reset", f"{group_id}: its committed offsets expired, as the broker expires an empty "
+              "group's offsets after offsets.retention.minutes (the lab moved the group to Kafka group id "
+              f"{new_id}, which has none); its consumers start at auto.offset.reset (earliest: every record "
+              "the topic still retains)", group=group_id, kafka_group_id=new_id, offsets={})
+    snapshot_offsets(agent.conn, agent.admin, lab)
+    for row in members:
+        on_own_or_remote(agent, lab, row, "consumer.restart")
+    return {"group_id": group_id, "kafka_group_id": new_id, "offsets": {}, "restarted": [row.id for row in members]}
+
+
 def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
     """Stop the group's consumers, move its committed offsets, restart them."""
     group_id = lab.group_id(str(args.get("group") or ""))
@@ -298,25 +339,19 @@ def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
     agent.say(lab, "offsets-reset", f"stopped {len(members)} consumer(s) of {group_id}: Kafka moves a "
               "group's offsets only while the group is empty", group=group_id)
     kafka_group_id = group_health.kafka_group_id(agent.conn.execute, lab, group_id)
+    if reset.mode == "expire":
+        return _expire_offsets(agent, lab, group_id, kafka_group_id, members)
     try:
         targets = target_offsets(agent.admin, kafka_group_id, lab.topic, reset)
     except ValueError as error:
         raise CommandRejected(str(error)) from None
-    # A killed member stays in the group until its session times out: retry until empty.
-    last_error: list[str] = []
-
-    def altered() -> bool:
+    def alter() -> str | None:
         try:
             alter_offsets(agent.admin, kafka_group_id, lab.topic, targets)
-            return True
+            return None
         except KafkaException as error:
-            last_error[:] = [str(error)]
-            return False
-    try:
-        wait_until(altered, timeout=GROUP_EMPTY_TIMEOUT, interval=0.5,
-                   message=lambda: f"group {group_id} did not become empty: {last_error}")
-    except WaitTimeout as error:
-        raise CommandRejected(str(error)) from None
+            return str(error)
+    _once_the_group_is_empty(group_id, alter)
     agent.say(lab, "offsets-reset", f"{group_id} reset ({reset.mode}) to "
               + ", ".join(f"p{p}@{o}" for p, o in sorted(targets.items())), group=group_id,
               offsets={str(p): o for p, o in targets.items()})

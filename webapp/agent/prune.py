@@ -32,9 +32,14 @@ def lab_group_ids(engine: Engine, lab: Lab) -> list[str]:
             if conn.execute(text("SELECT 1 FROM pg_tables WHERE schemaname = :s AND tablename = 'consumer_groups'"),
                             {"s": schema}).first():
                 ids.update(conn.execute(text(f'SELECT group_id FROM "{schema}".consumer_groups')).scalars())
-                # and the fresh Kafka ids recoveries moved groups to (the wedged ones are above)
-                ids.update(conn.execute(text(f'SELECT kafka_group_id FROM "{schema}".consumer_groups '
-                                             "WHERE kafka_group_id IS NOT NULL")).scalars())
+                # and every fresh Kafka id a recovery or an expiry moved a group to, the current one
+                # and those it left behind (``.r1`` … ``.rN``)
+                for group_id, kafka_group_id in conn.execute(text(
+                        f'SELECT group_id, kafka_group_id FROM "{schema}".consumer_groups '
+                        "WHERE kafka_group_id IS NOT NULL")).all():
+                    moves = Lab.moves_of(kafka_group_id, group_id)
+                    ids.update(lab.moved_group_id(group_id, n) for n in range(1, moves + 1))
+                    ids.add(kafka_group_id)
     return sorted(ids)
 
 

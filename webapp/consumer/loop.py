@@ -13,6 +13,14 @@ no round trip); the report is written on the heartbeat's cadence. A group with a
 above 1 runs batch mode instead (batch.py): consume(n), one transaction, one offset commit per
 batch.
 
+Offsets are committed in the group's commit mode: ``sync``, ``async``, or ``transactional``: a
+Kafka transaction of the consumer's own (``transactional.id`` per consumer, stable across its
+restarts) carries them (``send_offsets_to_transaction``, then ``commit_transaction``), the
+consume-transform-produce half that Kafka's exactly-once is made of. The PostgreSQL effect is
+committed before that transaction begins and is never part of it; a crash inside it aborts it
+(the next process with the same ``transactional.id`` fences it at ``init_transactions``), so the
+offset is not committed and the record comes back.
+
 Crash points are real: ``crash`` is SIGKILL to ourselves (no commit, no group leave);
 ``freeze`` is SIGSTOP to ourselves (a process pause like a long GC; the agent sends SIGCONT).
 
@@ -79,6 +87,8 @@ RETRIABLE_COMMIT_ERRORS = frozenset({
     KafkaError.REQUEST_TIMED_OUT, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
     KafkaError.COORDINATOR_LOAD_IN_PROGRESS})
 COMMIT_RETRY_PAUSE = 0.2
+# How long each call of a Kafka transaction waits (init, send_offsets_to_transaction, commit, abort).
+TRANSACTION_TIMEOUT = 15.0
 # SQLSTATE class 40 as PostgreSQL raises it between sessions (psycopg 3 derives these from
 # OperationalError directly, not from its TransactionRollback class).
 ROLLED_BACK_BY_A_CONCURRENT_TRANSACTION = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
@@ -127,6 +137,7 @@ class ConsumerProcess:
         self.current: Message | None = None
         self._last_heartbeat = 0.0
         self._dlq: Producer | None = None
+        self._offsets_producer: Producer | None = None  # commit mode transactional: its own producer
         # Its parent is the agent's fork server, which exits with the agent: a new parent means
         # the agent is gone. The agent's own pid comes in the environment, to name it.
         self._parent_pid = os.getppid()
@@ -160,6 +171,11 @@ class ConsumerProcess:
                                                     debug=os.environ.get(KAFKA_DEBUG, "")),
                                   **group_settings.client_settings(self.group, group_id, name),
                                   "on_commit": self._on_commit})
+        if self.group.transactional_commits:
+            # At once, not at the first commit: init_transactions aborts a transaction the previous
+            # process under this transactional.id left open (a crash inside it), so the group's
+            # committed offset is settled before this process reads it.
+            self._transactional_producer()
 
     # --- settings ----------------------------------------------------------------------
 
@@ -451,6 +467,7 @@ class ConsumerProcess:
             self.consumer.close()  # commits nothing (auto-commit is off), leaves the group
             if self._dlq is not None:
                 self._dlq.flush(5)
+            self._abort_open_transaction()
             try:
                 self.control.write(self.report)
                 self._say("stopped", f"{self.name} left group {self.group_id}"
@@ -538,8 +555,7 @@ class ConsumerProcess:
             counts.dead_lettered += 1
         self.report.applied_positions[str(message.partition())] = message.offset() + 1
         self.notifier.after_commit(event, outcome)
-        self.checkpoint("after-effect-before-commit")
-        self.commit(message)
+        self.commit(message, before_commit="after-effect-before-commit")
         self.checkpoint("after-commit")
         self.current = None
 
@@ -650,18 +666,27 @@ class ConsumerProcess:
                 except KafkaException:
                     pass
 
-    def commit(self, message: Message) -> None:
-        self.commit_offsets([TopicPartition(message.topic(), message.partition(), message.offset() + 1)])
+    def commit(self, message: Message, before_commit: str | None = None) -> None:
+        self.commit_offsets([TopicPartition(message.topic(), message.partition(), message.offset() + 1)],
+                            before_commit)
 
-    def commit_offsets(self, offsets: list[TopicPartition]) -> None:
-        """Commit ``offsets`` (the next offset to read, per partition) in the group's commit mode.
+    def commit_offsets(self, offsets: list[TopicPartition], before_commit: str | None = None) -> None:
+        """Commit ``offsets`` (the next offset to read, per partition) in the group's commit mode,
+        passing the crash point ``before_commit`` last before the commit itself.
 
         sync waits for the broker's answer, and when the commit did not get there
         (RETRIABLE_COMMIT_ERRORS) commits again before the next record: at most this one record is
         done and uncommitted. async returns at once (the answer comes to _on_commit during a later
         poll, and a failed one is not retried), so the consumer moves on while its commits may never
-        arrive: a crash then brings back every record since the last commit that did. The report is
-        written on the heartbeat's cadence, not after every commit."""
+        arrive: a crash then brings back every record since the last commit that did. transactional
+        sends them to a Kafka transaction and commits it (:meth:`_commit_in_kafka_transaction`). The
+        report is written on the heartbeat's cadence, not after every commit."""
+        if self.group.transactional_commits:
+            self._commit_in_kafka_transaction(offsets, before_commit)
+            self.heartbeat()
+            return
+        if before_commit is not None:
+            self.checkpoint(before_commit)
         attempts = 0
         while True:
             asynchronous = self.group.asynchronous_commits
@@ -677,6 +702,57 @@ class ConsumerProcess:
                 attempts += 1
                 self._commit_retried(offsets, reason, attempts)
         self.heartbeat()
+
+    # --- commit mode transactional ----------------------------------------------------------
+
+    def _transactional_producer(self) -> Producer:
+        """The consumer's transactional producer, initialized: its ``transactional.id`` is the
+        consumer's client id, so a restarted process fences the one before it."""
+        if self._offsets_producer is None:
+            client_id = self.lab.client_id(self.name)
+            transactional_id = f"{client_id}.offsets"
+            producer = Producer({**producer_config(self.bootstrap_servers, idempotent=True, client_id=client_id),
+                                 "transactional.id": transactional_id})
+            producer.init_transactions(TRANSACTION_TIMEOUT)
+            self._offsets_producer = producer
+            self._say("transactions", f"{self.name} commits its offsets in Kafka transactions as transactional.id "
+                      f"{transactional_id}; initializing it aborted any transaction a previous process under that "
+                      "id left open", transactional_id=transactional_id)
+        return self._offsets_producer
+
+    def _commit_in_kafka_transaction(self, offsets: list[TopicPartition], before_commit: str | None) -> None:
+        """Begin a Kafka transaction, send it the offsets with the group's metadata (generation and
+        member id: the coordinator refuses a zombie's), pass ``before_commit``, commit it.
+
+        The effect is already committed in PostgreSQL: a crash at ``before_commit`` leaves the
+        transaction open, the broker aborts it, and the offsets go with it. A failure aborts the
+        transaction and is reported like any failed commit: the record comes back to whoever owns
+        its partition next."""
+        try:
+            producer = self._transactional_producer()
+            producer.begin_transaction()
+            producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), TRANSACTION_TIMEOUT)
+            if before_commit is not None:
+                self.checkpoint(before_commit)
+            producer.commit_transaction(TRANSACTION_TIMEOUT)
+        except KafkaException as error:
+            kafka_error = error.args[0] if error.args else None
+            self._abort_open_transaction()
+            self._commit_failed(offsets, f"{kafka_error.name()}: {kafka_error.str()}" if kafka_error else str(error))
+
+    def _abort_open_transaction(self) -> None:
+        """Abort the transaction in progress, if any; a producer that cannot (a fatal error: fenced)
+        is dropped, and the next commit starts a new one."""
+        producer = self._offsets_producer
+        if producer is None:
+            return
+        try:
+            producer.abort_transaction(TRANSACTION_TIMEOUT)
+        except KafkaException as error:
+            kafka_error = error.args[0] if error.args else None
+            if kafka_error is not None and kafka_error.code() == KafkaError._STATE:
+                return  # no transaction in progress: nothing to abort
+            self._offsets_producer = None
 
     def _commit_retried(self, offsets: list[TopicPartition], reason: str, attempts: int) -> None:
         """A synchronous commit that did not reach the coordinator: say so (once), keep reporting

@@ -62,6 +62,11 @@ class GroupSettings:
     def asynchronous_commits(self) -> bool:
         return self.commit_mode == "async"
 
+    @property
+    def transactional_commits(self) -> bool:
+        """The offsets committed in a Kafka transaction of the consumer's own (loop.py)."""
+        return self.commit_mode == "transactional"
+
 
 def read(conn: psycopg.Connection, schema: str, group_id: str, consumer_id: int) -> tuple[Desired, GroupSettings]:
     """The consumer's desired state and its group's settings; RuntimeError when the group is gone."""

@@ -49,8 +49,9 @@ class Lab:
         return group if group.startswith(f"{self.name}.") else f"{self.name}.{group}"
 
     def moved_group_id(self, group_id: str, moves: int) -> str:
-        """The Kafka group id of ``group_id`` after its ``moves``-th recovery that had to leave a wedged
-        group behind (ops recover_group): ``default.payments.r1``. The lab keeps calling the group by
+        """The Kafka group id of ``group_id`` after its ``moves``-th move to a fresh id: a recovery that
+        had to leave a wedged group behind (ops recover_group), or an expiry of its committed offsets
+        (reset mode ``expire``): ``default.payments.r1``. The lab keeps calling the group by
         its own id (reports, deliveries, offsets snapshots); only its members' Kafka config changes."""
         return f"{self.group_id(group_id)}.r{moves}"
 

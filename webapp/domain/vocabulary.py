@@ -49,10 +49,14 @@ RELAY_CRASH_POINTS = ("relay-before-publish", "relay-after-publish-before-mark")
 # backoff while the partition stalls, then the DLQ).
 ON_UNIQUE_VIOLATION = ("already-processed", "retry")
 # How a group's consumers commit offsets: wait for the broker's answer (sync), or not (async: faster,
-# and a crash can lose the commits still in flight, so more records come back).
-COMMIT_MODES = ("sync", "async")
+# and a crash can lose the commits still in flight, so more records come back), or in a Kafka
+# transaction of their own (transactional: send_offsets_to_transaction, then commit_transaction;
+# Kafka's exactly-once covers the offsets, never the PostgreSQL effect before them).
+COMMIT_MODES = ("sync", "async", "transactional")
 CONSUMER_VERBS = ("kill", "freeze", "thaw", "stop", "restart")
-OFFSET_RESET_MODES = ("earliest", "offset", "back", "timestamp")
+# "expire": the group's committed offsets deleted, as Kafka does once an empty group has been empty
+# for offsets.retention.minutes; its members then start where auto.offset.reset says (earliest here).
+OFFSET_RESET_MODES = ("earliest", "offset", "back", "timestamp", "expire")
 PUBLISH_MODES = ("normal", "burst", "resend", "source-duplicate", "poison")
 
 # Freshness: a heartbeat older than this says the process is gone.

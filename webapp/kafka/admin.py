@@ -11,6 +11,7 @@ from datetime import datetime
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
+from ..domain.vocabulary import OFFSET_RESET_MODES
 from .config import _quiet
 
 ADMIN_TIMEOUT = 10.0
@@ -64,6 +65,16 @@ def committed_offsets(admin: AdminClient, group_id: str, topic: str) -> dict[int
     return offsets
 
 
+def group_state(admin: AdminClient, group_id: str) -> str:
+    """The broker's state of ``group_id``: EMPTY, STABLE, PREPARING_REBALANCE, DEAD…, or UNKNOWN
+    when it does not say in time."""
+    future = admin.describe_consumer_groups([group_id], request_timeout=ADMIN_TIMEOUT)[group_id]
+    try:
+        return future.result(timeout=ADMIN_TIMEOUT + 5).state.name
+    except (KafkaException, FutureTimeout):
+        return "UNKNOWN"
+
+
 def committed_offsets_of(admin: AdminClient, groups: list[tuple[str, str]]
                          ) -> dict[tuple[str, str], dict[int, int | None] | KafkaException]:
     """:func:`committed_offsets` of many (group, topic) pairs, their requests in flight together
@@ -104,13 +115,14 @@ def committed_offsets_of(admin: AdminClient, groups: list[tuple[str, str]]
 
 @dataclass(frozen=True)
 class OffsetReset:
-    """Where to move a group: ``earliest``, ``offset`` (per partition), ``back`` N, or ``timestamp``."""
+    """Where to move a group: ``earliest``, ``offset`` (per partition), ``back`` N, ``timestamp``, or
+    ``expire`` (no committed offset at all: the members start where auto.offset.reset says)."""
     mode: str
     offsets: dict[int, int] | None = None
     back: int | None = None
     timestamp: datetime | None = None
 
-    MODES = ("earliest", "offset", "back", "timestamp")
+    MODES = OFFSET_RESET_MODES
 
     def __post_init__(self):
         if self.mode not in self.MODES:

@@ -2,8 +2,9 @@
 
 Per-message mode (batch_size 1) is the teaching default. Batch mode consumes up to batch_size
 records (waiting at most batch_max_wait_ms), applies them in one transaction with set-based SQL
-and commits their offsets once. The commit mode is sync (wait for the broker) or async (do not
-wait: faster, and a crash can lose the commits in flight). Static membership gives each consumer
+and commits their offsets once. The commit mode is sync (wait for the broker), async (do not
+wait: faster, and a crash can lose the commits in flight) or transactional (the offsets committed
+in a Kafka transaction of each consumer's own; the PostgreSQL effect stays outside it). Static membership gives each consumer
 a group.instance.id that survives a restart; it needs the consumer restarted to apply.
 """
 from __future__ import annotations
@@ -26,7 +27,9 @@ class ThroughputArgs(GroupRef):
     batch_max_wait_ms: Whole = within(Limits.BATCH_MAX_WAIT_MS, "how long a batch waits to fill", unit=" ms")
     commit_mode: Literal[COMMIT_MODES] | None = Field(
         None, description="sync: wait for the broker's answer to each offset commit; async: do not wait (faster; a "
-                          "crash can lose the commits in flight, so more records come back)")
+                          "crash can lose the commits in flight, so more records come back); transactional: in a Kafka transaction "
+                          "of each consumer's own (send_offsets_to_transaction, commit_transaction), which the "
+                          "PostgreSQL effect is not part of")
     static_membership: bool | None = Field(
         None, description="a group.instance.id per consumer: a restarted consumer takes its old place at once "
                           "instead of waiting for its session to time out (applies when a consumer restarts)")

@@ -132,6 +132,9 @@ def describe_step(action: str, a: dict[str, Any], refs: dict[str, str]) -> str:
                 + (f" on lane {a['lane']}" if a.get("lane") else ""))
     if action == "strategy":
         return f"switch group {a['group']} to {a['strategy']}"
+    if action == "reset_offsets" and a.get("mode") == "expire":
+        return (f"expire the committed offsets of group {a['group']} (as the broker does once the group has "
+                "been empty for offsets.retention.minutes)")
     if action == "reset_offsets":
         mode = a.get("mode", "earliest")
         extra = {"back": f" back {a.get('back')}", "offset": f" to {a.get('offsets')}",

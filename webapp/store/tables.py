@@ -225,11 +225,11 @@ consumer_groups = Table(
     # "already processed" (absorb, commit the offset) or "retry" (a generic error: backoff, then the DLQ).
     Column("on_unique_violation", String(24), default="already-processed", server_default="already-processed", nullable=False),
     # Throughput (revision 0007): batch_size 1 is per-message mode, more is batch mode (consume(n),
-    # one transaction and one offset commit per batch); commit_mode sync|async; static membership
-    # (group.instance.id) applies when a consumer (re)starts.
+    # one transaction and one offset commit per batch); commit_mode sync|async|transactional
+    # (widened in 0024); static membership (group.instance.id) applies when a consumer (re)starts.
     Column("batch_size", Integer, default=1, server_default="1", nullable=False),
     Column("batch_max_wait_ms", Integer, default=100, server_default="100", nullable=False),
-    Column("commit_mode", String(8), default="sync", server_default="sync", nullable=False),
+    Column("commit_mode", String(16), default="sync", server_default="sync", nullable=False),
     Column("static_membership", Boolean(), default=False, server_default="false", nullable=False),
     # The external side effect (issue 13): whether the group's consumers notify the notification
     # service of an applied credit, where (vocabulary.NOTIFY_MODES), and with `Idempotency-Key: <event_id>`.

@@ -11,7 +11,8 @@ from typing import Any, Callable
 
 KINDS = ("published", "delivered", "applied", "absorbed", "dead-lettered", "crashed", "frozen", "thawed",
          "killed", "started", "stopped", "rebalanced", "offsets-reset", "strategy", "fault", "ttl", "lab",
-         "commit-failed", "error", "scenario", "outbox", "chaos", "group-stalled", "group-recovered", "recovery")
+         "commit-failed", "error", "scenario", "outbox", "chaos", "group-stalled", "group-recovered", "recovery",
+         "transactions")
 
 INSERT = "INSERT INTO timeline (kind, summary, detail) VALUES (%(kind)s, %(summary)s, %(detail)s::jsonb)"
 
