@@ -4,8 +4,10 @@ it held back may run on it now."""
 from __future__ import annotations
 
 import uuid
+from contextlib import contextmanager
+from typing import Iterator
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from webapp.domain.waits import wait_until
@@ -33,6 +35,29 @@ def read_all(bootstrap_servers: str, topic: str, isolation: str, expected: int) 
     return seen
 
 
+def topics_with_a_payment(bootstrap_servers: str, source: str, *others: str) -> None:
+    """Create ``source`` and ``others`` (one partition each) and write one record, "payment", to ``source``."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    for future in admin.create_topics([NewTopic(name, 1, 1) for name in (source, *others)]).values():
+        future.result(TIMEOUT)
+    plain = Producer({"bootstrap.servers": bootstrap_servers, "log_level": 3})
+    plain.produce(source, value=b"payment")
+    assert plain.flush(TIMEOUT) == 0
+
+
+@contextmanager
+def processor_of(bootstrap_servers: str, topic: str, group: str) -> Iterator[tuple[Consumer, Message]]:
+    """A consumer of ``group`` assigned ``topic`` partition 0, with the record it read first; closed after."""
+    processor = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": group, "enable.auto.commit": False,
+                          "log_level": 3})
+    try:
+        processor.assign([TopicPartition(topic, 0, 0)])
+        yield processor, wait_until(lambda: processor.poll(0.2), timeout=TIMEOUT, interval=0,
+                                    message="the processor never read the payment")
+    finally:
+        processor.close()
+
+
 def test_tansu_takes_kafka_transactions_but_a_read_committed_consumer_reads_an_aborted_one(services):
     """A transactional producer initializes, sends a consumer's offsets to its transaction and
     commits them with its record; it aborts a second transaction. On Apache Kafka a read_committed
@@ -41,21 +66,9 @@ def test_tansu_takes_kafka_transactions_but_a_read_committed_consumer_reads_an_a
     Kafka (the compose stack); exercise 24 commits offsets alone, which Tansu does as Kafka does."""
     bootstrap = services.bootstrap_servers
     source, sink = (f"broker-txn-{name}-{uuid.uuid4().hex[:8]}" for name in ("in", "out"))
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(source, 1, 1), NewTopic(sink, 1, 1)]).values():
-        future.result(TIMEOUT)
-    plain = Producer({"bootstrap.servers": bootstrap, "log_level": 3})
-    plain.produce(source, value=b"payment")
-    assert plain.flush(TIMEOUT) == 0
-
-    group = f"{source}-processor"
-    processor = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
-                          "log_level": 3})
+    topics_with_a_payment(bootstrap, source, sink)
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{source}-txn", "log_level": 3})
-    try:
-        processor.assign([TopicPartition(source, 0, 0)])
-        consumed = wait_until(lambda: processor.poll(0.2), timeout=TIMEOUT, interval=0,
-                              message="the processor never read the payment")
+    with processor_of(bootstrap, source, f"{source}-processor") as (processor, consumed):
         producer.init_transactions(TIMEOUT)
         producer.begin_transaction()
         producer.produce(sink, value=b"committed")
@@ -68,8 +81,6 @@ def test_tansu_takes_kafka_transactions_but_a_read_committed_consumer_reads_an_a
         producer.abort_transaction(TIMEOUT)
         # The offset went in with the transaction: what Kafka's exactly-once covers, inside Kafka.
         assert processor.committed([TopicPartition(source, 0)], TIMEOUT)[0].offset == consumed.offset() + 1
-    finally:
-        processor.close()
 
     assert read_all(bootstrap, sink, "read_uncommitted", 2) == ["committed", "aborted"]
     assert read_all(bootstrap, sink, "read_committed", 2) == ["committed", "aborted"], (
@@ -84,20 +95,10 @@ def test_a_new_producer_under_the_same_transactional_id_aborts_the_open_transact
     drops such a producer either way (consumer/loop.py)."""
     bootstrap = services.bootstrap_servers
     topic = f"broker-fence-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
-        future.result(TIMEOUT)
-    plain = Producer({"bootstrap.servers": bootstrap, "log_level": 3})
-    plain.produce(topic, value=b"payment")
-    assert plain.flush(TIMEOUT) == 0
-    processor = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-g", "enable.auto.commit": False,
-                          "log_level": 3})
+    topics_with_a_payment(bootstrap, topic)
     settings = {"bootstrap.servers": bootstrap, "transactional.id": f"{topic}-txn", "log_level": 3}
     first, successor = Producer(settings), Producer(settings)
-    try:
-        processor.assign([TopicPartition(topic, 0, 0)])
-        consumed = wait_until(lambda: processor.poll(0.2), timeout=TIMEOUT, interval=0,
-                              message="the processor never read the payment")
+    with processor_of(bootstrap, topic, f"{topic}-g") as (processor, consumed):
         first.init_transactions(TIMEOUT)
         first.begin_transaction()
         first.send_offsets_to_transaction([TopicPartition(topic, 0, consumed.offset() + 1)],
@@ -111,5 +112,3 @@ def test_a_new_producer_under_the_same_transactional_id_aborts_the_open_transact
             committed = False
         assert not committed, "a fenced producer committed its transaction"
         assert processor.committed([TopicPartition(topic, 0)], TIMEOUT)[0].offset < 0
-    finally:
-        processor.close()
