@@ -16,6 +16,7 @@ from webapp.consumer.loop import BACKOFF_SECONDS, MAX_ATTEMPTS
 from webapp.store.connection import connect
 from webapp.web.db import lab_session
 from webapp.domain.vocabulary import DEDUP_TABLES
+from webapp.domain.group_health import SESSION_TIMEOUT_MS
 from webapp.domain.waits import wait_until
 
 
@@ -232,8 +233,10 @@ def test_offsets_do_not_expire_while_the_group_has_a_member_the_lab_cannot_stop(
     """Kafka expires only an empty group's offsets. A member the lab does not run (a plain client in
     the group) keeps the expiry waiting, refused once GROUP_EMPTY_TIMEOUT passes, the group unmoved."""
     lab.credit("acc-1", 1000)
+    # The lab's session timeout: the broker's first assignment waits about half of it (BROKER.md).
     outsider = Consumer({"bootstrap.servers": services.bootstrap_servers, "group.id": lab.lab.group_id("payments"),
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 3})
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 3,
+                         "session.timeout.ms": SESSION_TIMEOUT_MS, "heartbeat.interval.ms": 1000})
     try:
         outsider.subscribe([lab.lab.topic])
         wait_until(lambda: outsider.poll(0.5) is not None or bool(outsider.assignment()), timeout=30,

@@ -66,10 +66,16 @@ def test_the_outbox_panel_shows_a_row_sent_then_the_relay_publishing_it_again(se
     expect(page.locator("#panel-timeline")).to_contain_text("outbox relay killed at relay-after-publish-before-mark")
     expect(page.locator("#panel-timeline")).to_contain_text("again (publish #2")
     ROOT_ARTIFACTS.mkdir(exist_ok=True)
-    # The page, clipped to the panel: the panel's live refresh may replace its element mid-shot
-    # (an element screenshot then fails with "not attached to the DOM").
-    panel.scroll_into_view_if_needed()
-    page.screenshot(path=str(ROOT_ARTIFACTS / "outbox-republished.png"), clip=panel.bounding_box())
+    # The page, clipped to the panel: a push may replace the panel's element at any moment, so it is
+    # found, scrolled to and measured in one script (a locator's scroll, then a measure, can each
+    # meet a detached element).
+    box = page.evaluate("""() => {
+        const panel = document.querySelector('#panel-outbox');
+        panel.scrollIntoView({block: 'nearest'});
+        const r = panel.getBoundingClientRect();
+        return {x: r.x, y: r.y, width: r.width, height: Math.min(r.height, window.innerHeight - r.y)};
+    }""")
+    page.screenshot(path=str(ROOT_ARTIFACTS / "outbox-republished.png"), clip=box)
 
     page.locator("#panel-outbox summary", has_text="The SQL").click()
     expect(panel.locator('[data-point="relay-after-publish-before-mark"]')).to_be_visible()
