@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 import support
-from support import LabDriver, Services, drop_lab, stop_process
+from support import TEST_SECRET_KEY, LabDriver, Services, drop_lab, stop_process
 from webapp import create_app
 from webapp.dev.stack import Stack
 from webapp.domain.waits import WaitTimeout, wait_until
@@ -26,7 +26,7 @@ from webapp.domain.waits import WaitTimeout, wait_until
 def services(tmp_path_factory) -> Services:
     """The embedded PostgreSQL (the control schema at head, as `make run` leaves it) and broker,
     on free loopback ports, for the whole session (webapp/dev/stack.py)."""
-    with Stack(tmp_path_factory.mktemp("services"), agent=False) as services:
+    with Stack(tmp_path_factory.mktemp("services"), agent=False, env={"SECRET_KEY": TEST_SECRET_KEY}) as services:
         yield services
 
 
@@ -96,7 +96,7 @@ class AppFactory:
             "DATABASE_URL": self.services.database_url,
             "KAFKA_BOOTSTRAP_SERVERS": self.services.bootstrap_servers,
             "LAB_DATA_DIR": str(self.data_dir / "data"),
-            "SECRET_KEY": "test",
+            "SECRET_KEY": TEST_SECRET_KEY,
             "WTF_CSRF_ENABLED": False,
             # The shared broker keeps every record in memory: loads and synthetic keys stay small here.
             "LAB_MAX_LOAD_EVENTS": 20_000, "LAB_MAX_WARMUP_KEYS": 20_000,
@@ -213,9 +213,9 @@ def class_code() -> str:
 
 @pytest.fixture
 def class_url(serve_app, agent, app_factory, class_code):
-    """A server in classroom mode (a class code, no token: loopback), over real HTTP; every
-    attendee's lab dropped at the end."""
-    url = serve_app(LAB_CLASS_CODE=class_code)
+    """A server in classroom mode (a class code, the instructor's token CLASS_TOKEN), over real HTTP;
+    every attendee's lab dropped at the end."""
+    url = serve_app(LAB_CLASS_CODE=class_code, LAB_TOKEN=support.CLASS_TOKEN)
     yield url
     support.drop_class_labs(app_factory(), class_code)
 

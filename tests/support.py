@@ -29,6 +29,10 @@ Services = Stack
 # How often a test asks the lab again while it waits: a whole state is about 30 ms of CPU between
 # the test and PostgreSQL, and four workers wait at once on two cores.
 WAIT_INTERVAL = 0.25
+# Every process of a test stack and every test app share it: lane passwords are kept encrypted under it.
+TEST_SECRET_KEY = "test"
+# The instructor's LAB_TOKEN of the test servers in classroom mode (which refuses to run without one).
+CLASS_TOKEN = "instructor-token-for-tests"
 
 
 class LabDriver:
@@ -277,7 +281,7 @@ def proxied_stack(base: Path) -> Iterator[Services]:
     """PostgreSQL, a broker advertising a fault proxy process, the proxy and a lab agent whose
     producer goes through it — all its own, so no other agent claims its commands. Every process
     it started is stopped, by its Popen, on the way out (webapp/dev/stack.py)."""
-    with Stack(base, fault_proxy=True) as services:
+    with Stack(base, fault_proxy=True, env={"SECRET_KEY": TEST_SECRET_KEY}) as services:
         yield services
 
 

@@ -44,17 +44,21 @@ def join(app, name: str, code: str, rejoin: str | None = None):
     lab); (client, its lab)."""
     client = app.test_client()
     response = client.post("/join", data={"name": name, "code": code, **({"rejoin": rejoin} if rejoin else {})})
-    assert response.status_code == 303, response.get_data(as_text=True)
+    assert response.status_code == 200, response.get_data(as_text=True)
+    client.rejoin_code = shown_rejoin_code(response.get_data(as_text=True))
     with client.session_transaction() as session:
         return client, session["attendee_lab"]
 
 
-def rejoin_code(client) -> str:
-    """The rejoin code an attendee's page shows them."""
-    page = client.get("/join").get_data(as_text=True)
+def shown_rejoin_code(page: str) -> str:
     found = re.search(r'data-rejoin-code="([A-Z0-9-]+)"', page)
     assert found, page
     return found.group(1)
+
+
+def rejoin_code(client) -> str:
+    """The rejoin code the attendee was shown once, when this browser joined."""
+    return client.rejoin_code
 
 
 def instructor(app):
@@ -98,7 +102,11 @@ def test_join_opens_an_own_lab_binds_the_session_and_reopens_it_with_the_rejoin_
     # with how to get back in; a wrong rejoin code too; hers reopens her lab.
     code = rejoin_code(ana)
     assert re.fullmatch(r"[2-9A-HJKMNP-Z]{4}-[2-9A-HJKMNP-Z]{4}", code), code
-    assert f'data-rejoin-code="{code}"' in dashboard.get_data(as_text=True)
+    # Shown that once, and kept nowhere after: not on her pages, not in her browser's cookie.
+    assert "data-rejoin-code" not in dashboard.get_data(as_text=True)
+    assert "data-rejoin-code" not in ana.get("/join").get_data(as_text=True)
+    with ana.session_transaction() as session:
+        assert code not in json.dumps(dict(session)), dict(session)
     intruder = class_app.test_client()
     taken = intruder.post("/join", data={"name": "  ana   SOUZA ", "code": class_code})
     assert taken.status_code == 409
@@ -135,7 +143,7 @@ def test_a_name_is_one_attendee_in_any_case_and_a_rejoin_code_is_kept_as_a_salte
 def test_join_refuses_a_new_lab_when_the_server_holds_its_most(app_factory, agent, lab_name, class_code):
     with app_factory().app_context(), db.engine.connect() as conn:
         existing = len(classroom.lab_names(conn))
-    app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=class_code, LAB_MAX_LABS=existing + 1)
+    app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=class_code, LAB_TOKEN=TOKEN, LAB_MAX_LABS=existing + 1)
     ana, lab = join(app, "Ana", class_code)
     try:
         response = app.test_client().post("/join", data={"name": "Bruno", "code": class_code})
@@ -144,7 +152,7 @@ def test_join_refuses_a_new_lab_when_the_server_holds_its_most(app_factory, agen
         # Reopening a lab creates none: Ana gets hers back.
         assert join(app, "ana", class_code, rejoin=rejoin_code(ana))[1] == lab
         # A scenario run in a fresh lab of its own is one more lab too: refused, in the browser and the CLI.
-        instructor_client = app.test_client()
+        instructor_client = instructor(app)
         started = instructor_client.post(f"/scenarios/{EXERCISE}/runs")
         assert started.status_code == 409 and "LAB_MAX_LABS" in started.get_data(as_text=True)
         headless = app.test_cli_runner().invoke(args=["scenario", "run", EXERCISE])
@@ -159,24 +167,30 @@ def test_join_refuses_a_new_lab_when_the_server_holds_its_most(app_factory, agen
 
 def test_one_mistyping_attendee_behind_a_nat_locks_out_neither_the_class_nor_the_instructor(
         app_factory, agent, lab_name, class_code):
-    """Wrong class codes are counted per browser (and far higher per address), apart from wrong tokens."""
-    app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=class_code, LAB_TOKEN=TOKEN, SIGN_IN_MAX_FAILURES=2)
+    """Wrong class codes are counted per address, failures only (a right code from the same address,
+    a class behind one NAT, still joins below the limit), apart from wrong tokens."""
+    app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=class_code, LAB_TOKEN=TOKEN, SIGN_IN_MAX_FAILURES=2,
+                      JOIN_MAX_FAILURES=3)
     try:
         mistyper = app.test_client()   # every test client comes from 127.0.0.1: one NAT
         for _ in range(2):
             assert mistyper.post("/join", data={"name": "Eve", "code": "guess"}).status_code == 403
-        refused = mistyper.post("/join", data={"name": "Eve", "code": class_code})
-        assert refused.status_code == 429 and int(refused.headers["Retry-After"]) > 0
-        assert "Too many wrong codes from this browser" in refused.get_data(as_text=True)
-        # The instructor, at the same address, signs in; a classmate with the right code joins.
-        assert app.test_client().post("/sign-in", data={"token": TOKEN, "next": "/class"}).status_code == 302
+        # A classmate with the right code joins: a right code counts nothing.
         join(app, "Bruno", class_code)
+        assert app.test_client().post("/join", data={"name": "Eve", "code": "guess"}).status_code == 403
+        # A client that drops its cookie for each guess gains nothing: the address is counted.
+        for client in (mistyper, app.test_client()):
+            refused = client.post("/join", data={"name": "Eve", "code": class_code})
+            assert refused.status_code == 429 and int(refused.headers["Retry-After"]) > 0
+            assert "Too many wrong codes from your address" in refused.get_data(as_text=True)
+        # The instructor, at the same address, signs in: wrong codes never refuse the token.
+        assert app.test_client().post("/sign-in", data={"token": TOKEN, "next": "/class"}).status_code == 302
         # Wrong tokens have their own limit: they refuse the token, never the class code.
         for _ in range(2):
             assert app.test_client().post("/sign-in", data={"token": "guess"}).status_code == 401
         board = app.test_client().get("/class", headers={"Authorization": f"Bearer {TOKEN}"})
         assert board.status_code == 429 and int(board.headers["Retry-After"]) > 0
-        assert app.test_client().post("/join", data={"name": "Bruno", "code": class_code}).status_code == 409
+        assert app.test_client().post("/join", data={"name": "Bruno", "code": class_code}).status_code == 429
     finally:
         support.drop_class_labs(app, class_code)
 
@@ -299,7 +313,7 @@ def movable(state: dict, key: str) -> list:
 
 
 def test_attendees_may_view_each_other_when_the_instructor_allows_it(app_factory, agent, lab_name, class_code):
-    app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=class_code, LAB_CLASS_VIEW_OTHERS=1)
+    app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=class_code, LAB_TOKEN=TOKEN, LAB_CLASS_VIEW_OTHERS=1)
     try:
         ana, ana_lab = join(app, "Ana", class_code)
         bruno, bruno_lab = join(app, "Bruno", class_code)
@@ -333,7 +347,8 @@ def test_attendees_may_view_each_other_when_the_instructor_allows_it(app_factory
 # --- limits --------------------------------------------------------------------------------------
 
 def test_per_lab_limits_refuse_with_a_clear_message(app_factory, agent, lab_name, class_code):
-    app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=class_code, LAB_MAX_CONSUMERS=1, LAB_MAX_BURST=5)
+    app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=class_code, LAB_TOKEN=TOKEN, LAB_MAX_CONSUMERS=1,
+                      LAB_MAX_BURST=5)
     ana, lab = join(app, "Ana", class_code)
     try:
         burst = ana.post("/api/v1/publish", json={"mode": "burst", "count": 6, "account_id": "acc-1",
@@ -389,13 +404,19 @@ def test_the_board_lists_every_lab_with_its_verdict_starts_an_exercise_for_every
     assert refused.status_code == 302 and "/sign-in" in refused.location   # not without the lab token
     old_code = rejoin_code(ana)
     handed = teacher.post(f"/class/labs/{ana_lab}/hand-over")
-    assert handed.status_code == 303 and "rejoin" not in handed.location.lower()
-    shown = teacher.get("/class").get_data(as_text=True)
+    assert handed.status_code == 200
+    shown = handed.get_data(as_text=True)
     new_code = re.search(rf'data-handed-over="{ana_lab}".*?data-rejoin-code="([A-Z0-9-]+)"', shown, re.S).group(1)
     assert new_code != old_code and new_code not in teacher.get("/class").get_data(as_text=True)
+    with teacher.session_transaction() as session:
+        assert new_code not in json.dumps(dict(session)), "the new code went into the instructor's cookie"
+    # Every browser Ana had is signed out by the hand-over.
+    signed_out = ana.get("/")
+    assert signed_out.status_code == 302 and "/join" in signed_out.location
     assert class_app.test_client().post("/join", data={"name": "Ana", "code": class_code,
                                                        "rejoin": old_code}).status_code == 403
-    assert join(class_app, "ana", class_code, rejoin=new_code)[1] == ana_lab
+    ana, reopened = join(class_app, "ana", class_code, rejoin=new_code)
+    assert reopened == ana_lab
     assert teacher.post("/class/labs/nobody_0000/hand-over").status_code == 404
 
     exported = teacher.get("/class/results.csv")

@@ -166,7 +166,9 @@ def sample(key: str, tmp_path) -> tuple[str, object]:
 
 
 # What a setting needs beside it to be valid: a password file, a URL to put the password in.
-NEEDS = {"DATABASE_PASSWORD_FILE": {"DATABASE_URL": "postgresql://lab@db.example:5432/lab"}}
+NEEDS = {"DATABASE_PASSWORD_FILE": {"DATABASE_URL": "postgresql://lab@db.example:5432/lab"},
+         "LAB_CLASS_CODE": {"LAB_TOKEN": "an-instructor-token-of-24ch"},
+         "LAB_CLASSROOM": {"LAB_TOKEN": "an-instructor-token-of-24ch"}}
 
 
 @pytest.mark.parametrize("key", sorted(DEFAULTS))
@@ -176,6 +178,14 @@ def test_each_setting_is_read_from_the_environment(tmp_path, key):
 
 
 # --- the token's length, secrets from files ---------------------------------------------------------
+
+@pytest.mark.parametrize("switch", [{"LAB_CLASS_CODE": "blue-heron"}, {"LAB_CLASSROOM": "1"}])
+def test_classroom_mode_without_a_token_stops_the_process_and_says_why(tmp_path, switch):
+    """Without a token, whoever is not an attendee would be the instructor."""
+    with pytest.raises(ConfigError) as refused:
+        config(tmp_path, switch)
+    assert "Classroom mode (LAB_CLASS_CODE or LAB_CLASSROOM) needs LAB_TOKEN" in str(refused.value)
+
 
 TOKEN = "a-token-of-16-ch"
 
@@ -279,9 +289,12 @@ def test_outside_classroom_mode_the_ceilings_are_unset(tmp_path):
                                                            "LAB_AUTO_RECOVER_GROUPS": 0}
 
 
+INSTRUCTOR_TOKEN = {"LAB_TOKEN": "an-instructor-token-of-24ch"}
+
+
 @pytest.mark.parametrize("switch", [{"LAB_CLASS_CODE": "blue-heron"}, {"LAB_CLASSROOM": "1"}])
 def test_classroom_mode_alone_applies_the_classroom_defaults(tmp_path, switch):
-    c = config(tmp_path, switch)
+    c = config(tmp_path, {**switch, **INSTRUCTOR_TOKEN})
     assert {key: c[key] for key in CLASSROOM_CEILINGS} == CLASSROOM_CEILINGS
     assert CLASSROOM_CEILINGS == {name: classroom_default(field) for name, field in LabSettings.model_fields.items()
                                   if classroom_default(field) is not None}, "the test knows every classroom default"
@@ -290,7 +303,8 @@ def test_classroom_mode_alone_applies_the_classroom_defaults(tmp_path, switch):
 def test_in_classroom_mode_a_value_set_anywhere_wins_over_the_classroom_default(tmp_path):
     env_file = tmp_path / ".env"
     env_file.write_text("LAB_MAX_WARMUP_KEYS=1000000\n")
-    c = load_config(environ={"LAB_DATA_DIR": str(tmp_path), "LAB_CLASSROOM": "1", "LAB_MAX_LOAD_EVENTS": "500000"},
+    c = load_config(environ={"LAB_DATA_DIR": str(tmp_path), "LAB_CLASSROOM": "1", "LAB_MAX_LOAD_EVENTS": "500000",
+                             **INSTRUCTOR_TOKEN},
                     overrides={"LAB_MAX_LOAD_RATE": 10}, env_file=env_file)
     assert (c["LAB_MAX_LOAD_EVENTS"], c["LAB_MAX_LOAD_RATE"], c["LAB_MAX_WARMUP_KEYS"]) == (500_000, 10, 1_000_000)
     assert c["LAB_MAX_RECORD_HEADERS"] == 16, "the others keep their classroom default"
@@ -314,6 +328,7 @@ def test_classroom_mode_from_the_environment_refuses_what_the_classroom_defaults
                                                                                          monkeypatch):
     """LAB_CLASSROOM=1 and nothing else: a load, its rate and a warm-up past the defaults are refused."""
     monkeypatch.setenv("LAB_CLASSROOM", "1")
+    monkeypatch.setenv("LAB_TOKEN", INSTRUCTOR_TOKEN["LAB_TOKEN"])
     app = app_from_the_environment(services, tmp_path)
     try:
         from webapp.web.db import db

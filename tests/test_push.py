@@ -36,7 +36,8 @@ def class_app(app_factory, agent, lab_name):
 def join(app, name: str):
     client = app.test_client()
     response = client.post("/join", data={"name": name, "code": app.class_code})
-    assert response.status_code == 303, response.get_data(as_text=True)
+    assert response.status_code == 200 and "data-rejoin-code" in response.get_data(as_text=True), \
+        response.get_data(as_text=True)
     with client.session_transaction() as session:
         return client, session["attendee_lab"]
 

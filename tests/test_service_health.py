@@ -18,7 +18,7 @@ import time
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from support import ROOT, service_env, stop_process, wait_for_agent
+from support import CLASS_TOKEN, ROOT, service_env, stop_process, wait_for_agent
 from webapp.dev.embedded import EmbeddedBroker
 from webapp.domain.waits import wait_until
 from webapp.store.connection import sqlalchemy_url
@@ -100,7 +100,9 @@ def test_each_part_frozen_or_killed_is_shown_down_within_5_s_then_back(services,
     notifier = wait_until(lambda: beating_pid(services, NOTIFICATION_SERVICE, agent.pid), timeout=10,
                           message="no notification service of the session's agent beats")
     # The classroom board's header says it too (a class of nobody: the board's own read).
-    board = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=f"health-{os.getpid()}").test_client()
+    board = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=f"health-{os.getpid()}",
+                        LAB_TOKEN=CLASS_TOKEN).test_client()
+    assert board.post("/sign-in", data={"token": CLASS_TOKEN, "next": "/class"}).status_code == 302
     html, took = frozen_then_thawed(lab, notifier, "notify", also=lambda: board.get("/class/cards").get_data(as_text=True))
     assert f"The notification service (pid {notifier} on" in html and "nothing waits on it yet" in html, html
     print(f"notification service frozen: shown down after {took:.1f} s")

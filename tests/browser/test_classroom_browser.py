@@ -21,11 +21,14 @@ def test_a_second_browser_needs_the_rejoin_code_to_open_an_attendees_lab(class_u
     from playwright.sync_api import expect
     alice = browser_page
     submit_join(alice, class_url, "alice", class_code)
+    # Her rejoin code is shown once, right after she joins; then she opens her lab.
+    code = alice.locator("[data-rejoin-code]").get_attribute("data-rejoin-code")
+    assert code and len(code) == 9, code
+    alice.get_by_role("link", name="Open your lab").click()
     banner = alice.locator("[data-classroom-banner]")
     expect(banner).to_contain_text("You are alice")
+    expect(banner.locator("[data-rejoin-code]")).to_have_count(0)
     alice_lab = banner.locator("code").first.inner_text()
-    code = banner.locator("[data-rejoin-code]").get_attribute("data-rejoin-code")
-    assert code and len(code) == 9, code
 
     other = alice.context.browser.new_context()
     try:
@@ -39,6 +42,7 @@ def test_a_second_browser_needs_the_rejoin_code_to_open_an_attendees_lab(class_u
         expect(intruder.locator("[data-classroom-banner]")).to_have_count(0)
         # With her rejoin code, the second browser opens her lab (the same lab, not a new one).
         submit_join(intruder, class_url, "ALICE", class_code, rejoin=code)
+        intruder.get_by_role("link", name="Open your lab").click()
         second_banner = intruder.locator("[data-classroom-banner]")
         expect(second_banner).to_contain_text("You are alice")
         expect(second_banner.locator("code").first).to_have_text(alice_lab)
@@ -51,7 +55,11 @@ def test_the_board_is_pushed_a_new_attendees_card_and_its_pushed_forms_work(clas
     the buttons of that pushed card (HTML pushed to every board, so with no viewer's CSRF token in
     it) work: the page puts its own token in as the form is sent."""
     from playwright.sync_api import expect
+    from support import CLASS_TOKEN
     board = browser_page
+    board.goto(f"{class_url}/sign-in")
+    board.fill("input[name=token]", CLASS_TOKEN)
+    board.get_by_role("button", name="Sign in").click()
     polls = []
     board.on("request", lambda request: polls.append(request.url) if "/class/cards" in request.url else None)
     board.goto(f"{class_url}/class")
@@ -62,6 +70,7 @@ def test_the_board_is_pushed_a_new_attendees_card_and_its_pushed_forms_work(clas
     try:
         carol = other.new_page()
         submit_join(carol, class_url, "carol", class_code)
+        carol.get_by_role("link", name="Open your lab").click()
         lab = carol.locator("[data-classroom-banner] code").first.inner_text()
     finally:
         other.close()

@@ -31,8 +31,9 @@ from ..strategies import ttl
 from ..summary import fold
 from ..store.connection import CONTROL_SCHEMA, connect, sqlalchemy_url
 from ..domain.lab import Lab
-from ..domain.vocabulary import DEFAULT_TTL_SECONDS, OUTSIDE_STRATEGY
-from ..store import agents, commands
+from ..domain.vocabulary import (DEFAULT_TTL_SECONDS, LANE_IDLE_IN_TRANSACTION_SECONDS, LANE_STATEMENT_SECONDS,
+                                  OUTSIDE_STRATEGY)
+from ..store import agents, commands, labdata, outside
 from ..store import schema
 from .queue import LEASE_SECONDS, Reaper
 
@@ -86,6 +87,17 @@ class Heartbeat:
                 self.reaper.reap(conn)
         if reaping:
             self.reaper.tell(self.engine)
+            self.end_overrunning_lane_sessions()
+
+    def end_overrunning_lane_sessions(self) -> None:
+        """A learner's code that lifted its role's timeouts still gets no more of the shared
+        PostgreSQL: its overrunning sessions are ended, and its lab's timeline says why."""
+        with self.engine.begin() as conn:
+            ended = outside.end_overrunning_sessions(conn, LANE_STATEMENT_SECONDS, LANE_IDLE_IN_TRANSACTION_SECONDS)
+            for session in ended:
+                schema.enter(conn, Lab(session.lab).schema)
+                labdata.say(conn, "fault", f"the lab ended a session of your consumer (role {session.role}, pid "
+                            f"{session.pid}): it {session.why}, past its role's bounds", role=session.role)
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(BEAT_EVERY):

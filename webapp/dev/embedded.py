@@ -10,11 +10,15 @@ import fcntl
 import importlib.util
 import os
 import pwd
+import secrets
 import signal
 import subprocess
+import tempfile
 from pathlib import Path
+from urllib.parse import quote
 
 import psycopg
+from psycopg import sql
 
 from ..agent.processes import die_with_parent, stop_process  # noqa: F401  (tests import them from here)
 from ..domain.waits import LOOPBACK, free_port, port_open, wait_until
@@ -22,6 +26,14 @@ from ..domain.waits import LOOPBACK, free_port, port_open, wait_until
 # PostgreSQL refuses to run as root; as root we run it as this system user.
 POSTGRES_SYSTEM_USER = "embedded_postgres"
 USERADD_LOCK = "/tmp/embedded_postgres-useradd.lock"
+SUPERUSER = "postgres"
+# Every role, the superuser's included, proves its password (SCRAM) on every connection, local or TCP:
+# a learner's code on the same machine gets no further than its own lane's role lets it.
+HBA_RULES = """# Written by the lab (webapp/dev/embedded.py): every connection proves its role's password.
+local   all   all                 scram-sha-256
+host    all   all   127.0.0.1/32  scram-sha-256
+host    all   all   ::1/128       scram-sha-256
+"""
 
 
 def _postgres_bin_dir() -> Path:
@@ -46,6 +58,9 @@ class EmbeddedPostgres:
         self.port = port or free_port()
         self.process: subprocess.Popen | None = None
         self.log_path = self.data_dir.parent / "postgres.log"
+        # The superuser's password: generated once, kept beside the cluster (mode 0600), never in
+        # a URL the lab prints; DATABASE_PASSWORD_FILE names it to the processes that need it.
+        self.password_file = self.data_dir.parent / "postgres-password"
         self._bin = _postgres_bin_dir()
         self._run_as = self._system_user()
 
@@ -69,12 +84,28 @@ class EmbeddedPostgres:
         return POSTGRES_SYSTEM_USER
 
     @property
+    def password(self) -> str:
+        """The superuser's password (generated on first use)."""
+        if not self.password_file.exists():
+            self.password_file.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_urlsafe(24))
+        return self.password_file.read_text().strip()
+
+    @property
+    def public_url(self) -> str:
+        """The superuser's URL without its password: what may be printed or written down."""
+        return f"postgresql+psycopg://{SUPERUSER}@{LOOPBACK}:{self.port}/postgres"
+
+    @property
     def url(self) -> str:
-        return f"postgresql+psycopg://postgres@{LOOPBACK}:{self.port}/postgres"
+        """The superuser's URL with its password, for this process and the lab's own children."""
+        return f"postgresql+psycopg://{SUPERUSER}:{quote(self.password, safe='')}@{LOOPBACK}:{self.port}/postgres"
 
     @property
     def conninfo(self) -> str:
-        return f"host={LOOPBACK} port={self.port} user=postgres dbname=postgres"
+        return f"host={LOOPBACK} port={self.port} user={SUPERUSER} dbname=postgres password={self.password}"
 
     def _prepare_permissions(self) -> None:
         """As root: let the postgres system user reach the binaries and own the data dir."""
@@ -95,11 +126,43 @@ class EmbeddedPostgres:
     def _initdb(self) -> None:
         if (self.data_dir / "PG_VERSION").exists():
             return
-        subprocess.run(
-            [str(self._bin / "initdb"), "-D", str(self.data_dir), "--auth=trust", "--encoding=UTF8",
-             "--username=postgres", "--no-sync"],
-            check=True, capture_output=True, user=self._run_as,
-        )
+        # initdb reads the superuser's password from a file the postgres system user can read; it
+        # is gone as soon as initdb is done.
+        with tempfile.NamedTemporaryFile("w", dir=self.data_dir.parent, prefix=".pwfile-") as pwfile:
+            pwfile.write(self.password)
+            pwfile.flush()
+            if self._run_as is not None:
+                entry = pwd.getpwnam(self._run_as)
+                os.chown(pwfile.name, entry.pw_uid, entry.pw_gid)
+            subprocess.run(
+                [str(self._bin / "initdb"), "-D", str(self.data_dir), "--auth=scram-sha-256", "--encoding=UTF8",
+                 f"--username={SUPERUSER}", f"--pwfile={pwfile.name}", "--no-sync"],
+                check=True, capture_output=True, user=self._run_as,
+            )
+        self._write_hba()
+
+    def _write_hba(self) -> None:
+        hba = self.data_dir / "pg_hba.conf"
+        hba.write_text(HBA_RULES)
+        if self._run_as is not None:
+            entry = pwd.getpwnam(self._run_as)
+            os.chown(hba, entry.pw_uid, entry.pw_gid)
+
+    def _require_passwords(self, timeout: float) -> None:
+        """A cluster made by an earlier release trusted every local connection: give the superuser
+        its password (over that trust, once) and ask every role for one from now on."""
+        hba = self.data_dir / "pg_hba.conf"
+        if "trust" not in hba.read_text():
+            return
+        trusted = f"host={LOOPBACK} port={self.port} user={SUPERUSER} dbname=postgres"
+        wait_until(lambda: self._accepts_queries(trusted), timeout=timeout,
+                   message=lambda: _exited_message("PostgreSQL", self.process, self.log_path))
+        with psycopg.connect(trusted, connect_timeout=5, autocommit=True) as conn:
+            conn.execute("SET password_encryption = 'scram-sha-256'")
+            conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(SUPERUSER),
+                                                                     sql.Literal(self.password)))
+            self._write_hba()
+            conn.execute("SELECT pg_reload_conf()")
 
     def start(self, timeout: float = 30) -> "EmbeddedPostgres":
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -115,15 +178,16 @@ class EmbeddedPostgres:
             start_new_session=True,
         )
         log.close()
+        self._require_passwords(timeout)
         wait_until(self._accepts_queries, timeout=timeout,
                    message=lambda: _exited_message("PostgreSQL", self.process, self.log_path))
         return self
 
-    def _accepts_queries(self) -> bool:
+    def _accepts_queries(self, conninfo: str | None = None) -> bool:
         if self.process.poll() is not None:
             raise RuntimeError(_exited_message("PostgreSQL", self.process, self.log_path))
         try:
-            with psycopg.connect(self.conninfo, connect_timeout=2) as conn:
+            with psycopg.connect(conninfo or self.conninfo, connect_timeout=2) as conn:
                 conn.execute("SELECT 1")
             return True
         except psycopg.OperationalError:

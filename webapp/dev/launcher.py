@@ -75,7 +75,8 @@ class Launcher:
                            env={"LAB_HOST": str(self.config["LAB_HOST"]), "LAB_PORT": str(self.config["LAB_PORT"])})
         self.stack.start()
         if self.stack.postgres is not None:
-            say("PostgreSQL (embedded)", f"{self.stack.database_url}  data {self.stack.postgres.data_dir}")
+            say("PostgreSQL (embedded)", f"{self.stack.postgres.public_url}  data {self.stack.postgres.data_dir}, "
+                f"the superuser's password in {self.stack.postgres.password_file}")
         else:
             say("PostgreSQL", "from DATABASE_URL")
         if self.stack.broker is not None:
@@ -105,6 +106,9 @@ class Launcher:
         started = time.monotonic()
         stack = self.start_services()
         running = {"DATABASE_URL": stack.database_url, "KAFKA_BOOTSTRAP_SERVERS": stack.bootstrap_servers}
+        if stack.postgres is not None:
+            # A second terminal's CLI finds the database here, and its password in its own file.
+            running.update(DATABASE_URL=stack.postgres.public_url, DATABASE_PASSWORD_FILE=str(stack.postgres.password_file))
         if stack.fault_proxy is not None:
             running["KAFKA_PRODUCER_BOOTSTRAP_SERVERS"] = stack.producer_bootstrap_servers
         (self.data_dir / RUNNING_FILE).write_text(json.dumps(running))

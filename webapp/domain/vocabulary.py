@@ -126,6 +126,27 @@ DEFAULT_STRATEGY = "none"
 # row in consumer_groups carries this marker instead of a strategy: no lab consumer may join it.
 OUTSIDE_STRATEGY = "yours"
 DEFAULT_OUTSIDE_LANE = "mine"
+# The only tables a lane's role may touch: what a learner's consumer reads and writes. The verdict's
+# summaries, the grade and the lab's own records in the lane's schema are out of its reach.
+LANE_TABLES = ("accounts", "payments", "processed_events", "processed_transactions")
+# Each lane role's session defaults. A role may SET these in its own session (PostgreSQL lets any
+# role), so the lab does not rely on them to protect the others: the agent ends a lane session that
+# outlives LANE_STATEMENT_SECONDS in one statement or LANE_IDLE_IN_TRANSACTION_SECONDS idle in a
+# transaction (agent/periodic.py), the lab's own reads run under their own lock and statement
+# timeouts (store/schema.py), and temp_file_limit is a superuser's setting the role cannot change.
+LANE_STATEMENT_SECONDS = 30
+LANE_IDLE_IN_TRANSACTION_SECONDS = 60
+LANE_ROLE_LIMITS = {
+    "statement_timeout": f"{LANE_STATEMENT_SECONDS}s",
+    "lock_timeout": "5s",
+    "idle_in_transaction_session_timeout": f"{LANE_IDLE_IN_TRANSACTION_SECONDS}s",
+    "temp_file_limit": "16MB",
+}
+# The lab's own reads of a lab (panels, summaries, the agent's snapshots): a learner's lock on their
+# own lane makes their lab's panel say so within READ_LOCK_TIMEOUT, and never holds a connection
+# that another lab's reader is waiting for.
+READ_LOCK_TIMEOUT = "3s"
+READ_STATEMENT_TIMEOUT = "60s"
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600
 
 # A sidecar the agent can hold off its work without stopping it (the log reader around a lab's

@@ -26,6 +26,14 @@ def check_consumers(ctx: Context) -> None:
                                         f"run in this class (LAB_MAX_CONSUMERS={most}): stop one first")
 
 
+def check_lanes(ctx: Context, lanes: int) -> None:
+    """Refuse one more lane for a learner's own consumer when the lab has as many as the class allows."""
+    most = classroom.limit(ctx.config, "LAB_MAX_LANES")
+    if most is not None and lanes >= most:
+        raise LimitReached("lane", f"lab {ctx.lab.name} already has {lanes} lane(s) for your own consumer, the most "
+                                   f"one lab may have in this class (LAB_MAX_LANES={most}): use one of them")
+
+
 def check_burst(ctx: Context, count: int | None) -> None:
     """Refuse a burst larger than the class allows one lab at a time."""
     most = classroom.limit(ctx.config, "LAB_MAX_BURST")

@@ -21,6 +21,7 @@ from ..store.connection import sqlalchemy_url
 from ..store.labs import ensure_schema, seed_accounts
 from .faults import NO_PROXY_RUNNING, NoFaultProxy, _set_commit_block
 from .fields import Whole, named, within
+from .limits import check_lanes
 from .registry import Args, Context, InvalidRequest, NotFound, operation
 
 # What the learner's code writes: one row per credit it applied (the lab's own strategies write the
@@ -48,22 +49,47 @@ def _checked_lane(ctx: Context, lane: str) -> tuple[str, str]:
         raise InvalidRequest("lane", NAME_RULE) from None
 
 
-def connection(ctx: Context, lane: str) -> dict:
-    """What the learner's code connects to: the broker (through the fault proxy when there is one),
-    the topic, the group and client ids, and the database URL of the lane's role."""
+def _credentials(ctx: Context, lane: str) -> outside.LaneCredentials:
+    """The lane's credentials; new ones (set on its role) when none this SECRET_KEY can read are kept:
+    a lane made before they were kept encrypted, or under another SECRET_KEY."""
+    secret_key = ctx.config["SECRET_KEY"]
+    with ctx.engine.connect() as conn:
+        found = outside.credentials_of(conn, secret_key, ctx.lab.lane_role(lane))
+    if found is not None:
+        return found
+    with ctx.engine.begin() as conn:
+        return outside.grant_lane(conn, ctx.lab, lane, secret_key, ctx.config["LAB_LANE_CONNECTION_LIMIT"])
+
+
+def _kafka_access(ctx: Context, role: str, password: str) -> dict:
+    """Where and how the learner's Kafka client signs in: the learners' listener (the lab's Kafka
+    gateway on the embedded broker, Apache Kafka's SASL listener in compose) with the lane's user."""
+    learners = ctx.config.get("KAFKA_LEARNER_BOOTSTRAP_SERVERS")
+    if not learners:
+        return {"kafka_authenticated": False}
+    mechanism = "SCRAM-SHA-512" if ctx.config.get("LAB_BROKER_KIND") == "kafka" else "PLAIN"
+    return {"kafka_authenticated": True, "learner_bootstrap_servers": learners, "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": mechanism, "sasl_username": role, "sasl_password": password}
+
+
+def connection(ctx: Context, lane: str, issued: outside.LaneCredentials | None = None) -> dict:
+    """What the learner's code connects to: the broker (the learners' listener, with the lane's Kafka
+    user, when there is one), the topic, the group and client ids, and the database URL of the lane's role."""
     lab = ctx.lab
     role = lab.lane_role(lane)
-    with ctx.engine.connect() as conn:
-        password = outside.password_of(conn, role)
+    issued = issued or _credentials(ctx, lane)
     proxy = ctx.config.get("KAFKA_PRODUCER_BOOTSTRAP_SERVERS")
     broker = ctx.config.get("KAFKA_BOOTSTRAP_SERVERS") or ""
     database = ctx.config.get("DATABASE_URL")
-    url = (make_url(sqlalchemy_url(database)).set(drivername="postgresql", username=role, password=password)
+    url = (make_url(sqlalchemy_url(database)).set(drivername="postgresql", username=role,
+                                                  password=issued.database_password)
            .render_as_string(hide_password=False)) if database else None
+    kafka = _kafka_access(ctx, role, issued.kafka_password)
     return {"lane": lane, "schema": lab.lane_schema(lane), "group_id": lab.group_id(lane), "topic": lab.topic,
-            "client_id": lab.client_id(lane), "bootstrap_servers": proxy or broker,
+            "client_id": lab.client_id(lane),
+            "bootstrap_servers": kafka.get("learner_bootstrap_servers") or proxy or broker,
             "through_fault_proxy": bool(proxy and proxy != broker), "role": role, "database_url": url,
-            "payments_shape": PAYMENTS_SHAPE}
+            "connection_limit": ctx.config["LAB_LANE_CONNECTION_LIMIT"], "payments_shape": PAYMENTS_SHAPE, **kafka}
 
 
 def _outside_group(ctx: Context, lane: str) -> str:
@@ -88,15 +114,19 @@ def create_yours(ctx: Context, args: LaneArgs) -> dict:
         if existing is not None and existing.strategy != OUTSIDE_STRATEGY:
             raise InvalidRequest("lane", f"group {group_id} exists already, with the lab's strategy "
                                  f"{existing.strategy}: name your lane differently")
+        if existing is None:
+            check_lanes(ctx, outside.lanes_with_roles(conn, lab))
         ensure_schema(conn, lane_schema)
         seed_accounts(conn, lane_schema)
-        role = outside.grant_lane(conn, lab, args.lane)
+        issued = outside.grant_lane(conn, lab, args.lane, ctx.config["SECRET_KEY"],
+                                    ctx.config["LAB_LANE_CONNECTION_LIMIT"])
+        role = issued.role
         schema.enter(conn, lab.schema)
         if existing is None:
             labdata.add_group(conn, group_id, OUTSIDE_STRATEGY, lane_schema)
             labdata.say(conn, "strategy", f"lane {args.lane} for your consumer: group {group_id}, role {role} "
                         f"(it may touch {lane_schema} only)", group=group_id, lane=args.lane)
-    return connection(ctx, args.lane)
+    return connection(ctx, args.lane, issued)
 
 
 @operation("get_yours", method="GET", path="/yours", tags=("yours",),

@@ -71,6 +71,12 @@ def load_config(environ: Mapping[str, str] | None = None, overrides: Mapping[str
     for key in ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "KAFKA_PRODUCER_BOOTSTRAP_SERVERS"):
         if not config.get(key) and running.get(key):
             config[key] = running[key]
+            if key == "DATABASE_URL" and running.get("DATABASE_PASSWORD_FILE"):
+                try:
+                    config[key] = with_password(config[key], read_secret("DATABASE_PASSWORD_FILE",
+                                                                         running["DATABASE_PASSWORD_FILE"]))
+                except ValueError as problem:
+                    raise ConfigError(str(problem)) from None
     config["KAFKA_PRODUCER_BOOTSTRAP_SERVERS"] = (
         config["KAFKA_PRODUCER_BOOTSTRAP_SERVERS"] or config["KAFKA_BOOTSTRAP_SERVERS"])
     if not config["SECRET_KEY"]:

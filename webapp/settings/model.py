@@ -101,6 +101,10 @@ class LabSettings(BaseSettings):
     KAFKA_PRODUCER_BOOTSTRAP_SERVERS: str | None = setting(
         None, "Where the lab's producer reaches the broker: the lost-ack fault proxy when one runs. "
         "Unset: KAFKA_BOOTSTRAP_SERVERS.")
+    KAFKA_LEARNER_BOOTSTRAP_SERVERS: str | None = setting(
+        None, "Where a learner's own consumer reaches the broker, signing in with its lane's Kafka user (the "
+        "lab's Kafka gateway on the embedded broker; a SASL listener with ACLs on Apache Kafka). Unset: no lane "
+        "gets Kafka credentials, and \"Your consumer\" says the broker's address takes none.")
     LAB_BROKER_KIND: Literal["kafka", "tansu"] | None = setting(
         None, "`kafka` or `tansu` when the broker cannot be probed (a scenario needs to know which it runs on). "
         "Unset: one metadata request tells (never from a web process).")
@@ -171,7 +175,18 @@ class LabSettings(BaseSettings):
         "(getting the current state at once): no connection outlives a redeploy by long.", gt=0)
     SIGN_IN_MAX_FAILURES: int = setting(
         5, "Wrong LAB_TOKEN guesses allowed per client address within SIGN_IN_WINDOW_SECONDS, before 429.", ge=1)
-    SIGN_IN_WINDOW_SECONDS: float = setting(60.0, "The window of SIGN_IN_MAX_FAILURES (seconds).", gt=0)
+    SIGN_IN_WINDOW_SECONDS: float = setting(
+        60.0, "The window of SIGN_IN_MAX_FAILURES and JOIN_MAX_FAILURES (seconds).", gt=0)
+    JOIN_MAX_FAILURES: int = setting(
+        20, "Wrong class codes or rejoin codes allowed per client address within SIGN_IN_WINDOW_SECONDS, "
+        "before 429 (failures only: a class behind one address joins; its mistypes share this budget).", ge=1)
+    LIVE_STREAMS_PER_BROWSER: int = setting(
+        6, "The most live event streams one browser session holds at once on one web process (its tabs); "
+        "past it a stream is refused and the page polls.", ge=1)
+    LAB_WEB_CONNECTIONS_PER_LAB: int = setting(
+        4, "Classroom mode: a lab's requests that may use the web process's database pool at once; the next "
+        "waits up to 2 s for one of them, then gets a 503 that says why. A learner's lock or flood slows "
+        "their own lab only.", ge=1)
 
     # --- classroom mode (webapp/store/classroom.py) ---
     LAB_CLASS_CODE: str | None = setting(
@@ -188,6 +203,12 @@ class LabSettings(BaseSettings):
         "to open a fresh lab; 0: no limit.", ge=0)
     LAB_MAX_CONSUMERS: int = setting(4, "Classroom mode: consumer processes one lab may run at once.", ge=0)
     LAB_MAX_BURST: int = setting(200, "Classroom mode: events in one burst.", ge=1)
+    LAB_MAX_LANES: int = setting(
+        3, "Classroom mode: lanes for a learner's own consumer (\"Your consumer\") one lab may have, each "
+        "with its own PostgreSQL role and Kafka user.", ge=0)
+    LAB_LANE_CONNECTION_LIMIT: int = setting(
+        5, "Sessions one lane's PostgreSQL role may hold at once (its role's CONNECTION LIMIT): a learner's "
+        "code that opens more is refused by PostgreSQL, the others' connections untouched.", ge=1, le=100)
 
     # --- what one request may start on the shared PostgreSQL and broker ---
     LAB_MAX_LOAD_EVENTS: int | None = setting(
@@ -266,6 +287,16 @@ class LabSettings(BaseSettings):
             raise ValueError(
                 f"LAB_HOST={self.LAB_HOST} is not a loopback address: anyone on the network could drive the lab. "
                 "Set LAB_TOKEN to a secret to protect the controls, or bind 127.0.0.1.")
+        return self
+
+    @model_validator(mode="after")
+    def _a_class_needs_a_token(self) -> "LabSettings":
+        # Without a token, whoever is not an attendee would be the instructor: anyone who reaches the
+        # server could read every lab and reset the class.
+        if (self.LAB_CLASS_CODE or self.LAB_CLASSROOM) and not self.LAB_TOKEN:
+            raise ValueError(
+                "Classroom mode (LAB_CLASS_CODE or LAB_CLASSROOM) needs LAB_TOKEN: the token is what makes the "
+                f"instructor the instructor. Make one with `{MAKE_A_TOKEN}`.")
         return self
 
     @model_validator(mode="after")

@@ -218,10 +218,23 @@ def issue_rejoin_code(engine: Engine, lab: str) -> tuple[Attendee, str] | None:
     or None when nobody works in that lab."""
     rejoin = new_rejoin_code()
     with engine.begin() as conn:
-        updated = conn.execute(text(f"UPDATE {C}.attendees SET rejoin_hash = :hash WHERE lab = :lab RETURNING id"),
+        updated = conn.execute(text(f"UPDATE {C}.attendees SET rejoin_hash = :hash, "
+                                    "session_generation = session_generation + 1 WHERE lab = :lab RETURNING id"),
                                {"hash": hash_rejoin_code(rejoin), "lab": lab}).first()
         found = attendee_of_lab(conn, lab) if updated else None
     return (found, rejoin) if found else None
+
+
+def session_generation(conn: Connection, lab: str) -> int | None:
+    """The attendee of ``lab``'s current session generation; None when nobody works in it."""
+    return conn.execute(text(f"SELECT session_generation FROM {C}.attendees WHERE lab = :lab"), {"lab": lab}).scalar()
+
+
+def revoke_sessions(engine: Engine, lab: str) -> int | None:
+    """Sign out every browser session of the attendee of ``lab``: their new generation, or None."""
+    with engine.begin() as conn:
+        return conn.execute(text(f"UPDATE {C}.attendees SET session_generation = session_generation + 1 "
+                                 "WHERE lab = :lab RETURNING session_generation"), {"lab": lab}).scalar()
 
 
 def touch(engine: Engine, lab: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
+from ..domain.vocabulary import READ_LOCK_TIMEOUT, READ_STATEMENT_TIMEOUT
 from .connection import CONTROL_SCHEMA
 
 if TYPE_CHECKING:
@@ -21,6 +22,11 @@ if TYPE_CHECKING:
 SET_PATH = "SELECT set_config('search_path', :schema, true)"
 # The same statement for plain psycopg connections (the agent, the consumers, the fault proxy).
 SET_PATH_PSYCOPG = "SELECT set_config('search_path', %s, true)"
+# A read of a lab (a panel, the state, an operation's look): in the lab's schema, and bounded, so a
+# lock a learner's own code holds on their lane makes that lab's read fail fast and say so
+# (LockNotAvailable), instead of holding a connection another lab's reader waits for.
+ENTER_TO_READ = ("SELECT set_config('search_path', %(schema)s, true), set_config('lock_timeout', %(lock)s, true), "
+                 "set_config('statement_timeout', %(statement)s, true)")
 
 
 def quoted(name: str) -> str:
@@ -47,22 +53,29 @@ def begin_in(engine: Engine, schema: str) -> Iterator[Connection]:
         yield enter(conn, schema)
 
 
+def _read_limits(schema: str) -> dict[str, str]:
+    return {"schema": schema, "lock": READ_LOCK_TIMEOUT, "statement": READ_STATEMENT_TIMEOUT}
+
+
 @contextmanager
 def connect_in(engine: Engine, schema: str) -> Iterator[Connection]:
-    """A read-only use of ``schema`` (one transaction, rolled back at the end)."""
+    """A read-only use of ``schema`` (one transaction, rolled back at the end), under the lab's read
+    lock and statement timeouts."""
     with engine.connect() as conn:
-        yield enter(conn, schema)
+        conn.exec_driver_sql(ENTER_TO_READ, _read_limits(schema))
+        yield conn
 
 
 @contextmanager
 def session_in(engine: Engine, schema: str) -> Iterator[Session]:
-    """An ORM session whose every transaction works in ``schema``."""
+    """An ORM session whose every transaction works in ``schema``, under the lab's read lock and
+    statement timeouts (it reads: the lab's changes go through ``begin_in``)."""
     from sqlalchemy import event
     from sqlalchemy.orm import Session
     session = Session(engine, expire_on_commit=False)
 
     def after_begin(session, transaction, connection):
-        connection.exec_driver_sql("SELECT set_config('search_path', %(schema)s, true)", {"schema": schema})
+        connection.exec_driver_sql(ENTER_TO_READ, _read_limits(schema))
 
     event.listen(session, "after_begin", after_begin)
     try:

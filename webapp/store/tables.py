@@ -593,16 +593,18 @@ service_heartbeats = Table(
 )
 
 
-# The PostgreSQL role of a lane whose consumer is the learner's own code (issue 34,
-# store/outside.py) and its password: generated at random when the lane is first made, kept
-# across the lab's resets (which drop and re-create the role: the URL a learner copied stays
-# valid), and deleted when the lab is dropped. Whoever makes the role, the web or an agent
-# running a grading exercise, reads the same password here.
+# The credentials of a lane whose consumer is the learner's own code (store/outside.py): its
+# PostgreSQL role's password and its Kafka password, generated at random when the lane is first
+# made, kept across the lab's resets (which drop and re-create the role: the URL a learner copied
+# stays valid), and deleted when the lab is dropped. Both kept encrypted under SECRET_KEY (the lab
+# shows them to the learner), the Kafka one also hashed (what the gateway checks).
 outside_roles = Table(
     "outside_roles", metadata,
     Column("role", String(63), primary_key=True),
     Column("lab", String(32), index=True, nullable=False),
-    Column("password", String(64), nullable=False),
+    Column("password_encrypted", Text()),
+    Column("kafka_password_encrypted", Text()),
+    Column("kafka_password_hash", Text()),
     Column("created_at", DateTime(), server_default=func.now(), nullable=False),
     schema=CONTROL_SCHEMA,
 )
@@ -796,6 +798,9 @@ attendees = Table(
     Column("lab", String(32), unique=True, nullable=False),
     Column("joined_at", DateTime(), server_default=func.now(), nullable=False),
     Column("seen_at", DateTime(), server_default=func.now(), nullable=False),
+    # Bumped when the attendee leaves or is handed over: every browser session signed in under an
+    # earlier value is signed out at its next request or pushed event (web/access.py).
+    Column("session_generation", Integer(), server_default="0", nullable=False),
     Index("attendees_class_name_key", "class_code", "name_key", unique=True),
     schema=CONTROL_SCHEMA,
 )

@@ -31,6 +31,12 @@ CHANGED_ROWS = {
 }
 
 
+# The functions run as their owner: a lane's role, allowed to write ``payments`` and none of the
+# summaries, still has its rows queued. Their bodies name every table with its schema, and the
+# search_path is fixed, so no object of the writer's choosing is ever resolved inside them.
+AS_OWNER = "SECURITY DEFINER SET search_path = pg_catalog, pg_temp"
+
+
 def trigger_ddl(schema: str) -> list[str]:
     """The change triggers of one lab (or lane) schema; idempotent."""
     s = quoted(schema)
@@ -39,7 +45,7 @@ def trigger_ddl(schema: str) -> list[str]:
         log = "true" if table == "log_records" else "false"
         function = f"{s}.verdict_changes_of_{table}"
         statements.append(f"""
-CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql {AS_OWNER} AS $fn$
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
         INSERT INTO {s}.verdict_changes (log, rebuild) VALUES ({log}, true);
@@ -66,7 +72,7 @@ END $fn$""")
     # Committed offsets (and the groups that say which schema they apply to) carry no key: a bare
     # mark tells the folder to look (a read compares the offsets itself, mark or not).
     statements.append(f"""
-CREATE OR REPLACE FUNCTION {s}.verdict_changes_mark() RETURNS trigger LANGUAGE plpgsql AS $fn$
+CREATE OR REPLACE FUNCTION {s}.verdict_changes_mark() RETURNS trigger LANGUAGE plpgsql {AS_OWNER} AS $fn$
 BEGIN
     INSERT INTO {s}.verdict_changes (log) VALUES (true);
     RETURN NULL;
@@ -75,6 +81,8 @@ END $fn$""")
         statements.append(f"DROP TRIGGER IF EXISTS verdict_changes_mark ON {s}.{table}")
         statements.append(f"CREATE TRIGGER verdict_changes_mark AFTER {event} ON {s}.{table} "
                           f"FOR EACH STATEMENT EXECUTE FUNCTION {s}.verdict_changes_mark()")
+    statements += [f"REVOKE EXECUTE ON FUNCTION {s}.verdict_changes_of_{table}() FROM PUBLIC" for table in CHANGED_ROWS]
+    statements.append(f"REVOKE EXECUTE ON FUNCTION {s}.verdict_changes_mark() FROM PUBLIC")
     statements.append(f"DROP TRIGGER IF EXISTS verdict_changes_moved ON {s}.group_offsets")
     statements.append(f"CREATE TRIGGER verdict_changes_moved AFTER UPDATE ON {s}.group_offsets FOR EACH ROW "
                       f"WHEN (OLD.committed IS DISTINCT FROM NEW.committed) EXECUTE FUNCTION {s}.verdict_changes_mark()")

@@ -10,7 +10,9 @@ from .access import current_lab, lab_db  # noqa: F401  (the request's lab, for e
 
 
 def register_blueprints(app: Flask) -> None:
-    from . import api, auth, classroom, controls, dashboard, docs, health, push, scenarios
+    from flask import request
+
+    from . import api, auth, classroom, controls, dashboard, docs, fairshare, health, push, scenarios
 
     app.register_blueprint(dashboard.bp)
     app.register_blueprint(controls.bp)
@@ -20,6 +22,9 @@ def register_blueprints(app: Flask) -> None:
     app.register_blueprint(scenarios.bp)
     app.register_blueprint(docs.bp)
     app.register_blueprint(push.bp)
+    # A lab's share of the pool is taken first: the classroom's own checks read the database too.
+    fairshare.init_app(app, lambda: current_lab().name,
+                       lambda: request.blueprint in classroom.LAB_BLUEPRINTS or request.endpoint in classroom.LAB_ENDPOINTS)
     classroom.init_app(app)
     from .security import csrf
     csrf.exempt(api.bp)
@@ -64,7 +69,15 @@ def database_trouble(error: Exception) -> str:
     """Why the lab's database cannot serve this request, in one sentence (the answer is a 503)."""
     from sqlalchemy.exc import OperationalError, ProgrammingError
 
+    import psycopg
+
     current_app.logger.warning("database error: %s", error)
+    cause = getattr(error, "orig", None)
+    if isinstance(cause, psycopg.errors.LockNotAvailable):
+        return ("A session holds a lock on this lab's tables (your own consumer's open transaction?): the lab's read "
+                "gave up rather than wait. End that transaction, or Your consumer → Terminate its sessions.")
+    if isinstance(cause, psycopg.errors.QueryCanceled):
+        return "This read of the lab took longer than the lab lets one take (its statement timeout): try again."
     if isinstance(error, ProgrammingError) and "does not exist" in str(error):
         return ("The lab is not set up in this database yet: run `flask --app app lab init` "
                 "(`make run` does it for you).")

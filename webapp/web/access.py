@@ -16,8 +16,9 @@ Classroom mode (webapp/web/classroom.py has its pages):
 """
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from flask import abort, current_app, g, has_request_context, redirect, request, session, url_for
 from sqlalchemy.orm import Session
@@ -28,8 +29,9 @@ from .db import db, lab_session
 from .security import client_address, signed_in, token_guesses, token_matches, too_many_guesses
 
 ATTENDEE_LAB, ATTENDEE_NAME, VIEWING = "attendee_lab", "attendee_name", "view_lab"
-# The attendee's rejoin code, to show on their own pages: their secret, in their own browser's cookie.
-REJOIN_CODE = "attendee_rejoin_code"
+# The attendee's session generation when this browser joined: leaving and a hand-over move it on,
+# and a browser session under an older one is signed out (store/classroom.py, revoke_sessions).
+ATTENDEE_GENERATION = "attendee_generation"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 # What an attendee (no LAB_TOKEN) may POST on the classroom blueprint; everything else there is the instructor's.
 ATTENDEE_POSTS = ("classroom.join", "classroom.leave", "classroom.view", "classroom.stop_viewing")
@@ -72,6 +74,47 @@ def is_instructor() -> bool:
             return True
         return not token_guesses().retry_after(client_address()) and token_matches(_bearer(), token)
     return not session.get(ATTENDEE_LAB)
+
+
+def session_was_revoked() -> bool:
+    """Whether this attendee's browser session joined before the attendee's sessions were revoked
+    (they left, or were handed over): checked on every request of a bound session."""
+    lab = session.get(ATTENDEE_LAB)
+    if not lab:
+        return False
+    with db.engine.connect() as conn:
+        current = classroom.session_generation(conn, lab)
+    return current is None or session.get(ATTENDEE_GENERATION) != current
+
+
+# How often an open stream asks again whether its session may still read (at most, per stream).
+STREAM_RECHECK_SECONDS = 1.0
+
+
+def stream_guard() -> Callable[[], bool]:
+    """For a live stream opened by this request: whether its session may still read what the stream
+    shows, asked before each pushed event (an attendee who left or was handed over since: no). The
+    answer is looked up again at most once a STREAM_RECHECK_SECONDS."""
+    lab, generation = session.get(ATTENDEE_LAB), session.get(ATTENDEE_GENERATION)
+    if not in_class() or not lab:
+        return lambda: True
+    engine = db.engine
+    checked = {"at": time.monotonic(), "allowed": True}
+
+    def still_allowed() -> bool:
+        now = time.monotonic()
+        if now - checked["at"] >= STREAM_RECHECK_SECONDS:
+            with engine.connect() as conn:
+                checked["allowed"] = classroom.session_generation(conn, lab) == generation
+            checked["at"] = now
+        return checked["allowed"]
+    return still_allowed
+
+
+def end_attendee_session() -> None:
+    """Unbind this browser from its attendee and lab."""
+    for key in (ATTENDEE_LAB, ATTENDEE_NAME, ATTENDEE_GENERATION, VIEWING):
+        session.pop(key, None)
 
 
 def own_lab() -> str | None:

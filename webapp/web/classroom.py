@@ -22,19 +22,21 @@ from ..domain.lab import Lab
 from ..scenarios.runner import RunState
 from . import dashboard, push
 from .board import cards_html as board_cards_html, class_board, exercise, exercises
-from .access import (ATTENDEE_LAB, ATTENDEE_NAME, REJOIN_CODE, VIEWING, current_lab, home_lab, in_class, is_instructor, may_view,
-                     named_lab, own_lab, require_instructor, viewing)
+from .access import (ATTENDEE_GENERATION, ATTENDEE_LAB, ATTENDEE_NAME, VIEWING, current_lab, end_attendee_session,
+                     home_lab, in_class, is_instructor, may_view, named_lab, own_lab, require_instructor,
+                     session_was_revoked, viewing)
 from .markdown import markdown
-from .security import browser_id, client_address, code_guesses, token_matches
+from .security import client_address, code_guesses, token_matches
 
 bp = Blueprint("classroom", __name__)
 
 # The blueprints whose every request works in the request's lab: an unbound visitor joins first.
-LAB_BLUEPRINTS = ("dashboard", "controls", "api", "scenarios")
+LAB_BLUEPRINTS = ("dashboard", "controls", "api", "scenarios", "push")
+# The classroom pages that show a lab (the presenter view): an unbound visitor joins first too.
+LAB_ENDPOINTS = ("classroom.present", "classroom.present_guide", "classroom.present_stream")
 TOUCH_EVERY_SECONDS = 10.0
 JOIN_TIMEOUT = 120.0  # seconds a join waits for an agent to create the attendee's lab
 _touched: dict[str, float] = {}
-HANDED_OVER = "handed_over"  # the board's one-time notice of a new rejoin code
 
 
 def _config() -> dict[str, Any]:
@@ -47,9 +49,24 @@ def init_app(app: Flask) -> None:
     app.register_blueprint(bp)
 
     @app.before_request
+    def signed_out_if_revoked():
+        """A browser session of an attendee who left or was handed over since it joined is signed out."""
+        if not classroom.enabled(app.config) or not session.get(ATTENDEE_LAB) or not session_was_revoked():
+            return None
+        end_attendee_session()
+        message = ("This browser was signed out of its lab: the attendee left the class, or the instructor handed "
+                   "the lab over to another browser. Join again with your name and your rejoin code.")
+        if request.path.startswith("/api/"):
+            return jsonify(error=message), 403
+        if request.endpoint in ("classroom.join", "static"):
+            return None
+        return redirect(url_for("classroom.join", next=request.path))
+
+    @app.before_request
     def join_first():
         """In classroom mode every lab page works in the visitor's own lab: join to get one."""
-        if not classroom.enabled(app.config) or request.blueprint not in LAB_BLUEPRINTS:
+        if not classroom.enabled(app.config) or (request.blueprint not in LAB_BLUEPRINTS
+                                                 and request.endpoint not in LAB_ENDPOINTS):
             return None
         own = own_lab()
         if own:
@@ -98,23 +115,24 @@ def banner() -> dict[str, Any] | None:
         with db.engine.connect() as conn:
             run = classroom.latest_runs(conn, [own]).get(own)
     return {"instructor": is_instructor(), "name": session.get(ATTENDEE_NAME), "lab": own, "viewing": shown,
-            "run": run, "rejoin": session.get(REJOIN_CODE) if own else None}
+            "run": run}
 
 
 # --- /join ------------------------------------------------------------------------------------
 
 def _join_page(values: dict, errors: dict, status: int = 200, **extra: Any):
+    """The join form, or (``me``) who this browser is; ``rejoin_code``: a new code, shown this once."""
     code = classroom.class_code(_config())
     return render_template("classroom/join.html", needs_code=bool(code), values=values, errors=errors,
-                           me=extra.get("me"), my_lab=extra.get("my_lab"),
-                           rejoin_code=session.get(REJOIN_CODE) if extra.get("me") else None), status
+                           me=extra.get("me"), my_lab=extra.get("my_lab"), rejoin_code=extra.get("rejoin_code"),
+                           notice=extra.get("notice")), status
 
 
 def _too_many_codes(wait: int, values: dict):
-    """429 with Retry-After, on the join page: this browser (or this address) guessed too often."""
+    """429 with Retry-After, on the join page: this address guessed too often."""
     guesses = code_guesses()
-    message = (f"Too many wrong codes from this browser: wait {wait} s before trying again (at most "
-               f"{guesses.limit} in {guesses.window:g} s). Other browsers can still join.")
+    message = (f"Too many wrong codes from your address: wait {wait} s before trying again (at most "
+               f"{guesses.limit} in {guesses.window:g} s).")
     response = current_app.make_response(_join_page(values, {"code": message}, 429))
     response.headers["Retry-After"] = str(wait)
     return response
@@ -131,16 +149,15 @@ def join():
     values.pop("rejoin", None)  # a secret: never written back into the page
     if request.method == "GET":
         return _join_page(values, {}, me=session.get(ATTENDEE_NAME), my_lab=own_lab())
-    # The class code and a rejoin code are secrets: wrong ones are counted per browser, and far
-    # higher per address (ratelimit.py), apart from the instructor's token.
-    browser = browser_id()
-    wait = code_guesses().retry_after(client_address(), browser)
+    # The class code and a rejoin code are secrets: wrong ones are counted per address, failures
+    # only (ratelimit.py), apart from the instructor's token.
+    wait = code_guesses().retry_after(client_address())
     if wait:
         return _too_many_codes(wait, values)
     try:
         name = classroom.clean_name(values.get("name"))
         if code and not token_matches(str(values.get("code", "")).strip(), code):
-            code_guesses().record_failure(client_address(), browser)
+            code_guesses().record_failure(client_address())
             raise classroom.ClassroomError("code", "that is not this class's code: ask the instructor")
         attendee, rejoin = _open_lab(code, name, request.form.get("rejoin"))
     except classroom.ClassroomError as error:
@@ -151,11 +168,13 @@ def join():
     except ops.NoAgent:
         return _join_page(values, {"class": "No lab agent is running, so no lab can be opened: tell the instructor."},
                           503)
-    code_guesses().forget(client_address(), browser)
     session.pop(VIEWING, None)
-    session[ATTENDEE_LAB], session[ATTENDEE_NAME] = attendee.lab, attendee.name
+    with db.engine.connect() as conn:
+        generation = classroom.session_generation(conn, attendee.lab)
+    session[ATTENDEE_LAB], session[ATTENDEE_NAME], session[ATTENDEE_GENERATION] = attendee.lab, attendee.name, generation
     if rejoin:
-        session[REJOIN_CODE] = rejoin
+        # Shown once, in this answer: a secret is kept in no cookie and no URL.
+        return _join_page({}, {}, me=attendee.name, my_lab=attendee.lab, rejoin_code=rejoin)
     return redirect(url_for("dashboard.index"), code=303)
 
 
@@ -171,7 +190,7 @@ def _open_lab(code: str, name: str, typed_rejoin: str | None) -> tuple[classroom
             if not classroom.normal_rejoin_code(typed_rejoin):
                 raise classroom.NameTaken(found.name)
             if not classroom.check_rejoin_code(conn, found, typed_rejoin):
-                code_guesses().record_failure(client_address(), browser_id())
+                code_guesses().record_failure(client_address())
                 raise classroom.ClassroomError("rejoin", f"that is not {found.name}'s rejoin code: check it on your "
                                                          "lab's page, or ask the instructor to hand your lab over "
                                                          "from the class board")
@@ -202,9 +221,12 @@ def _open_lab(code: str, name: str, typed_rejoin: str | None) -> tuple[classroom
 
 @bp.post("/join/leave")
 def leave():
-    """Unbind this browser from its lab (the lab stays; joining again with the name and the rejoin code reopens it)."""
-    for key in (ATTENDEE_LAB, ATTENDEE_NAME, VIEWING, REJOIN_CODE):
-        session.pop(key, None)
+    """Leave the class: every browser session of this attendee is signed out, this one and any copy of
+    its cookie (the lab stays; joining again with the name and the rejoin code reopens it)."""
+    own = own_lab()
+    if own:
+        classroom.revoke_sessions(db.engine, own)
+    end_attendee_session()
     return redirect(url_for("classroom.join"), code=303)
 
 
@@ -240,13 +262,16 @@ def _require_class() -> None:
             "This lab runs no class: set LAB_CLASS_CODE (or LAB_CLASSROOM=1) to turn classroom mode on.")), 404))
 
 
+def _board_page(handed_over: dict | None = None) -> str:
+    return render_template("classroom/board.html", cards_html=board_cards_html(class_board()), exercises=exercises(),
+                           notice=request.args.get("notice"), code=classroom.class_code(_config()),
+                           handed_over=handed_over, push=bool(current_app.config.get("LIVE_PUSH")))
+
+
 @bp.get("/class")
 def board():
     _require_class()
-    return render_template("classroom/board.html", cards_html=board_cards_html(class_board()), exercises=exercises(),
-                           notice=request.args.get("notice"), code=classroom.class_code(_config()),
-                           handed_over=session.pop(HANDED_OVER, None),
-                           push=bool(current_app.config.get("LIVE_PUSH")))
+    return _board_page()
 
 
 @bp.get("/class/cards")
@@ -312,9 +337,9 @@ def hand_over(name: str):
     if issued is None:
         abort(404, f"no attendee works in lab {lab.name}")
     attendee, rejoin = issued
-    # Shown on the board's next load, from this browser's session: a secret never goes in a URL.
-    session[HANDED_OVER] = {"name": attendee.name, "lab": attendee.lab, "rejoin": rejoin}
-    return redirect(url_for("classroom.board"), code=303)
+    # Shown once, in this answer: a secret goes in no cookie and no URL. Every browser the attendee
+    # had is signed out (issue_rejoin_code moved their session generation on).
+    return _board_page(handed_over={"name": attendee.name, "lab": attendee.lab, "rejoin": rejoin})
 
 
 @bp.post("/class/reset")
@@ -324,6 +349,18 @@ def reset_all():
         labs = [person.lab for person in classroom.attendees(conn, classroom.class_code(_config()))]
     _reset(labs)
     return redirect(url_for("classroom.board", notice=f"{len(labs)} lab(s): reset requested"), code=303)
+
+
+# A cell a spreadsheet would read as a formula (OWASP's "CSV injection"): an attendee's name is theirs
+# to choose, and the instructor opens this file.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(value: Any) -> Any:
+    """``value``, with a text that a spreadsheet would evaluate prefixed by ``'`` so it stays text."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
 
 
 CSV_COLUMNS = ("name", "lab", "exercise", "run_status", "step", "steps", "verdict", "duplicates_applied",
@@ -337,7 +374,7 @@ def results_csv():
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, extrasaction="ignore")
     writer.writeheader()
     for card in class_board().cards(read_changed=True):  # an export reads every changed lab now
-        writer.writerow(card)
+        writer.writerow({key: spreadsheet_safe(value) for key, value in card.items()})
     return Response(out.getvalue(), mimetype="text/csv",
                     headers={"Content-Disposition": "attachment; filename=class-results.csv"})
 

@@ -44,7 +44,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..domain.lab import InvalidLabName, Lab
 from ..store.connection import psycopg_conninfo
 from ..store.lab_changes import CHANNEL
-from .access import current_lab
+from .access import current_lab, stream_guard
+from .security import browser_id
 
 bp = Blueprint("push", __name__)
 log = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ class Partials(Source):
 class Viewer:
     """One open stream: the feeds it shows and the events waiting to be written to it."""
     keys: tuple[str, ...]
+    browser: str = ""  # the browser session's id (security.browser_id): its streams are capped
     events: queue.Queue = field(default_factory=lambda: queue.Queue(maxsize=QUEUE_EVENTS))
 
     def offer(self, event) -> bool:
@@ -156,6 +158,7 @@ class Hub:
         self.lock = threading.Lock()
         self.feeds: dict[str, Feed] = {}
         self.streams = 0
+        self.browser_streams: dict[str, int] = {}  # a browser session's id -> its open streams here
         self.wake = threading.Event()
         self.stopped = threading.Event()  # this run's threads stop (set when idle: see _push)
         self.started = False
@@ -177,15 +180,18 @@ class Hub:
 
     # --- viewers ---
 
-    def subscribe(self, sources: list[Source]) -> Viewer | None:
-        """A new viewer of ``sources`` with every event as last sent queued; None past the cap."""
+    def subscribe(self, sources: list[Source], browser: str = "") -> Viewer | None:
+        """A new viewer of ``sources`` with every event as last sent queued; None past the process's
+        cap or the browser's (LIVE_STREAMS_PER_WORKER, LIVE_STREAMS_PER_BROWSER)."""
         cap = int(self.app.config.get("LIVE_STREAMS_PER_WORKER", 0))
+        browser_cap = int(self.app.config.get("LIVE_STREAMS_PER_BROWSER", 0)) or cap
         with self.lock:
-            if self.streams >= cap:
+            if self.streams >= cap or self.browser_streams.get(browser, 0) >= browser_cap:
                 return None
             self.streams += 1
+            self.browser_streams[browser] = self.browser_streams.get(browser, 0) + 1
             self._start()
-            viewer = Viewer(tuple(source.key for source in sources))
+            viewer = Viewer(tuple(source.key for source in sources), browser)
             for source in sources:
                 feed = self.feeds.setdefault(source.key, Feed(source))
                 for event in feed.events.values():
@@ -207,6 +213,11 @@ class Hub:
     def unsubscribe(self, viewer: Viewer) -> None:
         with self.lock:
             self.streams -= 1
+            left = self.browser_streams.get(viewer.browser, 0) - 1
+            if left > 0:
+                self.browser_streams[viewer.browser] = left
+            else:
+                self.browser_streams.pop(viewer.browser, None)
             for key in viewer.keys:
                 feed = self.feeds.get(key)
                 if feed is not None:
@@ -379,10 +390,12 @@ def stream_of(sources: list[Source], hello: str) -> Response:
     if not current_app.config.get("LIVE_PUSH"):
         return refused("push is off on this server (LIVE_PUSH=0): this page polls")
     the_hub = hub()
-    viewer = the_hub.subscribe(sources)
+    still_allowed = stream_guard()
+    viewer = the_hub.subscribe(sources, browser_id())
     if viewer is None:
-        cap = current_app.config.get("LIVE_STREAMS_PER_WORKER")
-        return refused(f"this web process holds its most live streams ({cap}, "
+        config = current_app.config
+        return refused(f"this browser holds its most live streams ({config.get('LIVE_STREAMS_PER_BROWSER')}, "
+                       f"LIVE_STREAMS_PER_BROWSER), or this web process its ({config.get('LIVE_STREAMS_PER_WORKER')}, "
                        "LIVE_STREAMS_PER_WORKER): this page polls once a second instead")
     lifetime = float(current_app.config.get("LIVE_STREAM_SECONDS") or 300)
 
@@ -394,9 +407,11 @@ def stream_of(sources: list[Source], hello: str) -> Response:
                 try:
                     event = viewer.events.get(timeout=KEEPALIVE_SECONDS)
                 except queue.Empty:
-                    yield ": keep-alive\n\n"
-                    continue
+                    event = ": keep-alive\n\n"
                 if event is CLOSE:
+                    return
+                if not still_allowed():
+                    yield sse("refused", "this browser was signed out of its lab: reload the page")
                     return
                 yield event
         finally:

@@ -1,27 +1,13 @@
-"""Limits on failed guesses of the lab's two secrets, in this process's memory: wrong LAB_TOKENs
-and wrong class codes (or rejoin codes), each in buckets of their own.
+"""Limits on failed guesses of the lab's secrets, in this process's memory: wrong LAB_TOKENs, and
+wrong class codes or rejoin codes, each in a bucket of its own.
 
-Wrong tokens (sign-in, a Bearer header): at most ``limit`` failures in any ``window`` seconds per
-client address (:class:`FailureLimiter`); past that, every attempt from it is refused, the right
-token too, until the oldest failure in the window is older than the window. The token is never
-checked while refused, so guessing does not go on behind the refusals. Only the instructor types
-the token: one address is one person.
-
-Wrong class codes and rejoin codes (/join): a whole class may sit behind one address (a classroom
-NAT, a proxy), and any attendee may mistype, so they are counted per browser and per address
-(:class:`BrowserAndAddressLimiter`):
-
-- per (address, browser session): ``limit`` failures in the window refuse that browser alone, the
-  right code too, as for the token;
-- per address: a ceiling ``ADDRESS_CEILING_FACTOR`` times larger (a class of thirty each using up
-  their own limit) refuses every browser of the address. It stops a script that drops its session
-  cookie to get a fresh browser for every guess; a class mistyping reaches it only if thirty
-  browsers each fail ``limit`` times within one window.
-
-So one mistyping attendee (or a few) never locks the class out of /join, a correct code from
-another browser at the same address is never refused for their failures (below the ceiling), and
-the instructor's sign-in is counted apart: wrong class codes never refuse the token, nor the
-reverse.
+Both are counted per client address, failures only (:class:`FailureLimiter`): at most ``limit``
+failures in any ``window`` seconds; past that, every attempt from that address is refused, the
+right secret too, until the oldest failure in the window is older than the window. A secret is
+never checked while refused, so guessing does not go on behind the refusals, and a client that
+drops its cookie gains nothing: the address is the key. A class behind one NAT still joins, since a
+right code counts nothing; its mistypes share the address's budget (JOIN_MAX_FAILURES, higher than
+the instructor's SIGN_IN_MAX_FAILURES). Wrong class codes never refuse the token, nor the reverse.
 
 In memory, per process: with gunicorn's few workers (WEB_WORKERS, default 2) an address gets at
 most ``limit`` failures per worker in a window, which still turns a brute force from thousands of
@@ -35,8 +21,6 @@ import time
 from collections import deque
 from typing import Callable
 
-# How many times a browser's limit an address's ceiling is, for wrong class codes: a class of thirty.
-ADDRESS_CEILING_FACTOR = 30
 # Addresses remembered at most; past that the least recently failing is forgotten first, so a
 # flood of addresses costs bounded memory (and forgetting one only gives it a fresh window).
 MAX_ADDRESSES = 10_000
@@ -88,32 +72,3 @@ class FailureLimiter:
         """A right answer: the key's failures no longer count."""
         with self._lock:
             self._failures.pop(key, None)
-
-
-class BrowserAndAddressLimiter:
-    """Wrong class codes: counted per (address, browser session) and, with a much larger ceiling,
-    per address (see the module); thread-safe."""
-
-    def __init__(self, limit: int, window: float, clock: Callable[[], float] = time.monotonic,
-                 ceiling_factor: int = ADDRESS_CEILING_FACTOR):
-        self.browsers = FailureLimiter(limit, window, clock)
-        self.addresses = FailureLimiter(limit * ceiling_factor, window, clock)
-        self.limit, self.window = limit, window
-
-    @staticmethod
-    def _browser_key(address: str, browser: str) -> str:
-        return f"{address} {browser}"
-
-    def retry_after(self, address: str, browser: str) -> int:
-        """Whole seconds until this browser may try again; 0 when it may try now."""
-        return max(self.browsers.retry_after(self._browser_key(address, browser)),
-                   self.addresses.retry_after(address))
-
-    def record_failure(self, address: str, browser: str) -> None:
-        self.browsers.record_failure(self._browser_key(address, browser))
-        self.addresses.record_failure(address)
-
-    def forget(self, address: str, browser: str) -> None:
-        """A right answer: this browser's failures no longer count (the address's ceiling keeps the
-        others', which are not this browser's to clear)."""
-        self.browsers.forget(self._browser_key(address, browser))

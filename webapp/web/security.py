@@ -9,9 +9,9 @@ A signed-in session holds a digest of the token it signed in with (an HMAC of LA
 SECRET_KEY, never the token): a session whose digest is not the current token's is signed out, so
 changing LAB_TOKEN signs every browser out, the projector's too.
 
-Wrong tokens are limited per client address, wrong class codes per browser and, far higher, per
-address (ratelimit.py): past SIGN_IN_MAX_FAILURES in SIGN_IN_WINDOW_SECONDS, sign-in and Bearer
-attempts answer 429 with Retry-After; /join says it on its own page.
+Wrong tokens and wrong class (or rejoin) codes are limited per client address, failures only
+(ratelimit.py): past SIGN_IN_MAX_FAILURES (JOIN_MAX_FAILURES for codes) in SIGN_IN_WINDOW_SECONDS,
+sign-in and Bearer attempts answer 429 with Retry-After; /join says it on its own page.
 """
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ from flask import Flask, Response, abort, current_app, g, jsonify, redirect, ren
 from flask_wtf.csrf import CSRFError, CSRFProtect, generate_csrf
 from markupsafe import Markup, escape
 
-from .ratelimit import BrowserAndAddressLimiter, FailureLimiter
+from .ratelimit import FailureLimiter
 
 csrf = CSRFProtect()
 SIGNED_IN = "lab_token_digest"   # the session's digest of the token it signed in with
-BROWSER = "browser"              # a random id of this browser session: wrong class codes are counted per browser
+BROWSER = "browser"              # a random id of this browser session: its live streams are counted per browser
 
 
 def token_matches(given: str | None, expected: str) -> bool:
@@ -55,7 +55,7 @@ def signed_in() -> bool:
 
 
 def browser_id() -> str:
-    """A random id of this browser session (kept in its cookie): the key of its wrong class codes."""
+    """A random id of this browser session (kept in its cookie): the key of its live streams."""
     if not isinstance(session.get(BROWSER), str):
         session[BROWSER] = secrets.token_urlsafe(12)
     return session[BROWSER]
@@ -75,8 +75,8 @@ def token_guesses() -> FailureLimiter:
     return current_app.extensions["token_guesses"]
 
 
-def code_guesses() -> BrowserAndAddressLimiter:
-    """This app's count of wrong class codes and rejoin codes, per browser and per address."""
+def code_guesses() -> FailureLimiter:
+    """This app's count of wrong class codes and rejoin codes per client address."""
     return current_app.extensions["code_guesses"]
 
 
@@ -116,7 +116,7 @@ def init_app(app: Flask, may_post_without_token: Callable[[], bool] = lambda: Fa
     csrf.init_app(app)
     limit, window = int(app.config["SIGN_IN_MAX_FAILURES"]), float(app.config["SIGN_IN_WINDOW_SECONDS"])
     app.extensions["token_guesses"] = FailureLimiter(limit, window)
-    app.extensions["code_guesses"] = BrowserAndAddressLimiter(limit, window)
+    app.extensions["code_guesses"] = FailureLimiter(int(app.config["JOIN_MAX_FAILURES"]), window)
     from . import headers
     headers.init_app(app)
     app.context_processor(lambda: {"signed_in": signed_in})  # the header's sign-out button
