@@ -49,14 +49,22 @@ def test_every_role_proves_its_password_the_superuser_s_too(lab, services):
         assert "password" in str(refused.value), (user, str(refused.value))
 
 
-def test_lane_passwords_are_kept_encrypted_and_hashed_never_in_plain_text(app, lab):
+def test_the_lab_connects_as_an_owner_role_that_is_no_superuser(app, lab):
+    with app.app_context(), db.engine.connect() as conn:
+        user, superuser = conn.execute(text("SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user")).one()
+    assert (user, superuser) == ("lab_owner", False)
+    lane_url(lab)   # it makes a lane's role and grants it the lane, as no superuser
+
+
+def test_lane_passwords_are_kept_encrypted_and_hashed_never_in_plain_text(app, lab, services):
     info = lab.client.post("/api/v1/yours", json={"lane": "mine"}).get_json()
     database_password = make_url(info["database_url"]).password
     with app.app_context(), db.engine.connect() as conn:
         row = conn.execute(text("SELECT * FROM lab_control.outside_roles WHERE role = :r"),
                            {"r": info["role"]}).mappings().one()
-        stored_by_postgres = conn.execute(text("SELECT rolpassword FROM pg_authid WHERE rolname = :r"),
-                                          {"r": info["role"]}).scalar_one()
+    with psycopg.connect(services.postgres.conninfo) as superuser:   # pg_authid is the superuser's to read
+        stored_by_postgres = superuser.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s",
+                                               [info["role"]]).fetchone()[0]
     kept = json.dumps({key: str(value) for key, value in row.items()})
     assert database_password not in kept and info.get("sasl_password", "-" * 32) not in kept, kept
     assert stored_by_postgres.startswith("SCRAM-SHA-256$"), "PostgreSQL keeps a SCRAM verifier, not the password"

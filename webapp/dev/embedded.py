@@ -22,11 +22,16 @@ from psycopg import sql
 
 from ..agent.processes import die_with_parent, stop_process  # noqa: F401  (tests import them from here)
 from ..domain.waits import LOOPBACK, free_port, port_open, wait_until
+from ..store.outside import PUBLIC_REVOCATIONS
 
 # PostgreSQL refuses to run as root; as root we run it as this system user.
 POSTGRES_SYSTEM_USER = "embedded_postgres"
 USERADD_LOCK = "/tmp/embedded_postgres-useradd.lock"
 SUPERUSER = "postgres"
+# The role the lab connects as: it owns the lab's database and every lab object, creates the lanes'
+# roles, and is no superuser (a stolen lab URL cannot read files, run programs or change the server).
+OWNER = "lab_owner"
+DATABASE = "postgres"
 # Every role, the superuser's included, proves its password (SCRAM) on every connection, local or TCP:
 # a learner's code on the same machine gets no further than its own lane's role lets it.
 HBA_RULES = """# Written by the lab (webapp/dev/embedded.py): every connection proves its role's password.
@@ -44,6 +49,73 @@ def _postgres_bin_dir() -> Path:
     return Path(spec.submodule_search_locations[0]) / "pginstall" / "bin"
 
 
+def _generated_secret(path: Path) -> str:
+    """The secret kept in ``path`` (mode 0600), generated the first time."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass  # another process made it first
+        else:
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_urlsafe(24))
+    return path.read_text().strip()
+
+
+# What the owner role may do beyond owning the database (as the superuser grants it, once per start):
+# create the lanes' roles (and, by createrole_self_grant, act as them: end their sessions, drop what
+# they own), create scratch databases (the migrations' check), end sessions and read every session's
+# activity, and set a lane role's temp_file_limit, a superuser's parameter.
+OWNER_PRIVILEGES = (
+    "ALTER ROLE {owner} LOGIN NOSUPERUSER CREATEROLE CREATEDB",
+    "ALTER ROLE {owner} SET createrole_self_grant = 'set, inherit'",
+    "ALTER DATABASE {database} OWNER TO {owner}",
+    "GRANT pg_signal_backend, pg_read_all_stats TO {owner}",
+    "GRANT SET ON PARAMETER temp_file_limit TO {owner}",
+    # The owner keeps TEMPORARY as the database's owner; PUBLIC loses it below (PUBLIC_REVOCATIONS).
+)
+# A cluster of an earlier release: the lab's schemas (and all in them) belonged to the superuser, and
+# so did the lanes' roles. Handed to the owner.
+ADOPT_EARLIER_OBJECTS = r"""DO $adopt$
+DECLARE item record;
+BEGIN
+    FOR item IN SELECT nspname FROM pg_namespace n JOIN pg_roles r ON r.oid = n.nspowner
+                WHERE n.nspname LIKE 'lab\_%' AND r.rolname = '{superuser}' LOOP
+        EXECUTE format('ALTER SCHEMA %I OWNER TO {owner}', item.nspname);
+    END LOOP;
+    FOR item IN SELECT c.relkind, n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                JOIN pg_roles r ON r.oid = c.relowner
+                WHERE n.nspname LIKE 'lab\_%' AND r.rolname = '{superuser}' AND c.relkind IN ('r', 'p', 'v', 'm')
+    LOOP
+        EXECUTE format('ALTER TABLE %I.%I OWNER TO {owner}', item.nspname, item.relname);
+    END LOOP;
+    FOR item IN SELECT p.oid::regprocedure AS signature FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                JOIN pg_roles r ON r.oid = p.proowner WHERE n.nspname LIKE 'lab\_%' AND r.rolname = '{superuser}'
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s OWNER TO {owner}', item.signature);
+    END LOOP;
+    FOR item IN SELECT rolname FROM pg_roles WHERE rolname LIKE 'lab\_%\_\_%' AND NOT pg_has_role('{owner}', oid, 'USAGE')
+    LOOP
+        EXECUTE format('GRANT %I TO {owner} WITH ADMIN OPTION, INHERIT TRUE, SET TRUE', item.rolname);
+    END LOOP;
+END $adopt$"""
+
+
+def prepare_owner(conn: psycopg.Connection, password: str) -> None:
+    """As the superuser: the owner role with ``password`` and OWNER_PRIVILEGES; what an earlier
+    release made as the superuser, handed over to it."""
+    owner = sql.Identifier(OWNER)
+    if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [OWNER]).fetchone() is None:
+        conn.execute(sql.SQL("CREATE ROLE {}").format(owner))
+    conn.execute("SET password_encryption = 'scram-sha-256'")
+    conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(owner, sql.Literal(password)))
+    names = {"owner": owner.as_string(conn), "database": sql.Identifier(DATABASE).as_string(conn)}
+    for statement in (*OWNER_PRIVILEGES, *PUBLIC_REVOCATIONS):
+        conn.execute(statement.format(**names))
+    conn.execute(ADOPT_EARLIER_OBJECTS.format(superuser=SUPERUSER, **names))
+
+
 def _exited_message(name: str, process: subprocess.Popen, log: Path) -> str:
     tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
     state = "still starting" if process.poll() is None else f"exited with {process.returncode}"
@@ -58,9 +130,11 @@ class EmbeddedPostgres:
         self.port = port or free_port()
         self.process: subprocess.Popen | None = None
         self.log_path = self.data_dir.parent / "postgres.log"
-        # The superuser's password: generated once, kept beside the cluster (mode 0600), never in
-        # a URL the lab prints; DATABASE_PASSWORD_FILE names it to the processes that need it.
+        # The superuser's and the owner's passwords: generated once, kept beside the cluster (mode
+        # 0600), never in a URL the lab prints; DATABASE_PASSWORD_FILE names the owner's to the
+        # processes that need it.
         self.password_file = self.data_dir.parent / "postgres-password"
+        self.owner_password_file = self.data_dir.parent / "postgres-owner-password"
         self._bin = _postgres_bin_dir()
         self._run_as = self._system_user()
 
@@ -86,26 +160,32 @@ class EmbeddedPostgres:
     @property
     def password(self) -> str:
         """The superuser's password (generated on first use)."""
-        if not self.password_file.exists():
-            self.password_file.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as out:
-                out.write(secrets.token_urlsafe(24))
-        return self.password_file.read_text().strip()
+        return _generated_secret(self.password_file)
+
+    @property
+    def owner_password(self) -> str:
+        """The owner role's password (generated on first use)."""
+        return _generated_secret(self.owner_password_file)
 
     @property
     def public_url(self) -> str:
-        """The superuser's URL without its password: what may be printed or written down."""
-        return f"postgresql+psycopg://{SUPERUSER}@{LOOPBACK}:{self.port}/postgres"
+        """The lab's URL (the owner's) without its password: what may be printed or written down."""
+        return f"postgresql+psycopg://{OWNER}@{LOOPBACK}:{self.port}/{DATABASE}"
 
     @property
     def url(self) -> str:
-        """The superuser's URL with its password, for this process and the lab's own children."""
-        return f"postgresql+psycopg://{SUPERUSER}:{quote(self.password, safe='')}@{LOOPBACK}:{self.port}/postgres"
+        """The lab's URL: the owner's, with its password, for this process and the lab's own children."""
+        return f"postgresql+psycopg://{OWNER}:{quote(self.owner_password, safe='')}@{LOOPBACK}:{self.port}/{DATABASE}"
+
+    @property
+    def superuser_url(self) -> str:
+        """The superuser's URL with its password: for administering the server, never the lab's."""
+        return f"postgresql+psycopg://{SUPERUSER}:{quote(self.password, safe='')}@{LOOPBACK}:{self.port}/{DATABASE}"
 
     @property
     def conninfo(self) -> str:
-        return f"host={LOOPBACK} port={self.port} user={SUPERUSER} dbname=postgres password={self.password}"
+        """The superuser's connection string."""
+        return f"host={LOOPBACK} port={self.port} user={SUPERUSER} dbname={DATABASE} password={self.password}"
 
     def _prepare_permissions(self) -> None:
         """As root: let the postgres system user reach the binaries and own the data dir."""
@@ -134,11 +214,13 @@ class EmbeddedPostgres:
             if self._run_as is not None:
                 entry = pwd.getpwnam(self._run_as)
                 os.chown(pwfile.name, entry.pw_uid, entry.pw_gid)
-            subprocess.run(
+            made = subprocess.run(
                 [str(self._bin / "initdb"), "-D", str(self.data_dir), "--auth=scram-sha-256", "--encoding=UTF8",
                  f"--username={SUPERUSER}", f"--pwfile={pwfile.name}", "--no-sync"],
-                check=True, capture_output=True, user=self._run_as,
+                capture_output=True, text=True, user=self._run_as,
             )
+        if made.returncode != 0:
+            raise RuntimeError(f"initdb failed ({made.returncode}): {made.stderr.strip() or made.stdout.strip()}")
         self._write_hba()
 
     def _write_hba(self) -> None:
@@ -181,6 +263,8 @@ class EmbeddedPostgres:
         self._require_passwords(timeout)
         wait_until(self._accepts_queries, timeout=timeout,
                    message=lambda: _exited_message("PostgreSQL", self.process, self.log_path))
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+            prepare_owner(conn, self.owner_password)
         return self
 
     def _accepts_queries(self, conninfo: str | None = None) -> bool:

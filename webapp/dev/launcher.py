@@ -75,8 +75,10 @@ class Launcher:
                            env={"LAB_HOST": str(self.config["LAB_HOST"]), "LAB_PORT": str(self.config["LAB_PORT"])})
         self.stack.start()
         if self.stack.postgres is not None:
-            say("PostgreSQL (embedded)", f"{self.stack.postgres.public_url}  data {self.stack.postgres.data_dir}, "
-                f"the superuser's password in {self.stack.postgres.password_file}")
+            postgres = self.stack.postgres
+            say("PostgreSQL (embedded)", f"{postgres.public_url}  data {postgres.data_dir}; passwords in "
+                f"{postgres.owner_password_file.name} (the lab's role) and {postgres.password_file.name} (the "
+                f"superuser's) beside it")
         else:
             say("PostgreSQL", "from DATABASE_URL")
         if self.stack.broker is not None:
@@ -108,7 +110,8 @@ class Launcher:
         running = {"DATABASE_URL": stack.database_url, "KAFKA_BOOTSTRAP_SERVERS": stack.bootstrap_servers}
         if stack.postgres is not None:
             # A second terminal's CLI finds the database here, and its password in its own file.
-            running.update(DATABASE_URL=stack.postgres.public_url, DATABASE_PASSWORD_FILE=str(stack.postgres.password_file))
+            running.update(DATABASE_URL=stack.postgres.public_url,
+                           DATABASE_PASSWORD_FILE=str(stack.postgres.owner_password_file))
         if stack.fault_proxy is not None:
             running["KAFKA_PRODUCER_BOOTSTRAP_SERVERS"] = stack.producer_bootstrap_servers
         (self.data_dir / RUNNING_FILE).write_text(json.dumps(running))

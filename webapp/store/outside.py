@@ -21,9 +21,10 @@ from ..domain.vocabulary import LANE_ROLE_LIMITS, LANE_TABLES
 from .schema import quoted
 from .tables import outside_roles as roles_table
 
-# What no lane role may do anywhere in the cluster, whoever made the database: temporary tables
-# (a learner's own scratch space, beyond the lane's tables) and large objects (lo_create needs no
-# privilege on any table by default). Revoked from PUBLIC; the lab's own roles never use them.
+# What no lane role may do in the lab's database: temporary tables (a learner's own scratch space,
+# beyond the lane's tables) and large objects (lo_create needs no privilege on any table by default).
+# Revoked from PUBLIC by a superuser: the embedded server's start (dev/embedded.py), or grant_lane when
+# the lab itself connects as one; the lab's owner role keeps TEMPORARY as the database's owner.
 PUBLIC_REVOCATIONS = (
     "REVOKE TEMPORARY ON DATABASE {database} FROM PUBLIC",
     "REVOKE EXECUTE ON FUNCTION pg_catalog.lo_create(oid), pg_catalog.lo_creat(integer), "
@@ -118,15 +119,17 @@ def grant_lane(conn: Connection, lab: Lab, lane: str, secret_key: str, connectio
     exists = conn.execute(text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).first() is not None
     verb = "ALTER" if exists else "CREATE"
     conn.execute(text("SET LOCAL password_encryption = 'scram-sha-256'"))
-    conn.execute(text(f"{verb} ROLE {quoted(role)} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT "
-                      f"NOREPLICATION NOBYPASSRLS CONNECTION LIMIT {int(connection_limit)} "
-                      f"PASSWORD {_literal(conn, issued.database_password)}"))
+    # SUPERUSER, REPLICATION and BYPASSRLS are off from CREATE on (only a superuser may grant them).
+    conn.execute(text(f"{verb} ROLE {quoted(role)} LOGIN NOCREATEDB NOCREATEROLE NOINHERIT "
+                      f"CONNECTION LIMIT {int(connection_limit)} PASSWORD {_literal(conn, issued.database_password)}"))
     conn.execute(text(f"ALTER ROLE {quoted(role)} SET search_path = {quoted(schema)}"))
     for setting, value in LANE_ROLE_LIMITS.items():
         conn.execute(text(f"ALTER ROLE {quoted(role)} SET {setting} = {_literal(conn, value)}"))
-    database = conn.execute(text("SELECT current_database()")).scalar_one()
-    for statement in PUBLIC_REVOCATIONS:
-        conn.execute(text(statement.format(database=quoted(database))))
+    database, superuser = conn.execute(text("SELECT current_database(), rolsuper FROM pg_roles "
+                                            "WHERE rolname = current_user")).one()
+    if superuser:
+        for statement in PUBLIC_REVOCATIONS:
+            conn.execute(text(statement.format(database=quoted(database))))
     conn.execute(text(f"GRANT USAGE ON SCHEMA {quoted(schema)} TO {quoted(role)}"))
     tables = ", ".join(f"{quoted(schema)}.{quoted(table)}" for table in LANE_TABLES)
     conn.execute(text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {tables} TO {quoted(role)}"))
