@@ -57,3 +57,10 @@ def test_every_exercise_quote_not_marked_paraphrase_is_in_the_source_texts():
             if not source["paraphrase"] and missing_from_the_sources(source["quote"]):
                 wrong.setdefault(path.stem, []).append(missing_from_the_sources(source["quote"]))
     assert not wrong, wrong
+
+
+def test_exercise_11_says_the_ttl_its_step_sets():
+    [scenario] = [load(path) for path in built_in() if path.stem.startswith("11_")]
+    [ttl] = [step.args for step in scenario.steps if step.action == "ttl"]
+    said = re.findall(r"\*\*TTL\*\* of (\d+) seconds?", scenario.narrative)
+    assert said == [f"{ttl['ttl_seconds']:g}"], (said, ttl)
