@@ -64,3 +64,18 @@ def test_exercise_11_says_the_ttl_its_step_sets():
     [ttl] = [step.args for step in scenario.steps if step.action == "ttl"]
     said = re.findall(r"\*\*TTL\*\* of (\d+) seconds?", scenario.narrative)
     assert said == [f"{ttl['ttl_seconds']:g}"], (said, ttl)
+
+
+def test_the_strategies_page_lists_every_error_class_the_consumer_tells_apart():
+    """docs/concepts/strategies.md's error table against the consumer's own list (ERROR_OUTCOMES):
+    each error class it names, 40001 and 40P01 among them, has its row."""
+    from webapp.consumer.loop import ERROR_OUTCOMES
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "concepts" / "strategies.md").read_text()
+    table = page[page.index("| error | outcome |"):]
+    table = table[:table.index("\n\n")]
+    named = {name for error, _ in ERROR_OUTCOMES
+             for name in re.findall(r"\b(UniqueViolation|SerializationFailure|DeadlockDetected|OperationalError|"
+                                    r"40001|40P01)\b", error)}
+    assert named >= {"SerializationFailure", "DeadlockDetected", "40001", "40P01"}, named
+    assert all(name in table for name in named), sorted(name for name in named if name not in table)
