@@ -71,6 +71,10 @@ def test_the_sql_plan_shows_where_the_kafka_transaction_begins_and_commits(clien
     assert html.index('class="boundary commit"') < begin < html.index('data-point="after-effect-before-commit"')
     assert html.index('data-point="after-effect-before-commit"') < html.index("producer.commit_transaction()")
     assert "<b>transactional</b> offset commits" in html and "the PostgreSQL effect was committed before it began" in html
+    # The crash aborts nothing: the restart (or the transaction's timeout) does.
+    assert ("a crash between the two leaves the Kafka transaction open, the restarted consumer's "
+            "<code>init_transactions</code> (or, failing that, <code>transaction.timeout.ms</code>) aborts it") in html
+    assert "it makes the offset commit atomic and fenced, nothing more: the window of a synchronous commit" in html
 
 
 def test_throughput_settings_refuse_bad_input_naming_the_field(lab):

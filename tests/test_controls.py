@@ -78,6 +78,28 @@ def test_bad_publish_input_shows_the_error_next_to_its_field_and_publishes_nothi
     assert journal_count(lab) == 0
 
 
+@pytest.mark.parametrize("term, field, refusal", [
+    ({"acks": "1"}, "acks", "`acks` must be set to `all` when `enable.idempotence` is true"),
+    ({"retries": "0"}, "retries", "`retries` must be set &gt;= 1 when `enable.idempotence` is true"),
+    ({"max_in_flight": "6"}, "max_in_flight", "`max.in.flight` must be set &lt;= 5 when `enable.idempotence` is true"),
+])
+def test_the_producer_form_shows_librdkafka_refusing_an_idempotent_producer_without_its_terms(
+        client, lab, term, field, refusal):
+    """The idempotent producer's terms (source text 000: acks=all, retries > 0, ordering through
+    max.in.flight): asked for on the form, the producer is never created and librdkafka's own
+    reason shows next to the field; on a plain producer the same setting is taken."""
+    form = {"mode": "normal", "type": "credit", "account_id": "acc-1", "amount": "1", "idempotent": "on", **term}
+    response = client.post("/controls/publish", data=form)
+    html = response.get_data(as_text=True)
+    assert response.status_code == 422, html
+    error = re.search(rf'id="publish-{field}-error"[^>]*>(.*?)</p>', html, re.S)
+    assert error and "librdkafka refuses to create this producer" in error[1] and refusal in error[1], html
+    assert journal_count(lab) == 0
+    plain = client.post("/controls/publish", data={**form, "idempotent": "off"})
+    assert plain.status_code == 200 and "Published 1 normal record(s)" in plain.get_data(as_text=True)
+    assert journal_count(lab) == 1
+
+
 def test_consumer_form_and_buttons_drive_a_real_process(client, lab):
     response = client.post("/controls/consumers", data={"group": "payments", "strategy": "none", "name": "c9"})
     assert response.status_code == 200 and "Started consumer c9" in response.get_data(as_text=True)

@@ -245,3 +245,25 @@ def test_the_scenarios_one_read_of_the_dedup_tables_agrees_with_the_panels(app, 
         assert (oldest is None) == (panel[table][1] is None), table
         if oldest is not None:
             assert abs(oldest - panel[table][1]) < 5, f"{table}: oldest {oldest} s, the panel {panel[table][1]} s"
+
+
+def test_the_partitioned_layout_cannot_detach_a_day_concurrently_so_the_ttl_drops_it(services, lab):
+    """What exercise 18 says of the drop's lock, held on the lab's own layout: PostgreSQL refuses
+    `DETACH PARTITION ... CONCURRENTLY` when the table has a DEFAULT partition (this layout has one)
+    and inside a transaction block (the TTL's cleanup runs in one), so the lab's TTL drops a day
+    with `DROP TABLE`, which takes an ACCESS EXCLUSIVE lock on the parent."""
+    from webapp.store.connection import connect
+    from webapp.strategies import dedup_layout
+
+    lab.post("/dedup/layout", {"layout": "partitioned-by-day"})
+    with connect(services.database_url, schema=lab.lab.schema, autocommit=True) as conn:
+        [day] = [name for (name,) in conn.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = to_regclass('processed_events') AND c.relname <> 'processed_events_default' "
+            "ORDER BY c.relname LIMIT 1")]
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="default partition"):
+            conn.execute(f"ALTER TABLE processed_events DETACH PARTITION {day} CONCURRENTLY")
+        with pytest.raises(psycopg.errors.ActiveSqlTransaction, match="transaction block"):
+            with conn.transaction():
+                conn.execute(f"ALTER TABLE processed_events DETACH PARTITION {day} CONCURRENTLY")
+        assert dedup_layout.DROP_PARTITION_SQL.startswith("DROP TABLE ")

@@ -52,6 +52,7 @@ EXERCISES = [
     "16_last_batch_redelivered", "17_async_commit_window", "18_dedup_at_a_million_keys",
     "19_your_consumer_graded", "20_rebalance_redelivers_last_batch", "21_check_then_act_repeatable_read",
     "22_set_from_the_clock", "23_expired_offsets_replay_the_retained_log", "24_kafka_transactions_stop_at_kafka",
+    "25_lag_eats_into_an_event_time_ttl",
 ]
 
 

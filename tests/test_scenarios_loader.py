@@ -152,3 +152,19 @@ def test_a_file_is_parsed_once_per_version_and_each_caller_gets_its_own_copy(tmp
     # Longer by a few bytes: a new version even within the file system's timestamp granularity.
     path.write_text(builtin.replace(first.title, first.title + " (mine)", 1), encoding="utf-8")
     assert load(path).title == first.title + " (mine)", "an edited file must be read again"
+
+
+def test_a_step_may_expect_a_refusal_but_a_wait_may_not():
+    """`refused: TEXT` marks a step whose operation must be refused with a message holding TEXT
+    (exercise 7's idempotent producer without its terms); a wait runs no operation to refuse."""
+    head, tail = "title: t\nnarrative: n\nexpect: {log_end: 0}\nsteps:\n", ""
+    scenario = loads(head + '  - publish: {account: acc-1, amount: 1.00, acks: "1"}\n'
+                            '    refused: "`acks` must be set to `all`"\n' + tail, source=SOURCE, name="refusal")
+    [step] = scenario.steps
+    assert step.refused == "`acks` must be set to `all`" and step.args["acks"] == "1"
+    assert step.describe().endswith("acks=1, expecting a refusal")
+    with pytest.raises(ScenarioError, match=rf"{SOURCE}:6: step 1 \(wait\): `refused` is for a step that runs an "
+                                            "operation, not a wait"):
+        loads(head + "  - wait: {log_end: 1}\n    refused: never\n", source=SOURCE, name="refusal")
+    with pytest.raises(ScenarioError, match=rf"{SOURCE}:5: step 1 \(publish\): acks must be one of"):
+        loads(head + '  - publish: {account: acc-1, amount: 1.00, acks: "2"}\n', source=SOURCE, name="refusal")

@@ -154,6 +154,9 @@ def test_an_old_status_resent_after_a_newer_one_is_a_regression_not_a_harmless_r
     panel = lab.client.get("/panels/verdict").get_data(as_text=True)
     assert re.search(r'class="bad"><dt>↶ Sets regressed[^<]*</dt><dd data-verdict="sets_regressed">1<', panel), panel
     assert '<dd data-verdict="sets_reapplied_harmless">0<' in panel and regression["why"] in panel
+    # The re-sent record's drill-down tells the same regression, not a harmless re-applied set.
+    drill = lab.client.get(f"/records/{p}/{resent['offset']}", headers={"HX-Request": "true"}).get_data(as_text=True)
+    assert str(escape(regression["why"])) in drill and "re-applied" not in drill, drill
 
 
 @pytest.mark.parametrize("strategy, changed", [("natural", 0), ("natural-clock", 1)])
@@ -173,9 +176,18 @@ def test_a_status_set_again_with_the_clocks_time_is_a_set_the_redelivery_changed
     assert verdict["sets_reapplied_harmless"] == 1 - changed, verdict
     kinds = [a["kind"] for a in verdict["anomalies"]]
     assert kinds == (["set-changed"] if changed else ["re-applied"]), verdict["anomalies"]
+    [anomaly] = verdict["anomalies"]
+    p, o = record["partition"], record["offset"]
+    # The record's drill-down tells the verdict's why: what was re-applied, and whether it changed the row.
+    drill = lab.client.get(f"/records/{p}/{o}", headers={"HX-Request": "true"}).get_data(as_text=True)
+    assert str(escape(anomaly["why"])) in drill, drill
+    if not changed:
+        assert re.fullmatch(
+            rf"P{p}@{o} \(status acc-4 = PAID\) was applied 2 times, last by c1 \(generation \d+, `natural`\): each "
+            r"application wrote only values its event carries \(status acc-4 = PAID, status_at = its occurred_at\) "
+            r"and no newer set of the account came between, so the row is what one application leaves: re-applied, "
+            r"unchanged", anomaly["why"]), anomaly["why"]
     if changed:
-        [anomaly] = verdict["anomalies"]
-        p, o = record["partition"], record["offset"]
         assert re.fullmatch(
             rf"P{p}@{o} \(status acc-4 = PAID, occurred_at [^)]+\) was applied 2 times, last by c1 \(generation "
             r"\d+, `natural-clock`\): acc-4's status_at is now [^,]+, and each application wrote its own time "
@@ -254,7 +266,8 @@ def test_why_a_zombie_applies_again_under_check_then_act(lab, log_reader):
     p, o = record["partition"], record["offset"]
     match = re.fullmatch(
         rf"P{p}@{o} was applied by s2 \(generation (\d+)\) while z1 was frozen at between-check-and-act holding "
-        r"it; z1 thawed and, a zombie still in the group's generation (\d+), applied it again \(`check-then-act`\)",
+        r"it; z1 thawed and, a zombie holding the group's stale generation (\d+), applied it again "
+        r"\(`check-then-act`\): the broker refuses a stale generation's offset commit, not its write to PostgreSQL",
         anomaly["why"])
     assert match, anomaly["why"]
     # The group's generation, not each consumer's count of assignments (which says 1 for both): the
@@ -281,3 +294,56 @@ def test_a_consumer_blocked_by_a_frozen_zombies_lock_says_so(app, lab, log_reade
     wait = wait_until(waiting, timeout=45, interval=0.3, message="the successor never showed its lock wait")
     assert wait["holder"] == "z1" and wait["holder_state"] == "frozen"
     assert re.fullmatch(r"waiting on a lock held by z1 \(frozen\) for \d+ s", wait["text"]), wait["text"]
+
+
+@pytest.mark.parametrize("key", ["none", "event_id"])
+def test_why_your_consumer_applied_a_transaction_twice_reads_the_log_and_names_the_key(services, lab, log_reader, key):
+    """A learner's own consumer (lane mine): the lab records no deliveries of code it does not run,
+    so the why reads the log (the resend carries the same event_id, the source duplicate a new one)
+    against the lane's rows per event_id, and says which key would have absorbed each extra row."""
+    import psycopg
+
+    created = lab.client.post("/api/v1/yours", json={"lane": "mine"})
+    assert created.status_code == 201, created.get_json()
+    pix = lab.credit("acc-4", 4000)
+    resent = lab.publish(mode="resend", event_id=pix["event_id"])["records"][0]
+    duplicate = lab.publish(mode="source-duplicate", event_id=pix["event_id"])["records"][0]
+
+    def lane(state: dict) -> dict:
+        return next(x["verdict"] for x in state["lanes"] if x["lane"] == "mine")
+    lab.wait(lambda s: lane(s)["records"] == 3, "the three records were never mirrored")
+    from webapp.store.connection import connect
+
+    with connect(services.database_url, schema=lab.lab.schema) as conn:
+        [transaction_id] = {row[0] for row in conn.execute(
+            "SELECT transaction_id FROM log_records WHERE event_id = %s", [pix["event_id"]])}
+    # What the learner's consumer writes: every record (no key), or once per event_id.
+    applied = [pix, resent, duplicate] if key == "none" else [pix, duplicate]
+    with psycopg.connect(created.get_json()["database_url"], autocommit=True) as conn:
+        for record in applied:
+            conn.execute("UPDATE accounts SET balance = balance + 4000 WHERE id = 'acc-4'")
+            conn.execute("INSERT INTO payments (event_id, transaction_id, account_id, amount_cents) "
+                         "VALUES (%s, %s, 'acc-4', 4000)", [record["event_id"], transaction_id])
+    extra = len(applied) - 1
+    verdict = lab.wait(lambda s: lane(s)["duplicates_applied"] == extra and lane(s)["anomalies"] and lane(s),
+                       "your consumer's second credit was never judged", 45)
+    [anomaly] = [a for a in verdict["anomalies"] if a["kind"] == "applied-twice"]
+    p, o = pix["partition"], pix["offset"]
+    event, new_event = pix["event_id"][:8], duplicate["event_id"][:8]
+    rows = f"2 of event {event}, 1 of event {new_event}" if key == "none" else f"1 of event {event}, 1 of event {new_event}"
+    # Sorted by the event id text: the payments rows come back grouped, in no set order.
+    assert anomaly["why"].startswith(f"P{p}@{o} (credit acc-4 +40.00) has {len(applied)} effect rows in your lane ("), \
+        anomaly["why"]
+    for part in rows.split(", "):
+        assert part in anomaly["why"], anomaly["why"]
+    assert (f"the lab records no deliveries of your consumer, so from the log: transaction {transaction_id} "
+            f"is there 3 times: P{p}@{o}, event {event}; P{resent['partition']}@{resent['offset']}, the same "
+            f"event_id again (the lab resent it, an application's retry); P{duplicate['partition']}@"
+            f"{duplicate['offset']}, a new event_id for the same transaction_id (a source duplicate). "
+            f"Of the {extra} extra row{'s' if extra > 1 else ''}, ") in anomaly["why"], anomaly["why"]
+    keys = ("1 repeats an event_id already applied (a key on event_id would have absorbed it); 1 carries a new "
+            "event_id (only a key on transaction_id absorbs it)" if key == "none"
+            else "1 carries a new event_id (only a key on transaction_id absorbs it)")
+    assert anomaly["why"].endswith(f"{keys}. A key on transaction_id, claimed in the same database transaction as "
+                                   "the effect, absorbs every copy"), anomaly["why"]
+    assert "by hand" not in anomaly["why"], anomaly["why"]

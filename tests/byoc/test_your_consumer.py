@@ -97,8 +97,17 @@ def test_the_grading_exercise_fails_a_naive_consumer_and_says_why(graded_app, tm
     # The resend, the source duplicate and the producer's retry after the lost ack: three second credits.
     assert verdict["duplicates_applied"] >= 3, verdict
     assert verdict["effects_lost"] == 0, verdict
-    whys = " ".join(anomaly["why"] for anomaly in verdict["anomalies"])
-    assert "acc-4" in whys or "source" in whys, whys
+    # The lab records no deliveries of a consumer it does not run: each why reads the log and names
+    # the cause and the key that would have absorbed it.
+    whys = {anomaly["why"].split(" has ")[0].split(" (")[1].rstrip(")"): anomaly["why"]
+            for anomaly in verdict["anomalies"] if anomaly["kind"] == "applied-twice"}
+    pix, retried = whys.get("credit acc-4 +40.00", ""), whys.get("credit acc-5 +50.00", "")
+    assert "the same event_id again (the lab resent it, an application's retry)" in pix, whys
+    assert "a new event_id for the same transaction_id (a source duplicate)" in pix, whys
+    assert "a key on event_id would have absorbed" in pix and "only a key on transaction_id absorbs it" in pix, whys
+    assert "the same event_id again (a producer's retry after a lost ack)" in retried, whys
+    assert "a key on event_id would have absorbed" in retried, whys
+    assert not any("by hand" in why for why in whys.values()), whys
     failed = {check["label"] for check in result["checks"] if not check["ok"]}
     assert any("duplicates_applied" in label for label in failed), failed
 
@@ -204,6 +213,10 @@ def test_the_starter_the_page_shows_runs_as_copied_and_applies_the_lab_s_credits
                              timeout=60, message=lambda: f"the starter never applied the credit and its resend: "
                              f"{lane_verdict()}\n{(tmp_path / 'my_consumer.log').read_text()[-2000:]}")
         assert verdict["effects_lost"] == 0, verdict
+        [why] = [a["why"] for a in verdict["anomalies"] if a["kind"] == "applied-twice"]
+        assert (f"P{first['partition']}@{first['offset']} (credit acc-1 +5.00) has 2 effect rows in your lane" in why
+                and "the same event_id again (the lab resent it, an application's retry)" in why
+                and "1 repeats an event_id already applied (a key on event_id would have absorbed it)" in why), why
         assert process.poll() is None, (tmp_path / "my_consumer.log").read_text()
         # The lab gets no heartbeat from it: its committed offsets come from the broker (the agent's
         # admin client), on the partitions of GET /api/v1/state and in the partitions panel.

@@ -312,10 +312,10 @@ def _expire_offsets(agent: AgentContext, lab: Lab, group_id: str, kafka_group_id
     _once_the_group_is_empty(group_id, empty)
     new_id = lab.moved_group_id(group_id, Lab.moves_of(kafka_group_id, group_id) + 1)
     group_health.move_group(agent.conn.execute, lab, group_id, new_id)
-    agent.say(lab, "offsets-reset", f"{group_id}: its committed offsets expired, as the broker expires an empty "
-              "group's offsets after offsets.retention.minutes (the lab moved the group to Kafka group id "
-              f"{new_id}, which has none); its consumers start at auto.offset.reset (earliest: every record "
-              "the topic still retains)", group=group_id, kafka_group_id=new_id, offsets={})
+    agent.say(lab, "offsets-reset", f"{group_id}: moved to Kafka group id {new_id}, which has no committed offset, "
+              "as the broker leaves an empty group once its offsets expire after offsets.retention.minutes; its "
+              "consumers start at auto.offset.reset (earliest: every record the topic still retains)",
+              group=group_id, kafka_group_id=new_id, offsets={})
     snapshot_offsets(agent.conn, agent.admin, lab)
     for row in members:
         on_own_or_remote(agent, lab, row, "consumer.restart")

@@ -17,9 +17,10 @@ Offsets are committed in the group's commit mode: ``sync``, ``async``, or ``tran
 Kafka transaction of the consumer's own (``transactional.id`` per consumer, stable across its
 restarts) carries them (``send_offsets_to_transaction``, then ``commit_transaction``), the
 consume-transform-produce half that Kafka's exactly-once is made of. The PostgreSQL effect is
-committed before that transaction begins and is never part of it; a crash inside it aborts it
-(the next process with the same ``transactional.id`` fences it at ``init_transactions``), so the
-offset is not committed and the record comes back.
+committed before that transaction begins and is never part of it; a crash inside it leaves it
+open until the next process with the same ``transactional.id`` fences it and aborts it at
+``init_transactions`` (or ``transaction.timeout.ms`` passes), so the offset is not committed and
+the record comes back.
 
 Crash points are real: ``crash`` is SIGKILL to ourselves (no commit, no group leave);
 ``freeze`` is SIGSTOP to ourselves (a process pause like a long GC; the agent sends SIGCONT).
@@ -725,7 +726,8 @@ class ConsumerProcess:
         member id: the coordinator refuses a zombie's), pass ``before_commit``, commit it.
 
         The effect is already committed in PostgreSQL: a crash at ``before_commit`` leaves the
-        transaction open, the broker aborts it, and the offsets go with it. A failure aborts the
+        transaction open until the restart's ``init_transactions`` (or ``transaction.timeout.ms``)
+        aborts it, and the offsets go with it. A failure aborts the
         transaction and is reported like any failed commit: the record comes back to whoever owns
         its partition next."""
         try:

@@ -209,6 +209,8 @@ def exercise_page(scenario: Scenario) -> str:
         text = f"{step.index}. {step.describe()}"
         if step.note:
             text += "  \n   " + " ".join(step.note.split())
+        if step.refused:
+            text += f"  \n   Expected: refused, with a message that says {step.refused}"
         lines.append(text)
     lines.append("")
     lines.append("## What the verdict shows\n")

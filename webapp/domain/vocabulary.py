@@ -58,6 +58,8 @@ CONSUMER_VERBS = ("kill", "freeze", "thaw", "stop", "restart")
 # for offsets.retention.minutes; its members then start where auto.offset.reset says (earliest here).
 OFFSET_RESET_MODES = ("earliest", "offset", "back", "timestamp", "expire")
 PUBLISH_MODES = ("normal", "burst", "resend", "source-duplicate", "poison")
+# The producer's acks a learner may ask for: the lab's own is "all"; idempotence requires it.
+PRODUCER_ACKS = ("all", "1", "0")
 
 # Freshness: a heartbeat older than this says the process is gone.
 AGENT_FRESH_SECONDS = 5.0
@@ -95,7 +97,10 @@ class Limits:
     RAW_HEADERS = 32                       # headers on one raw record
     RAW_HEADER_NAME_CHARACTERS = 256       # a raw record header's name
     RAW_HEADER_VALUE_CHARACTERS = 4096     # a raw record header's value, as typed
-    MAX_IN_FLIGHT = (1, 5)                 # the producer's max.in.flight.requests.per.connection (5: idempotence's cap)
+    # The producer's max.in.flight.requests.per.connection. Idempotence caps it at 5: above that
+    # librdkafka refuses to create an idempotent producer, and the lab shows the refusal.
+    MAX_IN_FLIGHT = (1, 10)
+    PRODUCER_RETRIES = (0, 10)             # the producer's retries (0: librdkafka refuses idempotence)
     BATCH_SIZE = (1, 5000)                 # records per batch; 1 is per-message mode
     BATCH_MAX_WAIT_MS = (1, 3000)          # how long consume(n) waits to fill a batch (under the 5 s freshness)
     LOAD_EVENTS = (1, 10_000_000)          # the load generator (issue 14)

@@ -18,16 +18,20 @@ def _quiet(config: dict) -> dict:
 
 
 def producer_config(bootstrap_servers: str, idempotent: bool, max_in_flight: int | None = None, *,
-                    client_id: str) -> dict:
+                    client_id: str, acks: str = "all", retries: int | None = None) -> dict:
     """``max_in_flight``: max.in.flight.requests.per.connection (None: librdkafka's default);
-    ``client_id``: the lab's producer client id (``Lab.producer_client_id``)."""
+    ``client_id``: the lab's producer client id (``Lab.producer_client_id``); ``acks`` (the lab's:
+    all) and ``retries`` (None: librdkafka's default), as a learner may ask for them to see
+    librdkafka refuse an idempotent producer without its terms."""
     in_flight = {} if max_in_flight is None else {"max.in.flight.requests.per.connection": max_in_flight}
+    retried = {} if retries is None else {"retries": retries}
     return _quiet({
         **in_flight,
+        **retried,
         "bootstrap.servers": bootstrap_servers,
         "client.id": client_id,
         "enable.idempotence": idempotent,
-        "acks": "all",
+        "acks": acks,
         # Each publish is its own batch: Tansu reports a wrong high watermark for batches of
         # several records (BROKER.md), and a class reads offsets one by one anyway.
         "linger.ms": 0,

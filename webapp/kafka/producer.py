@@ -21,7 +21,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from ..domain import events
 from ..store import timeline
-from ..domain.vocabulary import Limits
+from ..domain.vocabulary import PRODUCER_ACKS, Limits
 from .config import producer_config
 from ..store.labs import Lab
 
@@ -72,11 +72,15 @@ class Publisher:
         self.bootstrap_servers = bootstrap_servers
         self.max_producers = max_producers
         # Least recently used first.
-        self._producers: collections.OrderedDict[tuple[str, bool, int | None], SequencedProducer] = \
+        self._producers: collections.OrderedDict[tuple[str, bool, int | None, str, int | None], SequencedProducer] = \
             collections.OrderedDict()
 
-    def producer(self, lab: Lab, idempotent: bool, max_in_flight: int | None = None) -> SequencedProducer:
-        setting = (lab.name, idempotent, max_in_flight)
+    def producer(self, lab: Lab, idempotent: bool, max_in_flight: int | None = None, acks: str = "all",
+                 retries: int | None = None) -> SequencedProducer:
+        """The lab's producer with these settings; PublishError naming the field when librdkafka
+        refuses them (an idempotent producer without its terms: acks=all, retries >= 1, at most 5
+        requests in flight)."""
+        setting = (lab.name, idempotent, max_in_flight, acks, retries)
         if setting in self._producers:
             self._producers.move_to_end(setting)
             return self._producers[setting]
@@ -84,11 +88,14 @@ class Publisher:
             _, oldest = self._producers.popitem(last=False)
             oldest.producer.flush(5)
         # The id names the setting, so the strip can say which producer wrote a record.
-        name = ("idempotent" if idempotent else "plain") + (f"-inflight{max_in_flight}" if max_in_flight else "")
-        self._producers[setting] = SequencedProducer(
-            Producer(producer_config(self.bootstrap_servers, idempotent, max_in_flight,
-                                     client_id=lab.producer_client_id)),
-            f"{name}-{uuid.uuid4().hex[:8]}")
+        name = (("idempotent" if idempotent else "plain") + (f"-inflight{max_in_flight}" if max_in_flight else "")
+                + (f"-acks{acks}" if acks != "all" else "") + (f"-retries{retries}" if retries is not None else ""))
+        try:
+            created = Producer(producer_config(self.bootstrap_servers, idempotent, max_in_flight,
+                                               client_id=lab.producer_client_id, acks=acks, retries=retries))
+        except KafkaException as error:
+            raise PublishError(refusal(error)) from None
+        self._producers[setting] = SequencedProducer(created, f"{name}-{uuid.uuid4().hex[:8]}")
         return self._producers[setting]
 
     def forget(self, lab: Lab) -> None:
@@ -97,10 +104,10 @@ class Publisher:
             self._producers.pop(setting).producer.flush(5)
 
     def send(self, lab: Lab, topic: str, records: list[tuple[bytes | None, bytes]], idempotent: bool,
-             max_in_flight: int | None = None) -> list[Report]:
+             max_in_flight: int | None = None, acks: str = "all", retries: int | None = None) -> list[Report]:
         """Produce ``(key, value)`` records with the lab's producer and wait for every delivery
         report, in order."""
-        producer = self.producer(lab, idempotent, max_in_flight).producer
+        producer = self.producer(lab, idempotent, max_in_flight, acks, retries).producer
         reports: list[Report | None] = [None] * len(records)
 
         def on_delivery(index: int):
@@ -188,6 +195,17 @@ def produce_raw(producer_config: dict[str, Any], topic: str, key: str | bytes | 
     return {"partition": outcome.get("partition"), "offset": outcome.get("offset")}
 
 
+# librdkafka's refusals of an idempotent producer without its terms, by the setting each names.
+REFUSED_SETTING = {"`acks`": "acks", "`retries`": "retries", "`max.in.flight`": "max_in_flight"}
+
+
+def refusal(error: KafkaException) -> str:
+    """librdkafka's refusal to create a producer, as a message naming the publish field."""
+    reason = error.args[0].str() if error.args and isinstance(error.args[0], KafkaError) else str(error)
+    named = next((name for setting, name in REFUSED_SETTING.items() if setting in reason), "idempotent")
+    return f"{named}: librdkafka refuses to create this producer: {reason.removeprefix('Failed to create producer: ')}"
+
+
 def _int(args: dict, name: str, low: int, high: int, default: int | None = None) -> int:
     value = args.get(name, default)
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
@@ -254,10 +272,14 @@ def publish(conn: psycopg.Connection, publisher: Publisher, lab: Lab, args: dict
     """Validate, produce, journal. ``conn`` works in the lab's schema. Returns what was written."""
     idempotent = bool(args.get("idempotent", True))
     max_in_flight = _int(args, "max_in_flight", *Limits.MAX_IN_FLIGHT) if args.get("max_in_flight") is not None else None
+    retries = _int(args, "retries", *Limits.PRODUCER_RETRIES) if args.get("retries") is not None else None
+    acks = str(args.get("acks") or "all")
+    if acks not in PRODUCER_ACKS:
+        raise PublishError(f"acks must be one of {', '.join(PRODUCER_ACKS)}")
     mode, built = build_records(conn, args)
-    built = publisher.producer(lab, idempotent, max_in_flight).stamp(built)
+    built = publisher.producer(lab, idempotent, max_in_flight, acks, retries).stamp(built)
     reports = publisher.send(lab, lab.topic, [(e.key if e else None, value) for e, value in built], idempotent,
-                             max_in_flight)
+                             max_in_flight, acks, retries)
     rows = []
     with conn.transaction():
         for (event, value), report in zip(built, reports):
@@ -275,7 +297,8 @@ def publish(conn: psycopg.Connection, publisher: Publisher, lab: Lab, args: dict
                    f"{mode} {first.type} {first.account_id} {getattr(first, events.TYPE_FIELDS[first.type])}" if first else
                    f"poison pill ({args.get('poison_kind', 'not-json')})")
         producer_kind = ("idempotent producer" if idempotent else "plain producer") + (
-            f", {max_in_flight} request(s) in flight" if max_in_flight else "")
+            f", {max_in_flight} request(s) in flight" if max_in_flight else "") + (
+            f", acks={acks}" if acks != "all" else "") + (f", retries={retries}" if retries is not None else "")
         timeline.record(conn.execute, "published", f"{summary} via {producer_kind}",
                         mode=mode, records=rows[:20])
     return {"mode": mode, "idempotent": idempotent, "max_in_flight": max_in_flight, "records": rows}

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from ..domain import events
-from ..domain.vocabulary import PUBLISH_MODES, Limits
+from ..domain.vocabulary import PRODUCER_ACKS, PUBLISH_MODES, Limits
 from ..store import labdata, schema
 from . import limits
 from .agent_commands import run_command
@@ -46,7 +46,12 @@ class PublishArgs(Args):
     idempotent: bool = Field(True, description="enable.idempotence on the producer")
     max_in_flight: Whole = within(Limits.MAX_IN_FLIGHT, "max.in.flight.requests.per.connection on the producer "
                                   "(empty: librdkafka's default); with idempotence off and more than one, a retried "
-                                  "batch can land after a later one")
+                                  "batch can land after a later one; with idempotence on, more than 5 is refused "
+                                  "by librdkafka")
+    acks: Literal[PRODUCER_ACKS] | None = Field(None, description="acks on the producer (empty: all, the lab's); "
+                                                "with idempotence on, anything but all is refused by librdkafka")
+    retries: Whole = within(Limits.PRODUCER_RETRIES, "retries on the producer (empty: librdkafka's default); "
+                            "with idempotence on, 0 is refused by librdkafka")
 
     @model_validator(mode="after")
     def _what_the_mode_needs(self) -> "PublishArgs":
@@ -73,6 +78,10 @@ class PublishArgs(Args):
         args: dict[str, Any] = {"mode": self.mode, "idempotent": self.idempotent}
         if self.max_in_flight is not None:
             args["max_in_flight"] = self.max_in_flight
+        if self.acks is not None:
+            args["acks"] = self.acks
+        if self.retries is not None:
+            args["retries"] = self.retries
         if self.mode == "poison":
             args["poison_kind"] = self.poison_kind
             return args

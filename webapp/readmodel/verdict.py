@@ -170,7 +170,7 @@ class Verdict:
     records_pending: int = 0             # records no group applying to this copy has consumed yet
     invalid_records: int = 0             # records that are not valid events: expected in the DLQ
     invalid_not_dead_lettered: int = 0   # invalid records consumed without reaching the DLQ
-    sets_reapplied: int = 0              # sets applied more than once (harmless unless regressed)
+    sets_reapplied: int = 0              # sets applied more than once (regressed, changed, or the same row again)
     effects_without_record: int = 0      # effect rows no record in the log explains (added by hand)
     effects_not_yet_mirrored: int = 0    # effects of records the log reader has not mirrored yet
     balances_mismatched: int = 0

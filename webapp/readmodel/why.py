@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from ..domain.vocabulary import OUTSIDE_STRATEGY
 from ..summary.reads import APPLIED_TWICE_SQL
 from .accounts import accounts
 from .outbox import republish_origin
@@ -21,6 +22,7 @@ from ..store.schema import quoted
 from .regressions import CHANGED_SETS, REGRESSED_SETS
 
 LIMIT = 10
+CLOCK_STRATEGY = "natural-clock"  # writes status_at = now() (strategies/natural_clock.py)
 
 # Transactions whose delta was applied more than once in this copy (payment rows and ledger rows):
 # a scan of every effect, for a lab without running summaries (summary.reads.APPLIED_TWICE_SQL
@@ -104,7 +106,7 @@ FROM changed c
 CROSS JOIN LATERAL (SELECT d.consumer, d.generation, d.strategy, d.delivered_at FROM deliveries d
                     WHERE d.transaction_id = c.transaction_id AND d.outcome = 'applied'
                     ORDER BY d.id DESC LIMIT 1) last
-WHERE c.applications > 1 LIMIT :limit
+WHERE c.applications > 1 AND (CAST(:tx AS text) IS NULL OR c.transaction_id = :tx) LIMIT :limit
 """
 
 ORPHANS_SQL = """
@@ -133,7 +135,8 @@ SELECT g.transaction_id, g.consumer, g.generation, g.strategy, g.partition, g."o
        (g.newest_before >> 40)::int AS newer_partition, g.newest_before & 1099511627775 AS newer_offset,
        n.status AS newer_status, n.balance_cents AS newer_balance_cents, n.score AS newer_score,
        o.partition AS overwritten_by_partition, o."offset" AS overwritten_by_offset
-FROM (SELECT DISTINCT ON (transaction_id) * FROM regressions ORDER BY transaction_id, id) g
+FROM (SELECT DISTINCT ON (transaction_id) * FROM regressions
+      WHERE CAST(:tx AS text) IS NULL OR transaction_id = :tx ORDER BY transaction_id, id) g
 JOIN {journal}.log_records n ON n.partition = (g.newest_before >> 40)::int
                             AND n."offset" = g.newest_before & 1099511627775
 LEFT JOIN LATERAL (SELECT a.partition, a."offset" FROM applied a
@@ -155,6 +158,17 @@ SELECT partition, "offset", status, transaction_id FROM (
     WHERE invalid_reason IS NULL AND type = 'set_status' AND account_id = :account
     ORDER BY transaction_id, partition, "offset") firsts
 ORDER BY partition DESC, "offset" DESC LIMIT 1
+"""
+
+
+OUTSIDE_LANE_SQL = """
+SELECT EXISTS (SELECT 1 FROM {journal}.consumer_groups
+               WHERE effects_schema = current_schema() AND strategy = :strategy)
+"""
+
+# A learner's rows of one transaction, per event id (a learner's consumer writes payments rows).
+OUTSIDE_ROWS_SQL = """
+SELECT event_id::text AS event_id, count(*) AS rows FROM payments WHERE transaction_id = :tx GROUP BY event_id
 """
 
 
@@ -180,6 +194,7 @@ class _Context:
 
     def __init__(self, session: Session, journal: str, transaction_ids: list[str]):
         self.session, self.journal = session, journal
+        self._outside: bool | None = None
         rows = session.execute(text(RECORDS_SQL.format(journal=journal)), {"tx": transaction_ids}).mappings()
         self.records: dict[str, list[dict]] = {}
         for row in rows:
@@ -192,6 +207,15 @@ class _Context:
             since = min(d["delivered_at"] for d in self.deliveries)
             self.timeline = [dict(r) for r in session.execute(text(TIMELINE_SQL.format(journal=journal)), {
                 "since": since - _minutes(30)}).mappings()]
+
+    @property
+    def outside(self) -> bool:
+        """The current effects schema is a learner's own consumer's lane: the lab writes no delivery
+        rows there (it does not run that consumer), so a why reads the log and the effect rows."""
+        if self._outside is None:
+            self._outside = bool(self.session.execute(text(OUTSIDE_LANE_SQL.format(journal=self.journal)),
+                                                      {"strategy": OUTSIDE_STRATEGY}).scalar())
+        return self._outside
 
     def of(self, transaction_id: str) -> tuple[list[dict], list[dict]]:
         records = self.records.get(transaction_id, [])
@@ -233,6 +257,9 @@ def why_applied_twice(ctx: _Context, transaction_id: str, effects: int) -> dict[
     where = _at(first["partition"], first["offset"]) if first else f"transaction {transaction_id}"
     item = {"kind": "applied-twice", "severity": "bad", "transaction_id": transaction_id,
             "partition": first["partition"] if first else None, "offset": first["offset"] if first else None}
+    if len(applied) < 2 and ctx.outside:
+        item["why"] = why_outside_applied_twice(ctx, transaction_id, records, effects)
+        return item
     if len(applied) < 2:
         extra = effects - len(applied)
         item["why"] = (f"{where} ({_describe(first) if first else transaction_id}) has {effects} effect rows but "
@@ -251,8 +278,9 @@ def why_applied_twice(ctx: _Context, transaction_id: str, effects: int) -> dict[
             point = (frozen[-1]["detail"] or {}).get("point") if frozen else None
             item["why"] = (f"{p1} was applied by {d1['consumer']} (generation {d1['generation']}) while "
                            f"{d2['consumer']} was frozen{f' at {point}' if point else ''} holding it; "
-                           f"{d2['consumer']} thawed and, a zombie still in the group's generation "
-                           f"{d2['generation']}, applied it again (`{strategy}`)")
+                           f"{d2['consumer']} thawed and, a zombie holding the group's stale generation "
+                           f"{d2['generation']}, applied it again (`{strategy}`): the broker refuses a stale "
+                           "generation's offset commit, not its write to PostgreSQL")
             return item
         faults = (ctx.happened(d1["consumer"], ("crashed", "killed", "frozen", "commit-failed"),
                                d1["delivered_at"], d2["delivered_at"])
@@ -292,6 +320,61 @@ def why_applied_twice(ctx: _Context, transaction_id: str, effects: int) -> dict[
     return item
 
 
+def _same_event_origin(ctx: _Context, record: dict, records: list[dict]) -> str:
+    """Why the log holds ``record``'s event again: the outbox relay, the lab's resend, or a producer's
+    retry (a copy the lab's journal does not know, beside one it does)."""
+    relayed_twice = republish_origin(ctx.session, ctx.journal, record["event_id"])
+    if relayed_twice:
+        return "the outbox relay published it again"
+    if record["journal_mode"] == "resend":
+        return "the lab resent it, an application's retry"
+    same = [r for r in records if r["event_id"] == record["event_id"]]
+    if any(r["journal_mode"] is None for r in same) and any(r["journal_mode"] is not None for r in same):
+        return "a producer's retry after a lost ack"
+    return "written again by a producer"
+
+
+def why_outside_applied_twice(ctx: _Context, transaction_id: str, records: list[dict], effects: int) -> str:
+    """A transaction a learner's consumer applied more than once. The lab has no delivery rows of a
+    consumer it does not run: read which records of the transaction the log holds (the same event_id
+    again, or a new one: a source duplicate) against the lane's rows per event_id, and say which key
+    would have absorbed each extra row."""
+    rows = dict(ctx.session.execute(text(OUTSIDE_ROWS_SQL), {"tx": transaction_id}).all())
+    first = records[0] if records else None
+    head = (f"{_at(first['partition'], first['offset'])} ({_describe(first)})" if first
+            else f"transaction {transaction_id}")
+    copies, seen = [], []
+    for record in records:
+        at = _at(record["partition"], record["offset"])
+        if record["event_id"] in seen:
+            copies.append(f"{at}, the same event_id again ({_same_event_origin(ctx, record, records)})")
+        elif seen:
+            copies.append(f"{at}, a new event_id for the same transaction_id (a source duplicate)")
+        else:
+            copies.append(f"{at}, event {record['event_id'][:8]}")
+        seen.append(record["event_id"])
+    in_log = {e: seen.count(e) for e in seen}
+    applied = ", ".join(f"{n} of event {e[:8]}" for e, n in rows.items())
+    by_event_id = sum(n - 1 for n in rows.values() if n > 1)
+    past_event_id = max(0, sum(1 for n in rows.values() if n) - 1)
+    redelivered = [e for e, n in rows.items() if n > in_log.get(e, 0)]
+    keys = []
+    if by_event_id:
+        keys.append(f"{by_event_id} repeat{'s' if by_event_id == 1 else ''} an event_id already applied (a key on "
+                    f"event_id would have absorbed {'it' if by_event_id == 1 else 'them'}"
+                    + ("; more rows than the log holds copies: a redelivery before the offset commit"
+                       if redelivered else "") + ")")
+    if past_event_id:
+        keys.append(f"{past_event_id} carr{'ies' if past_event_id == 1 else 'y'} a new event_id (only a key on "
+                    f"transaction_id absorbs {'it' if past_event_id == 1 else 'them'})")
+    key = "transaction_id" if past_event_id else "event_id (or transaction_id)"
+    return (f"{head} has {effects} effect rows in your lane ({applied}); the lab records no deliveries of your "
+            f"consumer, so from the log: transaction {transaction_id} is there {len(records)} "
+            f"time{'s' if len(records) != 1 else ''}: {'; '.join(copies)}. Of the {effects - 1} extra "
+            f"row{'s' if effects != 2 else ''}, " + "; ".join(keys)
+            + f". A key on {key}, claimed in the same database transaction as the effect, absorbs every copy")
+
+
 def why_lost(ctx: _Context, transaction_id: str) -> dict[str, Any]:
     records, deliveries = ctx.of(transaction_id)
     first = records[0] if records else None
@@ -299,6 +382,11 @@ def why_lost(ctx: _Context, transaction_id: str) -> dict[str, Any]:
     item = {"kind": "effect-lost", "severity": "bad", "transaction_id": transaction_id,
             "partition": first["partition"] if first else None, "offset": first["offset"] if first else None}
     absorbed = [d for d in deliveries if d["outcome"] == "absorbed"]
+    if not deliveries and ctx.outside:
+        item["why"] = (f"{where} ({_describe(first) if first else ''}) has no effect row in your lane, and your "
+                       "consumer's group committed an offset past it: the offset commit went ahead of the effect "
+                       "(or an effect's transaction rolled back after its offset was committed)")
+        return item
     if not deliveries:
         item["why"] = (f"{where} ({_describe(first) if first else ''}) was never delivered to this copy: the group's "
                        "committed offset moved past it (an offset reset skipped it)")
@@ -325,16 +413,27 @@ def why_lost(ctx: _Context, transaction_id: str) -> dict[str, Any]:
 
 
 def why_reapplied(ctx: _Context, transaction_id: str, applied: int) -> dict[str, Any]:
+    """A set applied more than once that neither regressed nor (as the verdict reads the row) changed:
+    say what each application wrote, and whether that left the row as one application would."""
     records, deliveries = ctx.of(transaction_id)
     first = records[0] if records else None
     last = [d for d in deliveries if d["outcome"] == "applied"][-1:] or [None]
     d = last[0]
     who = f", last by {d['consumer']} (generation {d['generation']}, `{d['strategy']}`)" if d else ""
+    where = _at(first["partition"], first["offset"]) if first else transaction_id
+    if d is not None and d["strategy"] == CLOCK_STRATEGY and first and first["type"] == "set_status":
+        # The verdict reads only each account's latest status: a clock's time a newer status has
+        # overwritten since is no longer in the row, but the redelivery did change it then.
+        outcome = ("each application wrote the status and its own time (`status_at = now()`), so the redelivery "
+                   "changed the row when it ran; a newer status has overwritten both since")
+    else:
+        values = _describe(first) if first else "its values"
+        from_event = f"{values}, status_at = its occurred_at" if first and first["type"] == "set_status" else values
+        outcome = (f"each application wrote only values its event carries ({from_event}) and no newer set of the "
+                   "account came between, so the row is what one application leaves: re-applied, unchanged")
     return {"kind": "re-applied", "severity": "neutral", "transaction_id": transaction_id,
             "partition": first["partition"] if first else None, "offset": first["offset"] if first else None,
-            "why": (f"{_at(first['partition'], first['offset']) if first else transaction_id} "
-                    f"({_describe(first) if first else 'a set'}) was applied {applied} times{who}: a set writes the "
-                    "same value again — re-applied, harmless")}
+            "why": (f"{where} ({_describe(first) if first else 'a set'}) was applied {applied} times{who}: {outcome}")}
 
 
 def why_changed(row: dict[str, Any]) -> dict[str, Any]:
@@ -379,11 +478,11 @@ def explain(session: Session, journal_schema: str, verdict, summarized: bool = F
     lost = [] if not verdict.effects_lost else \
         session.execute(text(LOST_SQL.format(**fmt)), {"limit": LIMIT}).scalars().all()
     regressed = [] if not verdict.sets_regressed else \
-        [dict(r) for r in session.execute(text(REGRESSED_SQL.format(**fmt)), {"limit": LIMIT}).mappings()]
+        [dict(r) for r in session.execute(text(REGRESSED_SQL.format(**fmt)), {"limit": LIMIT, "tx": None}).mappings()]
     reapplied = [] if not verdict.sets_reapplied else \
         session.execute(text(REAPPLIED_SQL.format(**fmt)), {"limit": LIMIT}).all()
     changed = [] if not verdict.sets_changed_by_redelivery else \
-        [dict(r) for r in session.execute(text(CHANGED_SQL.format(**fmt)), {"limit": LIMIT}).mappings()]
+        [dict(r) for r in session.execute(text(CHANGED_SQL.format(**fmt)), {"limit": LIMIT, "tx": None}).mappings()]
     explained = {r["transaction_id"] for r in regressed} | {r["transaction_id"] for r in changed}
     reapplied = [(tx, n) for tx, n in reapplied if tx not in explained]
     ids = sorted({t for t, _ in doubled} | set(lost) | {t for t, _ in reapplied})
@@ -439,7 +538,16 @@ def explain_transaction(session: Session, journal_schema: str, transaction_id: s
         return []
     applied = [d for d in deliveries if d["outcome"] == "applied"]
     if records[0]["type"] != "credit":
-        return [why_reapplied(ctx, transaction_id, len(applied))] if len(applied) > 1 else []
+        if len(applied) < 2:
+            return []
+        fmt, params = {"journal": journal}, {"limit": 1, "tx": transaction_id}
+        regressed = session.execute(text(REGRESSED_SQL.format(**fmt)), params).mappings().first()
+        if regressed:
+            return [why_regressed(dict(regressed))]
+        changed = session.execute(text(CHANGED_SQL.format(**fmt)), params).mappings().first()
+        if changed:
+            return [why_changed(dict(changed))]
+        return [why_reapplied(ctx, transaction_id, len(applied))]
     effects = session.execute(text(EFFECTS_OF_SQL), {"tx": transaction_id,
                                                      "events": [r["event_id"] for r in records]}).scalar()
     if effects > 1:

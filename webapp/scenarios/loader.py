@@ -39,7 +39,9 @@ CAPABILITIES = {
 STEP_OPERATIONS = {op.step: op for op in ops.OPERATIONS.values() if op.step}
 SHORT_FORMS = {"disarm": "arm"}           # `disarm: c1` is `arm` with no point
 ACTIONS = (*STEP_OPERATIONS, *SHORT_FORMS, "wait")
-STEP_META = ("note", "title")
+# `refused`: the step's operation is expected to be refused, with a message holding this text (a
+# lesson in what a client or the lab will not do: an idempotent producer without its terms).
+STEP_META = ("note", "title", "refused")
 # Fields a step names by reference, resolved when it runs: field -> the step's key.
 REFERENCES = {"consumer_id": "consumer", "event_id": "event"}
 PLACEHOLDERS = {"consumer_id": 0, "event_id": "00000000-0000-0000-0000-000000000000"}
@@ -56,9 +58,10 @@ class Step:
     note: str | None = None
     operation: str | None = None            # the registry operation it runs; None for a wait
     refs: dict[str, str] = field(default_factory=dict)   # consumer / event / as: names resolved at run time
+    refused: str | None = None              # the refusal expected, as text its message holds
 
     def describe(self) -> str:
-        return describe_step(self.action, self.args, self.refs)
+        return describe_step(self.action, self.args, self.refs) + (", expecting a refusal" if self.refused else "")
 
 
 @dataclass
@@ -117,7 +120,9 @@ def describe_step(action: str, a: dict[str, Any], refs: dict[str, str]) -> str:
             what = f"{a['type']} {a.get('account_id')} = " + next(
                 (str(a[k]) for k in ("status", "balance_cents", "score") if k in a), "?")
         plain = ("" if a.get("idempotent", True) else " (plain producer)") + (
-            f", {a['max_in_flight']} request(s) in flight" if a.get("max_in_flight") else "")
+            f", {a['max_in_flight']} request(s) in flight" if a.get("max_in_flight") else "") + (
+            f", acks={a['acks']}" if a.get("acks") else "") + (
+            f", retries={a['retries']}" if a.get("retries") is not None else "")
         return (f"publish {a.get('count', 10)} × {what}" if mode == "burst" else f"publish {what}") + plain
     if action == "start":
         return (f"start consumer {a['name']} in group {a.get('group', DEFAULT_GROUP)}"
@@ -176,8 +181,11 @@ class StepChecker(ConditionChecker):
                       else f"{where} has no action: give one of {', '.join(ACTIONS)}")
         action = actions[0]
         note = self.text(raw, "note", where)
+        refused = self.text(raw, "refused", where)
         value, value_line = raw[action], raw.line_of(action)
         where = f"{where} ({action})"
+        if refused is not None and action == "wait":
+            self.fail(raw.line_of("refused"), f"{where}: `refused` is for a step that runs an operation, not a wait")
         if action == "wait":
             args = self.wait(self.mapping(value, value_line, where), where)
             return Step(index=index, action=action, args=args, line=value_line, note=note)
@@ -209,7 +217,8 @@ class StepChecker(ConditionChecker):
         self.declare(op.step, args, body, keys, where)
         if "as" in refs:
             self.events.add(refs["as"])
-        return Step(index=index, action=action, args=args, line=value_line, note=note, operation=op.name, refs=refs)
+        return Step(index=index, action=action, args=args, line=value_line, note=note, operation=op.name, refs=refs,
+                    refused=refused)
 
     def validate(self, op, raw_args: dict, body: LocatedDict, keys: dict[str, str], where: str,
                  refs: dict[str, str] | None = None) -> dict[str, Any]:

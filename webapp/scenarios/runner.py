@@ -346,12 +346,19 @@ class Runner:
         status, observed = "ok", ""
         try:
             observed = self.wait(step) if step.operation is None else self.operate(step)
+            if step.refused:
+                raise StepFailed(f"expected a refusal saying {step.refused!r}, but it ran: {observed}")
         except StepFailed as failure:
             status, observed = "failed", str(failure)
         except NotRunnable as reason:
             status, observed = "not-run", str(reason)
         except OPERATION_ERRORS as error:
-            status, observed = "error", f"{type(error).__name__}: {error}"
+            if step.refused and step.refused in str(error):
+                observed = f"refused, as expected: {error}"
+            elif step.refused:
+                status, observed = "failed", f"refused, but not saying {step.refused!r}: {error}"
+            else:
+                status, observed = "error", f"{type(error).__name__}: {error}"
         result = {"index": step.index, "action": step.action, "description": step.describe(), "status": status,
                   "observed": observed, "seconds": round(time.monotonic() - started, 2), "line": step.line}
         self.run.steps.append(result)

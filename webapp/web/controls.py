@@ -36,7 +36,7 @@ NO_AGENT = ("No lab agent is running, so nothing was done. Start the lab with `m
 # The fields each form shows: an error about any other field is shown at the top of the form.
 FORM_FIELDS = {
     "publish": ("mode", "type", "account_id", "amount", "status", "balance_cents", "score", "count", "event_id",
-                "poison_kind", "idempotent", "max_in_flight"),
+                "poison_kind", "idempotent", "max_in_flight", "acks", "retries"),
     "consumer_add": ("group", "strategy", "name"),
     "strategy": ("group", "strategy"),
     "offsets": ("group", "mode", "offsets", "back", "timestamp"),
