@@ -463,3 +463,24 @@ def test_the_commit_mode_exercise_passes_in_guided_mode(proxied_stack, app_facto
     run = run_guided(app, next(p for p in BUILT_IN if p.stem.startswith("17_")))
     assert_passed(run)
     judge_and_drop_run(app_factory, app, run.lab)
+
+
+def test_a_run_that_did_not_pass_tells_the_learner_what_happened_and_what_to_click():
+    from webapp.scenarios.runner import RunState
+
+    timed_out = RunState(scenario="21_check_then_act_repeatable_read", lab="x", status="failed", steps=[
+        {"index": 0, "status": "ok", "description": "a fresh lab", "seconds": 1.0},
+        {"index": 11, "status": "failed", "description": "wait: successor_rc frozen", "seconds": 45.2,
+         "observed": "not within 45 s: wanted ...; observed ..."}])
+    help = guided.failure_help(timed_out)
+    assert "Step 11" in help["what"] and "successor_rc frozen" in help["what"] and "45 s" in help["what"]
+    assert "Run it again" in help["todo"]
+    refused = RunState(scenario="s", lab="x", status="error", steps=[
+        {"index": 3, "status": "error", "description": "thaw: c1", "seconds": 0.1, "observed": "NotFound: no c1"}])
+    assert "refused" in guided.failure_help(refused)["what"] and "NotFound: no c1" in guided.failure_help(refused)["what"]
+    missed = RunState(scenario="s", lab="x", status="failed", checks=[
+        {"label": "acc-1 balance", "wanted": "10000", "observed": 20000, "ok": False},
+        {"label": "duplicates applied", "wanted": "0", "observed": 0, "ok": True}])
+    assert "1 of the 2 expectations" in guided.failure_help(missed)["what"]
+    assert guided.failure_help(RunState(scenario="s", lab="x", status="passed")) is None
+    assert guided.failure_help(RunState(scenario="s", lab="x", status="running")) is None

@@ -120,7 +120,8 @@ def run_context(row: dict) -> dict:
                   and not run.finished else "Check the expectations" if not run.finished else None)
     watch, story = what_to_watch(scenario.narrative)
     return {"row": row, "scenario": scenario, "run": run, "done": done, "next_label": next_label,
-            "busy": bool(row["busy"]), "markdown": markdown, "seeds": SEEDS, "watch": watch, "story": story}
+            "busy": bool(row["busy"]), "markdown": markdown, "seeds": SEEDS, "watch": watch, "story": story,
+            "help": guided.failure_help(run)}
 
 
 WATCH_MARK = "**What to watch:**"
