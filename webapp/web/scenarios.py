@@ -32,7 +32,8 @@ from ..scenarios.loader import SEEDS, Scenario
 from ..scenarios.observe import observe
 from ..scenarios.runner import RunState, check_expectations, fresh_lab_name
 from . import push
-from .access import current_lab, guided_run_lab, readable_labs, require_drivable, require_readable
+from .access import (current_lab, guided_run_lab, in_class, is_instructor, readable_labs, require_drivable,
+                     require_readable)
 from .markdown import markdown
 
 log = logging.getLogger("idempotency_lab.web")
@@ -133,6 +134,12 @@ def what_to_watch(narrative: str) -> tuple[str | None, str]:
     paragraphs = narrative.strip().split("\n\n")
     watch = next((p for p in paragraphs if p.lstrip().startswith(WATCH_MARK)), None)
     return watch, "\n\n".join(p for p in paragraphs if p is not watch)
+
+
+@bp.app_context_processor
+def site_nav() -> dict:
+    """The header's links (templates/layout.html): Board only for the instructor of a class."""
+    return {"site_nav_board": lambda: in_class() and is_instructor()}
 
 
 @bp.get("/runs/<int:run_id>")
