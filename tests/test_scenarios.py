@@ -500,3 +500,13 @@ def test_a_run_that_did_not_pass_tells_the_learner_what_happened_and_what_to_cli
     assert "1 of the 2 expectations" in guided.failure_help(missed)["what"]
     assert guided.failure_help(RunState(scenario="s", lab="x", status="passed")) is None
     assert guided.failure_help(RunState(scenario="s", lab="x", status="running")) is None
+
+
+def test_every_exercise_has_a_one_sentence_takeaway_and_a_next_one():
+    names = [p.stem for p in BUILT_IN]
+    takeaways = guided.takeaways()
+    assert set(takeaways) == set(names), "takeaways.yaml lists exactly the exercises of scenarios/"
+    for name, sentence in takeaways.items():
+        assert sentence.count(". ") == 0 and sentence.endswith("."), f"{name}: one sentence, not {sentence!r}"
+    assert guided.next_exercise(names[0]).name == names[1]
+    assert guided.next_exercise(names[-1]) is None

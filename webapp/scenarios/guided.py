@@ -20,6 +20,7 @@ from ..store import scenario_runs
 from . import built_in, journal
 from .loader import Scenario, load
 from .runner import OPERATION_ERRORS, RunState, Runner, broker_kind
+from .takeaways import takeaways  # noqa: F401 - the guided page's, re-exported
 
 log = logging.getLogger("idempotency_lab.scenarios")
 
@@ -78,6 +79,13 @@ def run_guided_step(engine: Engine, run_id: int, config: Mapping[str, Any] | Non
         return {"run_id": run_id, "error": "the step failed unexpectedly"}
     finally:
         release(engine, run_id, run)
+
+
+def next_exercise(name: str) -> Scenario | None:
+    """The exercise after ``name`` in the files' order; None after the last one."""
+    paths = built_in()
+    at = next((i for i, p in enumerate(paths) if p.stem == name), None)
+    return load(paths[at + 1]) if at is not None and at + 1 < len(paths) else None
 
 
 def failure_help(run: RunState) -> dict[str, str] | None:

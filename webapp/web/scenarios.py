@@ -122,7 +122,8 @@ def run_context(row: dict) -> dict:
     watch, story = what_to_watch(scenario.narrative)
     return {"row": row, "scenario": scenario, "run": run, "done": done, "next_label": next_label,
             "busy": bool(row["busy"]), "markdown": markdown, "seeds": SEEDS, "watch": watch, "story": story,
-            "help": guided.failure_help(run)}
+            "help": guided.failure_help(run), "takeaway": guided.takeaways().get(scenario.name),
+            "next_exercise": guided.next_exercise(scenario.name) if run.finished else None}
 
 
 WATCH_MARK = "**What to watch:**"
