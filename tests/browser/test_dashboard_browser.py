@@ -240,3 +240,23 @@ def test_a_panel_under_a_pressed_pointer_waits_for_the_release_before_it_refresh
                   "new PointerEvent('pointerup', {bubbles: true}))")
     expect(panel).not_to_have_attribute("data-pressed-marker", "old", timeout=5_000)
     expect(panel).not_to_have_attribute("data-fingerprint", before)
+
+
+def test_your_consumer_page_shows_where_to_connect_and_the_starter_right_after_create(dashboard_url, browser_page):
+    """Create my lane: the connection table and the starter appear in place, with no reload, and the
+    starter has a copy button. The header leads everywhere, and an empty lab says where to start."""
+    from playwright.sync_api import expect
+    page = browser_page
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.goto(dashboard_url)
+    expect(page.locator("[data-start-here]")).to_be_visible()
+    for name in ("Lab", "Exercises", "Your consumer", "Docs"):
+        expect(page.locator(".site-nav").get_by_role("link", name=name, exact=True)).to_be_visible()
+    page.locator(".site-nav").get_by_role("link", name="Your consumer").click()
+    expect(page.locator("#yours table.facts")).to_have_count(0)
+    page.get_by_role("button", name="Create my lane").click()
+    expect(page.locator("#yours table.facts")).to_contain_text("bootstrap servers", timeout=SETTLE)
+    expect(page.locator("#starter-code")).to_contain_text("confluent_kafka")
+    page.get_by_role("button", name="Copy the starter").click()
+    expect(page.locator("[data-copied]")).not_to_have_text("")
+    screenshot(page, "yours-after-create-1280")
