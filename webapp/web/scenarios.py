@@ -139,8 +139,18 @@ def what_to_watch(narrative: str) -> tuple[str | None, str]:
 
 @bp.app_context_processor
 def site_nav() -> dict:
-    """The header's links (templates/layout.html): Board only for the instructor of a class."""
-    return {"site_nav_board": lambda: in_class() and is_instructor()}
+    """The header's links (templates/layout.html): Board only for the instructor of a class; and
+    the exercises' titles, for the pages that name a run by its exercise."""
+    return {"site_nav_board": lambda: in_class() and is_instructor(), "exercise_title": exercise_title}
+
+
+def exercise_title(name: str) -> str:
+    """An exercise's title for a person ("1 · A naive consumer credits twice"), its file's name if unknown."""
+    path = next((p for p in built_in() if p.stem == name), None)
+    try:
+        return load(path).title if path else name
+    except ScenarioError:
+        return name
 
 
 @bp.get("/runs/<int:run_id>")
