@@ -96,7 +96,7 @@ def drop(app, lab_name: str) -> None:
 def why_not_passed(run: RunState) -> str:
     failed_step = next((s for s in run.steps if s.get("status") not in ("ok", None)), None)
     lines = [f"      {run.reason or run.error or ''}".rstrip()]
-    if failed_step:
+    if failed_step and not run.reason:  # the reason names the failed step already
         lines.append(f"      step {failed_step.get('index')}: {failed_step.get('description')} — {failed_step.get('observed')}")
     lines += [f"      ✗ {c.get('label')}: wanted {c.get('wanted')}, observed {c.get('observed')}"
               for c in run.checks if not c.get("ok")]
