@@ -305,6 +305,8 @@ def test_guided_pages_render_and_keep_progress_in_postgresql(scenario_app, agent
     assert 'data-step="0"' in page and "Next step (1 of" in page, page
     live = client.get(run_page + "/live").get_data(as_text=True)
     assert "Expectations" in live and "Lane eventid" in live
+    # Lanes only: the lab's default accounts, whose group no consumer of the exercise reads, are not shown.
+    assert "<h2>Accounts" not in live, live
     # Nothing published yet and the run not finished: neutral marks and verdicts, never a red ✕.
     assert 'data-mark="pending"' in live and 'data-mark="bad"' not in live and "✕" not in live, live
     assert 'data-verdict-status="no-events"' in live and "headline bad" not in live, live
