@@ -532,3 +532,10 @@ def yours():
         info = None
     starter = render_template("yours/starter.py.j2", info=info) if info else ""
     return render_template("yours/index.html", lab=lab, info=info, starter=starter, values={"lane": lane})
+
+
+@bp.get("/classroom-banner")
+def classroom_banner():
+    """The dashboard's classroom line alone, which an attendee's dashboard fetches every few seconds:
+    an exercise the instructor starts for everyone shows up there without a reload."""
+    return render_template("classroom/_banner.html")
