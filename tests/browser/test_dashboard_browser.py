@@ -260,3 +260,17 @@ def test_your_consumer_page_shows_where_to_connect_and_the_starter_right_after_c
     page.get_by_role("button", name="Copy the starter").click()
     expect(page.locator("[data-copied]")).not_to_have_text("")
     screenshot(page, "yours-after-create-1280")
+
+
+def test_a_restart_after_a_crash_says_why_the_redelivery_waits_and_counts_down(dashboard_url, browser_page):
+    """The restarted member gets its partition only once the crashed member's session has timed out:
+    the group's card says so, with a countdown, until the partition is assigned."""
+    from playwright.sync_api import expect
+    page = browser_page
+    page.goto(dashboard_url)
+    card = start_consumer(page, "none")
+    crash_after_effect_and_restart(page, card)
+    wait = page.locator("[data-rebalance-wait]")
+    expect(wait).to_contain_text("keeps them until its session times out (6 s)", timeout=10_000)
+    expect(wait.locator("[data-countdown]")).to_have_text(re.compile(r"about \d+ s left|any moment now"))
+    expect(wait).to_have_count(0, timeout=SETTLE)   # assigned: the redelivery goes on
