@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -129,12 +130,13 @@ class LabDriver:
         return self.wait(caught_up, "the group never caught up with the log end", timeout)
 
 
-def run_guided(app, exercise: Path, after_prepare: Callable[[], None] | None = None) -> Any:
+def run_guided(app, exercise: Path, after_prepare: Callable[[], None] | None = None, pause: float = 0.0) -> Any:
     """Run a built-in exercise click by click in guided mode, as a workshop does, and return its
     final RunState. Each click is a `scenario.step` command the real agent carries out
     (webapp/scenarios/guided.py); the run is read back from PostgreSQL until it has its verdict.
     ``after_prepare`` is called once the first click (the lab's preparation) is done: a learner
-    starts their own consumer then."""
+    starts their own consumer then. ``pause``: seconds between a click's end and the next click,
+    a person reading the page (bench/guided_pace.py runs every exercise so)."""
     from webapp.web.db import db
     from webapp.scenarios import load
     from webapp.scenarios.runner import RunState
@@ -150,7 +152,9 @@ def run_guided(app, exercise: Path, after_prepare: Callable[[], None] | None = N
         return busy, RunState.from_dict(saved)
 
     run = progress()[1]
-    for _ in range(len(load(exercise).steps) + 3):
+    for click in range(len(load(exercise).steps) + 3):
+        if click and pause:
+            time.sleep(pause)  # a learner's reading time between two clicks: what the test is about, not a wait
         assert client.post(run_page + "/next", headers={"HX-Request": "true"}).status_code == 200
         wait_until(lambda: not progress()[0], timeout=120, interval=WAIT_INTERVAL,
                    message=f"{exercise.stem}: a guided step never finished")

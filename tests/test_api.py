@@ -78,6 +78,15 @@ def test_arm_rejects_an_unknown_point(lab):
     assert response.status_code == 400 and response.get_json()["field"] == "point"
 
 
+def test_a_consumer_started_with_a_crash_point_has_it_armed_before_it_runs_and_an_unknown_one_is_refused(lab):
+    refused = lab.client.post("/api/v1/consumers", json={"name": "c0", "point": "whenever"})
+    assert refused.status_code == 400 and refused.get_json()["field"] == "point"
+    started = lab.start_consumer(name="c1", point="between-check-and-act", action="freeze")
+    consumer = lab.client.get(f"/api/v1/consumers/{started['consumer_id']}").get_json()
+    assert (consumer["armed_point"], consumer["armed_action"], consumer["armed_always"]) == \
+        ("between-check-and-act", "freeze", False), consumer
+
+
 def test_starting_a_consumer_with_another_strategy_than_its_group_is_refused(lab):
     response = lab.client.post("/api/v1/consumers", json={"strategy": "eventid-atomic"})
     assert response.status_code == 400

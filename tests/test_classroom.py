@@ -396,7 +396,9 @@ def test_the_board_lists_every_lab_with_its_verdict_starts_an_exercise_for_every
     cards_html = teacher.get("/class/cards").get_data(as_text=True)
     assert cards_html.count("A naive consumer credits twice · step 0 of 8") == 2
     # Each attendee's dashboard links to their own run.
-    assert "Your exercise: 01_naive_double_credit" in ana.get("/").get_data(as_text=True)
+    assert "Your exercise: 1 · A naive consumer credits twice" in ana.get("/").get_data(as_text=True)  # its title, not its file
+    # ... and the line an open dashboard fetches again every few seconds says it too, with no reload.
+    assert "Your exercise: 1 · A naive consumer credits twice" in ana.get("/classroom-banner").get_data(as_text=True)
 
     # Ana lost her browser: the instructor hands her lab over (a new rejoin code, shown once on the
     # board); attendees may not.

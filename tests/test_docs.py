@@ -1,7 +1,8 @@
 """The documentation site (docs/, mkdocs.yml; `make docs`).
 
-- it builds with `mkdocs build --strict`: no broken link, no page missing from the navigation, no
-  unknown generated block; every exercise of scenarios/ has its page;
+- it builds with `mkdocs build --strict` and its log holds no warning: no broken link, no page missing
+  from the navigation, no unknown generated block; every exercise of scenarios/ has its page, listed in
+  the navigation by the hook (never by hand), and every page links back into the lab;
 - the generated configuration page names every setting the code reads;
 - the claims table the guided mode's Exercises page shows is the docs' one, cell for cell;
 - the lab serves the built site at /docs (each page with a CSP that allows its own inline scripts
@@ -75,18 +76,24 @@ def site(tmp_path_factory) -> Path:
     """The site, built once for this module with `mkdocs build --strict`, as `make docs` does."""
     target = tmp_path_factory.mktemp("site")
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(target)],
+    # Not --quiet: the log is read, so that a warning fails here even where --strict would let it pass.
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(target)],
                             cwd=ROOT, capture_output=True, text=True, timeout=120,
                             env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
     assert time.monotonic() - started < 60, "the docs build should take seconds"
+    warnings = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith(("WARNING", "ERROR"))]
+    assert not warnings, "the docs build warned:\n" + "\n".join(warnings)
     return target
 
 
 def test_the_site_builds_strictly_with_a_page_per_exercise_and_every_setting(site):
+    home = (site / "index.html").read_text()
     for exercise in built_in():
         page = site / "exercises" / exercise.stem / "index.html"
         assert page.is_file(), f"no page for {exercise.name}"
+        assert f'href="exercises/{exercise.stem}/"' in home, f"{exercise.name} is missing from the navigation"
+    assert '<a href="./../scenarios/">Exercises</a>' in home, "the docs link back to the lab's exercises"
     first = (site / "exercises" / "01_naive_double_credit" / "index.html").read_text()
     assert "after-effect-before-commit" in first and "What the verdict shows" in first
 
@@ -134,3 +141,16 @@ def test_the_lab_shows_the_docs_claims_table_and_serves_the_built_site_at_docs(s
     monkeypatch.setattr(docs_blueprint, "SITE", tmp_path / "not-built")
     missing = client.get("/docs/reference/api/")
     assert missing.status_code == 200 and "make docs" in missing.get_data(as_text=True)
+
+
+def test_the_navigation_lists_the_exercises_from_scenarios_and_refuses_a_hand_kept_one():
+    from webapp.docs import generate, hooks
+
+    nav = [{"Home": "index.md"}, {"Exercises": ["exercises/index.md", {"Your consumer": "exercises/your-consumer.md"}]}]
+    section = hooks.exercise_nav(nav)[1]["Exercises"]
+    pages = [generate.exercise_path(s) for s in generate.exercises()]
+    assert section == ["exercises/index.md", *pages, {"Your consumer": "exercises/your-consumer.md"}]
+    with pytest.raises(ValueError, match="remove them from mkdocs.yml"):
+        hooks.exercise_nav([{"Exercises": ["exercises/index.md", pages[0]]}])
+    with pytest.raises(ValueError, match="lists no exercises/index.md"):
+        hooks.exercise_nav([{"Home": "index.md"}])

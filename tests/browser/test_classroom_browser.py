@@ -76,8 +76,36 @@ def test_the_board_is_pushed_a_new_attendees_card_and_its_pushed_forms_work(clas
         other.close()
     card = board.locator(f'.class-card[data-lab="{lab}"]')
     expect(card).to_contain_text("carol", timeout=10_000)
+    # Read on a projector: at 1280 px the names, the exercise line and the verdict are 18 px or more,
+    # and the instructor's header leads to the board.
+    board.set_viewport_size({"width": 1280, "height": 720})
+    sizes = card.evaluate("""(card) => ['.name', '[data-exercise]', '.verdict-line', '.line.muted']
+        .map(s => [s, parseFloat(getComputedStyle(card.querySelector(s)).fontSize)])""")
+    assert all(size >= 18 for _, size in sizes), sizes
+    expect(board.locator('.site-nav a[aria-current="page"]')).to_have_text("Board")
     assert card.locator('input[name="csrf_token"]').first.get_attribute("value") == ""
 
     card.get_by_role("button", name="Hand over").click()
     expect(board.locator(f'[data-handed-over="{lab}"]')).to_contain_text("carol's new rejoin code")
     assert polls == [], f"a pushed board polled: {polls}"
+
+
+def test_an_exercise_the_instructor_starts_reaches_an_open_dashboard_by_its_title(class_url, class_code, browser_page):
+    """An attendee's dashboard, left open: "Start it for everyone" on the board reaches its classroom
+    line within seconds, with no reload, naming the exercise by its title."""
+    from playwright.sync_api import expect
+    board = browser_page
+    other = board.context.browser.new_context()
+    try:
+        dora = other.new_page()
+        submit_join(dora, class_url, "dora", class_code)
+        expect(dora.locator("[data-classroom-banner]")).to_contain_text("You are dora")
+        expect(dora.locator("[data-my-run]")).to_have_count(0)
+        board.goto(f"{class_url}/class")
+        board.locator("#board-scenario").select_option("01_naive_double_credit")
+        board.get_by_role("button", name="Start it for everyone").click()
+        expect(board.locator("[data-board-notice]")).to_contain_text("started")
+        expect(dora.locator("[data-my-run]")).to_contain_text("Your exercise: 1 · A naive consumer credits twice",
+                                                             timeout=15_000)
+    finally:
+        other.close()

@@ -240,3 +240,37 @@ def test_a_panel_under_a_pressed_pointer_waits_for_the_release_before_it_refresh
                   "new PointerEvent('pointerup', {bubbles: true}))")
     expect(panel).not_to_have_attribute("data-pressed-marker", "old", timeout=5_000)
     expect(panel).not_to_have_attribute("data-fingerprint", before)
+
+
+def test_your_consumer_page_shows_where_to_connect_and_the_starter_right_after_create(dashboard_url, browser_page):
+    """Create my lane: the connection table and the starter appear in place, with no reload, and the
+    starter has a copy button. The header leads everywhere, and an empty lab says where to start."""
+    from playwright.sync_api import expect
+    page = browser_page
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.goto(dashboard_url)
+    expect(page.locator("[data-start-here]")).to_be_visible()
+    for name in ("Lab", "Exercises", "Your consumer", "Docs"):
+        expect(page.locator(".site-nav").get_by_role("link", name=name, exact=True)).to_be_visible()
+    page.locator(".site-nav").get_by_role("link", name="Your consumer").click()
+    expect(page.locator("#yours table.facts")).to_have_count(0)
+    page.get_by_role("button", name="Create my lane").click()
+    expect(page.locator("#yours table.facts")).to_contain_text("bootstrap servers", timeout=SETTLE)
+    expect(page.locator("#starter-code")).to_contain_text("confluent_kafka")
+    page.get_by_role("button", name="Copy the starter").click()
+    expect(page.locator("[data-copied]")).not_to_have_text("")
+    screenshot(page, "yours-after-create-1280")
+
+
+def test_a_restart_after_a_crash_says_why_the_redelivery_waits_and_counts_down(dashboard_url, browser_page):
+    """The restarted member gets its partition only once the crashed member's session has timed out:
+    the group's card says so, with a countdown, until the partition is assigned."""
+    from playwright.sync_api import expect
+    page = browser_page
+    page.goto(dashboard_url)
+    card = start_consumer(page, "none")
+    crash_after_effect_and_restart(page, card)
+    wait = page.locator("[data-rebalance-wait]")
+    expect(wait).to_contain_text("keeps them until its session times out (6 s)", timeout=10_000)
+    expect(wait.locator("[data-countdown]")).to_have_text(re.compile(r"about \d+ s left|any moment now"))
+    expect(wait).to_have_count(0, timeout=SETTLE)   # assigned: the redelivery goes on

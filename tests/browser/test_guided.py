@@ -5,11 +5,14 @@ server thread, with CSRF on: htmx's POSTs carry the X-CSRFToken header from layo
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from webapp.scenarios import built_in, load
 
 pytestmark = pytest.mark.browser
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
 @pytest.fixture
@@ -78,3 +81,13 @@ def test_guided_mode_walks_exercise_one_to_a_green_verdict(guided_server, page):
     # fetched, the live panel on each page load, and at most once more each when a push came while
     # that fetch was under way (stream.js holds it back, then fetches the panel as it is now).
     assert fetched["guide"] == 0 and fetched["loads"] <= fetched["live"] <= 2 * fetched["loads"], fetched
+    # The end: the takeaway, the verdict, the next exercise; the duplicate the exercise predicts is
+    # shown as its lesson, with no failure's ✕ beside "passed".
+    expect(page.locator("[data-takeaway]")).to_contain_text("a consumer without deduplication applies it a second time")
+    expect(page.locator("[data-run-verdict]")).to_contain_text("Passed")
+    expect(page.locator("[data-next-exercise]")).to_have_attribute("data-next-exercise", built_in()[1].stem)
+    expect(page.locator("#live .headline.bad")).to_have_count(0)
+    expect(page.locator("#live .headline.shown")).to_contain_text("what this exercise shows")
+    assert "✕" not in page.locator("#guide").inner_text() + page.locator("#expectations").inner_text()
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.screenshot(path=str(ARTIFACTS / "guided-end-1280x720.png"))

@@ -78,6 +78,20 @@ RESTYLED_CONTRAST_JS = f"""
 }}
 """
 
+# Every visible piece of text under ``root``: its font size in px and its length.
+TEXT_SIZES_JS = """
+(root) => [...document.querySelector(root).querySelectorAll("*")]
+  .filter(e => !e.closest("[hidden], .present-sql, select, option, script, style") && e.getClientRects().length)
+  .map(e => [e, [...e.childNodes].filter(n => n.nodeType === 3).map(n => n.textContent.trim()).join(" ").trim()])
+  .filter(([e, own]) => own && getComputedStyle(e).visibility !== "hidden")
+  .map(([e, own]) => ({text: own.slice(0, 40), size: parseFloat(getComputedStyle(e).fontSize), chars: own.length}))
+"""
+# The presenter's main lines, 24 px or more: the exercise and its step, the next step's note, each
+# panel's title, the verdict, the amounts, the consumers' names and counts.
+PRESENTER_MAIN_TEXT = (".present-title", ".present-notes li:not([hidden]) b", ".present-notes li:not([hidden]) .note-text",
+                       "#present .panel h2", "#panel-verdict .headline", "#panel-accounts td.num",
+                       "#panel-consumers .consumer .name", "#panel-consumers .counts b")
+
 
 def screenshot(page, name: str, full_page: bool = False) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
@@ -131,19 +145,30 @@ def test_the_presenter_view_fits_one_1280x720_screen_and_keys_drive_the_exercise
     expect(page.locator('[data-note="6"]')).to_be_visible()  # the next step's note: wait for the balance
     screenshot(page, "present-1280x720")
 
-    # One screen: nothing to scroll, and every essential panel entirely inside the viewport.
+    # One screen: nothing to scroll, nothing cut inside a panel, and every essential panel entirely
+    # inside the viewport.
     scroll = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
     assert scroll[0] <= 1280 and scroll[1] <= 720, f"the presenter view scrolls: {scroll}"
+    cut = page.evaluate("""() => [...document.querySelectorAll('#present .panel, #present .present-guide')]
+        .filter(e => e.scrollHeight > e.clientHeight + 1).map(e => e.id || e.className)""")
+    assert not cut, f"panels whose content is cut: {cut}"
     # (Measured in one go in the page: panels replace themselves when they refresh.)
     boxes = page.evaluate("""(selectors) => Object.fromEntries(selectors.map(s => {
         const r = document.querySelector(s).getBoundingClientRect();
         return [s, [r.left, r.top, r.right, r.bottom]]; }))""", list(ESSENTIAL))
     for selector, (left, top, right, bottom) in boxes.items():
         assert left >= 0 and top >= 0 and right <= 1280 and bottom <= 720, f"{selector} is off the screen: {boxes}"
-    # Large type, readable from the back of a room.
-    sizes = page.evaluate("""() => ['#panel-accounts td', '#panel-consumers .line', '.present-notes b']
-        .map(s => parseFloat(getComputedStyle(document.querySelector(s)).fontSize))""")
-    assert min(sizes) >= 18, sizes
+    # Large type, readable from the back of a room: every text at least 20 px, the main lines 24 px.
+    texts = page.evaluate(TEXT_SIZES_JS, "#present")
+    small = [t for t in texts if t["size"] < 20]
+    assert not small, f"text under 20 px on the presenter view: {small}"
+    main_lines = page.evaluate("""(selectors) => selectors.map(s => [s, [...document.querySelectorAll(s)]
+        .filter(e => e.getClientRects().length).map(e => parseFloat(getComputedStyle(e).fontSize))])""",
+                               list(PRESENTER_MAIN_TEXT))
+    for selector, sizes in main_lines:
+        assert sizes and min(sizes) >= 24, f"{selector}: {sizes} px, wanted 24 px or more"
+    at_24 = sum(t["chars"] for t in texts if t["size"] >= 24) / sum(t["chars"] for t in texts)
+    assert at_24 >= 0.4, f"only {at_24:.0%} of the presenter's text is at 24 px or more"
 
     # ← shows the step before (no request), → comes back to the current note, S toggles the SQL.
     page.keyboard.press("ArrowLeft")

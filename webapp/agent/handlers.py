@@ -18,7 +18,7 @@ from ..kafka.admin import OffsetReset, alter_offsets, committed_offsets, group_s
 from ..kafka.config import producer_config
 from ..kafka import producer
 from ..domain.lab import Lab
-from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY, OUTSIDE_STRATEGY
+from ..domain.vocabulary import CRASH_POINTS, DEFAULT_GROUP, DEFAULT_STRATEGY, FAULT_ACTIONS, OUTSIDE_STRATEGY
 from ..logreader import wait_mirrored
 from ..domain.waits import WaitTimeout, wait_until
 from ..store import consumers as consumer_rows
@@ -194,11 +194,19 @@ def start_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
     if row is not None and row[0] == OUTSIDE_STRATEGY:
         raise CommandRejected(f"group: {group_id} is your consumer's group: your own code consumes in it, "
                               "not one of the lab's consumers")
+    point, action = args.get("point"), args.get("action") or "crash"
+    if point is not None and (point not in CRASH_POINTS or action not in FAULT_ACTIONS):
+        raise CommandRejected(f"point: {point!r} with action {action!r}: one of {', '.join(CRASH_POINTS)} "
+                              f"with one of {', '.join(FAULT_ACTIONS)}")
     with agent.engine.begin() as conn:
         name = args.get("name") or consumer_rows.next_name(conn, lab.name)
         consumer_id = consumer_rows.create(conn, lab.name, name, group_id, agent.id)
+        if point is not None:  # before the process exists: the first record it is handed meets the fault
+            consumer_rows.arm(conn, consumer_id, point=point, action=action, always=False)
     pid = agent.spawn(lab, consumer_id, name)
     agent.say(lab, "started", f"started consumer {name} in group {group_id}", consumer=name, group=group_id)
+    if point is not None:
+        agent.say(lab, "fault", f"{name}: armed {action} at {point} (once)")
     return {"consumer_id": consumer_id, "name": name, "group_id": group_id, "pid": pid}
 
 

@@ -3,7 +3,8 @@
 Starts a private stack the way `make run` does (embedded PostgreSQL and Tansu, one lab agent, the
 web app under gunicorn) in classroom mode, then, as people would: an attendee joins and steps
 through exercise 1 in guided mode; the instructor signs in, opens the board and presents the
-attendee's lab mid-exercise; the attendee finishes and sees the verdict. Writes docs/images/:
+attendee's lab mid-exercise; the attendee finishes and sees the verdict. Writes docs/images/, each
+picture at 1280×720 (a projector's screen):
 
 - ``presenter-exercise-1.png``  the presenter view at 1280×720, the consumer crashed before its commit;
 - ``board.png``                 the instructor's board, /class;
@@ -60,7 +61,8 @@ def take(base: Path, url: str) -> None:
         # --no-sandbox: Chromium refuses to run as root with its sandbox (CI and these machines run as root).
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         try:
-            attendee = browser.new_context(viewport={"width": 1440, "height": 900}).new_page()
+            # Every picture at 1280×720: a projector's screen, as the pages are designed for.
+            attendee = browser.new_context(viewport={"width": 1280, "height": 720}).new_page()
             attendee.goto(f"{url}/join")
             attendee.fill("#join-name", "Ana")
             attendee.fill("#join-code", CLASS_CODE)
@@ -79,9 +81,7 @@ def take(base: Path, url: str) -> None:
             instructor.click("button[type=submit]")
             instructor.goto(f"{url}/class")
             instructor.wait_for_selector("button[name=to][value=present]", timeout=60_000)
-            instructor.set_viewport_size({"width": 1440, "height": 900})
             instructor.screenshot(path=str(IMAGES / "board.png"))
-            instructor.set_viewport_size({"width": 1280, "height": 720})
             instructor.click("button[name=to][value=present]")
             instructor.wait_for_url("**/present**", timeout=60_000)
             instructor.wait_for_selector("#live-indicator[data-state=live]", timeout=60_000)

@@ -13,6 +13,7 @@ from ..cli import lab_cli
 from ..cli.scenarios import scenario_cli
 from ..scenarios import built_in, load
 from ..scenarios.claims import claims_markdown
+from ..scenarios.takeaways import takeaways
 from ..scenarios.loader import REFERENCES, SEEDS, STEP_OPERATIONS, Scenario
 from ..settings.model import LabSettings
 from ..settings.reference import reference_markdown
@@ -180,6 +181,8 @@ def exercise_page(scenario: Scenario) -> str:
     lines = [f"# {scenario.title}\n"]
     if scenario.summary:
         lines.append(f"*{scenario.summary}*\n")
+    if scenario.name in takeaways():
+        lines.append(f"**To keep:** {takeaways()[scenario.name]}\n")
     lines.append(f"Run it: in the lab, **Exercises** → *{scenario.title}* → **Start**, then **Prepare a fresh "
                  f"lab** and **Next step** for each step below ([open the exercises in the lab](/scenarios/)); "
                  f"or headless, `.venv/bin/flask --app app scenario run {number}`. "

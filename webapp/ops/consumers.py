@@ -22,6 +22,11 @@ class StartConsumerArgs(Args):
     strategy: Literal[tuple(strategies.NAMES)] = Field(
         None, description="switch the group to this strategy first (default: keep the group's)")
     name: str = named("the consumer's name, shown everywhere (default: c1, c2, ...)", "name", "consumer")
+    # Armed in the consumer's row before its process starts: a fault that must catch the first record
+    # the member is handed (a rebalance can hand it one within seconds of its start, before a second click).
+    point: Literal[CRASH_POINTS] = Field(None, description="arm this crash point (once) before the consumer joins "
+                                         "its group")
+    action: Literal[FAULT_ACTIONS] = Field("crash", description="with point: crash (os._exit) or freeze (SIGSTOP) there")
 
 
 class ConsumerRef(Args):
@@ -51,7 +56,8 @@ def consumer_row(ctx: Context, consumer_id: int) -> dict:
            tags=("consumers",), summary="Start a consumer process in a group")
 def start_consumer(ctx: Context, args: StartConsumerArgs) -> dict:
     limits.check_consumers(ctx)
-    return run_command(ctx, "consumer.start", {"group": args.group, "strategy": args.strategy, "name": args.name})
+    return run_command(ctx, "consumer.start", {"group": args.group, "strategy": args.strategy, "name": args.name,
+                                               "point": args.point, "action": args.action})
 
 
 @operation("get_consumer", method="GET", path="/consumers/<int:consumer_id>", cli="consumer", tags=("consumers",),

@@ -20,6 +20,7 @@ from ..store import scenario_runs
 from . import built_in, journal
 from .loader import Scenario, load
 from .runner import OPERATION_ERRORS, RunState, Runner, broker_kind
+from .takeaways import takeaways  # noqa: F401 - the guided page's, re-exported
 
 log = logging.getLogger("idempotency_lab.scenarios")
 
@@ -78,6 +79,41 @@ def run_guided_step(engine: Engine, run_id: int, config: Mapping[str, Any] | Non
         return {"run_id": run_id, "error": "the step failed unexpectedly"}
     finally:
         release(engine, run_id, run)
+
+
+def next_exercise(name: str) -> Scenario | None:
+    """The exercise after ``name`` in the files' order; None after the last one."""
+    paths = built_in()
+    at = next((i for i, p in enumerate(paths) if p.stem == name), None)
+    return load(paths[at + 1]) if at is not None and at + 1 < len(paths) else None
+
+
+def failure_help(run: RunState) -> dict[str, str] | None:
+    """For a run that did not pass: what happened and what to click, in a learner's words
+    (``what``, ``todo``); None for a run that passed, is still going, or was not run (its reason says why)."""
+    if run.status not in ("failed", "error"):
+        return None
+    step = next((s for s in run.steps if s.get("status") in ("failed", "error")), None)
+    again = "Click **Run it again** below: it starts over on a fresh lab."
+    if step is not None and step["status"] == "failed":
+        seconds = f" in {step['seconds']:.0f} s" if step.get("seconds") else ""
+        return {"what": f"Step {step['index']} waited for the lab to reach a state, and it did not get there{seconds}. "
+                        f"It waited for: {step['description']}.",
+                "todo": f"{again} A step like this can miss when the machine is busy or a consumer group took "
+                        "longer than usual to rebalance. If it stops at the same step again, open *All steps* "
+                        "for what the lab showed instead, look at the timeline on the right, and tell your "
+                        "instructor."}
+    if step is not None:
+        return {"what": f"Step {step['index']} could not do what it asks of the lab ({step['description']}): "
+                        f"the lab refused it. {step.get('observed') or ''}".rstrip(),
+                "todo": f"{again} If the same step is refused again, tell your instructor: the message above "
+                        "says what the lab refused."}
+    missed = [c for c in run.checks if not c.get("ok")]
+    if missed:
+        listed = "; ".join(f"{c['label']}: expected {c['wanted']}, the lab holds {c['observed']}" for c in missed[:3])
+        return {"what": f"Every step ran, but {len(missed)} of the {len(run.checks)} expectations did not hold: {listed}.",
+                "todo": f"Compare the panels on the right with the story of the exercise, then {again[0].lower()}{again[1:]}"}
+    return {"what": run.reason or run.error or "The run stopped before its verdict.", "todo": again}
 
 
 def agent_handler(agent: Any, lab: Any, args: dict) -> dict:

@@ -41,6 +41,7 @@ from ..readmodel.timeline import timeline
 from ..store.consumers import LIVE_STATES
 from .db import db, lab_session
 from ..domain.vocabulary import DEFAULT_OUTSIDE_LANE, EXACT_COUNT_BELOW
+from ..domain.group_health import SESSION_TIMEOUT_MS
 from ..readmodel import notifications as notifications_readmodel
 from ..strategies.base import SESSION_SETTINGS
 from ..strategies.notification import strategy_with
@@ -143,7 +144,8 @@ def consumers_panel(lab, session, args) -> dict[str, Any]:
         consumer["live"] = consumer["state"] in LIVE_STATES
     health = group_health_readmodel.group_health(session, lab)
     groups = [{**group, "health": health.get(group["group_id"])} for group in groups_list(session)]
-    return {"consumers": consumers, "groups": groups}
+    # The group cards' countdown while a rebalance waits on a member's session (consumers.html).
+    return {"consumers": consumers, "groups": groups, "session_timeout_seconds": SESSION_TIMEOUT_MS / 1000}
 
 
 @panel("verdict", depends=("journal", "effects", "offsets", "groups"))
@@ -532,3 +534,10 @@ def yours():
         info = None
     starter = render_template("yours/starter.py.j2", info=info) if info else ""
     return render_template("yours/index.html", lab=lab, info=info, starter=starter, values={"lane": lane})
+
+
+@bp.get("/classroom-banner")
+def classroom_banner():
+    """The dashboard's classroom line alone, which an attendee's dashboard fetches every few seconds:
+    an exercise the instructor starts for everyone shows up there without a reload."""
+    return render_template("classroom/_banner.html")

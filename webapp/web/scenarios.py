@@ -32,7 +32,8 @@ from ..scenarios.loader import SEEDS, Scenario
 from ..scenarios.observe import observe
 from ..scenarios.runner import RunState, check_expectations, fresh_lab_name
 from . import push
-from .access import current_lab, guided_run_lab, readable_labs, require_drivable, require_readable
+from .access import (current_lab, guided_run_lab, in_class, is_instructor, readable_labs, require_drivable,
+                     require_readable)
 from .markdown import markdown
 
 log = logging.getLogger("idempotency_lab.web")
@@ -120,7 +121,9 @@ def run_context(row: dict) -> dict:
                   and not run.finished else "Check the expectations" if not run.finished else None)
     watch, story = what_to_watch(scenario.narrative)
     return {"row": row, "scenario": scenario, "run": run, "done": done, "next_label": next_label,
-            "busy": bool(row["busy"]), "markdown": markdown, "seeds": SEEDS, "watch": watch, "story": story}
+            "busy": bool(row["busy"]), "markdown": markdown, "seeds": SEEDS, "watch": watch, "story": story,
+            "help": guided.failure_help(run), "takeaway": guided.takeaways().get(scenario.name),
+            "next_exercise": guided.next_exercise(scenario.name) if run.finished else None}
 
 
 WATCH_MARK = "**What to watch:**"
@@ -132,6 +135,22 @@ def what_to_watch(narrative: str) -> tuple[str | None, str]:
     paragraphs = narrative.strip().split("\n\n")
     watch = next((p for p in paragraphs if p.lstrip().startswith(WATCH_MARK)), None)
     return watch, "\n\n".join(p for p in paragraphs if p is not watch)
+
+
+@bp.app_context_processor
+def site_nav() -> dict:
+    """The header's links (templates/layout.html): Board only for the instructor of a class; and
+    the exercises' titles, for the pages that name a run by its exercise."""
+    return {"site_nav_board": lambda: in_class() and is_instructor(), "exercise_title": exercise_title}
+
+
+def exercise_title(name: str) -> str:
+    """An exercise's title for a person ("1 · A naive consumer credits twice"), its file's name if unknown."""
+    path = next((p for p in built_in() if p.stem == name), None)
+    try:
+        return load(path).title if path else name
+    except ScenarioError:
+        return name
 
 
 @bp.get("/runs/<int:run_id>")
