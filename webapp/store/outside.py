@@ -8,11 +8,13 @@ role given only the privileges below can read or write no other lane, lab or con
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 
 from sqlalchemy import Connection, delete, select, text
 from sqlalchemy.dialects.postgresql import insert
 
 from ..domain.lab import Lab
+from .connection import CONTROL_SCHEMA
 from .schema import quoted
 from .tables import outside_roles as roles_table
 
@@ -85,3 +87,20 @@ def drop_roles(conn: Connection, lab: Lab) -> list[str]:
         conn.execute(text(f"DROP OWNED BY {quoted(role)}"))
         conn.execute(text(f"DROP ROLE {quoted(role)}"))
     return roles
+
+
+@dataclass(frozen=True)
+class KafkaPrincipal:
+    """A lane's Kafka credentials and what they grant: read ``topic``, use ``group_id``."""
+    username: str
+    lab: str
+    topic: str
+    group_id: str
+    password_hash: str
+
+
+def kafka_principal(conn: Connection, username: str) -> KafkaPrincipal | None:
+    """The Kafka principal named ``username`` (a lane's role name); None when there is none."""
+    row = conn.execute(text(f"SELECT username, lab, topic, group_id, password_hash FROM {CONTROL_SCHEMA}"
+                            ".kafka_principals WHERE username = :u"), {"u": username}).first()
+    return KafkaPrincipal(*row) if row is not None else None
