@@ -179,3 +179,185 @@ def test_alice_consumes_her_labs_topic_and_commits_in_her_group(world):
         assert committed[0].error is None and committed[0].offset == RECORDS
     finally:
         consumer.close()
+
+
+# --- what librdkafka does with Alice's credentials, refused with Kafka's own codes -------------
+
+def errors_of(config: dict) -> tuple[dict, list[KafkaError]]:
+    """``config`` with an error callback, and the list it fills."""
+    seen: list[KafkaError] = []
+    return {**config, "error_cb": seen.append}, seen
+
+
+def test_a_wrong_password_is_refused_with_sasl_authentication_failed(world):
+    gateway, alice, _ = world
+    config, seen = errors_of(alice.config(gateway.learner_bootstrap, password="not-" + alice.password))
+    admin = AdminClient(config)
+    with pytest.raises(KafkaException):
+        admin.list_topics(timeout=3)
+    wait_until(lambda: any(e.code() == KafkaError._AUTHENTICATION for e in seen) or admin.poll(0.2) and False,
+               timeout=10, message=lambda: f"no authentication error reported: {seen}")
+    failure = next(e for e in seen if e.code() == KafkaError._AUTHENTICATION)
+    assert "Authentication failed: Invalid username or password" in failure.str()
+
+
+def test_an_unknown_user_is_refused_like_a_wrong_password(world):
+    gateway, alice, _ = world
+    config, seen = errors_of({**alice.config(gateway.learner_bootstrap), "sasl.username": "lab_nobody__mine"})
+    admin = AdminClient(config)
+    with pytest.raises(KafkaException):
+        admin.list_topics(timeout=3)
+    wait_until(lambda: any(e.code() == KafkaError._AUTHENTICATION for e in seen) or admin.poll(0.2) and False,
+               timeout=10, message=lambda: f"no authentication error reported: {seen}")
+
+
+def test_without_sasl_the_learner_listener_answers_nothing_but_api_versions(world):
+    gateway, alice, _ = world
+    admin = AdminClient({"bootstrap.servers": gateway.learner_bootstrap, "log_level": 0})
+    with pytest.raises(KafkaException):
+        admin.list_topics(timeout=3)
+
+
+def test_metadata_lists_alices_topic_only(world):
+    gateway, alice, bob = world
+    admin = AdminClient(alice.config(gateway.learner_bootstrap))
+    metadata = admin.list_topics(timeout=10)
+    assert set(metadata.topics) == {alice.lab.topic}
+    # Every broker is the gateway: a client never learns the lab listener's address from it.
+    assert {f"{b.host}:{b.port}" for b in metadata.brokers.values()} == {gateway.learner_bootstrap}
+    asked = admin.list_topics(topic=bob.lab.topic, timeout=10).topics[bob.lab.topic]
+    assert asked.error is not None and asked.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    # The lab's own listener still lists every topic for the lab's clients.
+    assert {alice.lab.topic, bob.lab.topic, bob.lab.dlq_topic} <= set(lab_admin(gateway.lab_bootstrap)
+                                                                       .list_topics(timeout=10).topics)
+
+
+def test_alice_cannot_read_bobs_topic(world):
+    gateway, alice, bob = world
+    consumer = Consumer(alice.config(gateway.learner_bootstrap, **{
+        "group.id": alice.group_id, "enable.auto.commit": False, "session.timeout.ms": 6000}))
+    try:
+        # (A Fetch sent without asking for metadata first: test_a_hand_written_client_...)
+        consumer.subscribe([bob.lab.topic])
+        codes = set()
+
+        def refused() -> bool:
+            for message in consumer.consume(10, timeout=0.5):
+                assert message.error() is not None, f"read {message.value()!r} of Bob's topic"
+                codes.add(message.error().code())
+            return KafkaError.TOPIC_AUTHORIZATION_FAILED in codes
+        wait_until(refused, timeout=15, interval=0, message=lambda: f"errors seen: {codes}")
+    finally:
+        consumer.close()
+
+
+def test_alice_cannot_join_bobs_group(world):
+    gateway, alice, bob = world
+    consumer = Consumer(alice.config(gateway.learner_bootstrap, **{"group.id": bob.group_id,
+                                                                    "session.timeout.ms": 6000}))
+    try:
+        consumer.subscribe([alice.lab.topic])
+        codes = set()
+
+        def refused() -> bool:
+            message = consumer.poll(0.5)
+            if message is not None:
+                assert message.error() is not None, "consumed in Bob's group"
+                codes.add(message.error().code())
+            return KafkaError.GROUP_AUTHORIZATION_FAILED in codes
+        wait_until(refused, timeout=15, interval=0, message=lambda: f"errors seen: {codes}")
+    finally:
+        consumer.close()
+
+
+def group_refusal(admin: AdminClient, group_id: str, topic: str) -> tuple[int, int]:
+    """The codes librdkafka reports for committing in ``group_id`` (alter_consumer_group_offsets)
+    and reading its offsets (list_consumer_group_offsets) through ``admin``."""
+    codes = []
+    for futures in (admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(
+                        group_id, [TopicPartition(topic, 0, 1)])]),
+                    admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group_id)])):
+        with pytest.raises(KafkaException) as refused:
+            futures[group_id].result(timeout=15)
+        codes.append(refused.value.args[0].code())
+    return codes[0], codes[1]
+
+
+def test_alice_cannot_commit_or_read_offsets_in_bobs_group(world):
+    gateway, alice, bob = world
+    admin = AdminClient(alice.config(gateway.learner_bootstrap))
+    assert group_refusal(admin, bob.group_id, bob.lab.topic) == (KafkaError.GROUP_AUTHORIZATION_FAILED,) * 2
+    # (A consumer of Bob's group hears the same from its coordinator lookup: test_alice_cannot_join_bobs_group.)
+
+
+def test_alice_cannot_delete_bobs_dead_letter_topic_nor_create_topics(world):
+    gateway, alice, bob = world
+    admin = AdminClient(alice.config(gateway.learner_bootstrap))
+    with pytest.raises(KafkaException) as deleted:
+        admin.delete_topics([bob.lab.dlq_topic], operation_timeout=10)[bob.lab.dlq_topic].result()
+    assert deleted.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    with pytest.raises(KafkaException) as created:
+        admin.create_topics([NewTopic(f"{alice.lab.name}.mine", 1, 1)])[f"{alice.lab.name}.mine"].result()
+    assert created.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    with pytest.raises(KafkaException) as dropped:
+        admin.delete_consumer_groups([bob.group_id])[bob.group_id].result()
+    assert dropped.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+    assert bob.lab.dlq_topic in lab_admin(gateway.lab_bootstrap).list_topics(timeout=10).topics
+
+
+def test_alice_cannot_produce_not_even_to_her_own_topic(world):
+    gateway, alice, bob = world
+    for topic in (alice.lab.topic, bob.lab.topic):
+        producer = Producer(alice.config(gateway.learner_bootstrap, **{"message.timeout.ms": 10000}))
+        reports: list = []
+        producer.produce(topic, value=b"forged", on_delivery=lambda error, message: reports.append(error))
+        producer.flush(15)
+        assert len(reports) == 1 and reports[0] is not None, reports
+        assert reports[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, (topic, reports[0])
+
+
+def test_list_groups_shows_alices_group_only(world):
+    gateway, alice, bob = world
+    # The groups made on the lab's listener (Tansu lists a group once a member has joined and
+    # committed), as the lab's own consumers make theirs.
+    consumers = [Consumer({"bootstrap.servers": gateway.lab_bootstrap, "log_level": 2, "group.id": learner.group_id,
+                           "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000})
+                 for learner in (alice, bob)]
+    try:
+        for consumer, learner in zip(consumers, (alice, bob)):
+            consumer.subscribe([learner.lab.topic])
+        assigned = [False, False]
+
+        def both_assigned() -> bool:
+            for n, consumer in enumerate(consumers):
+                consumer.poll(0.2)
+                assigned[n] = assigned[n] or bool(consumer.assignment())
+            return all(assigned)
+        wait_until(both_assigned, timeout=30, interval=0, message=lambda: f"assigned: {assigned}")
+        for consumer, learner in zip(consumers, (alice, bob)):
+            consumer.commit(offsets=[TopicPartition(learner.lab.topic, 0, 1)], asynchronous=False)
+    finally:
+        for consumer in consumers:
+            consumer.close()
+    admin = lab_admin(gateway.lab_bootstrap)  # each admin client kept until its future is done
+    listed = {g.group_id for g in admin.list_consumer_groups().result(timeout=10).valid}
+    assert {alice.group_id, bob.group_id} <= listed
+    admin = AdminClient(alice.config(gateway.learner_bootstrap))
+    groups = {g.group_id for g in admin.list_consumer_groups().result(timeout=10).valid}
+    assert alice.group_id in groups and bob.group_id not in groups
+    assert all(Lab.of_group_id(group) == alice.lab for group in groups), groups
+
+
+def test_a_moved_group_of_alices_lane_is_hers(world):
+    gateway, alice, bob = world
+    moved = alice.lab.moved_group_id(LANE, 3)
+    consumer = Consumer(alice.config(gateway.learner_bootstrap, **{"group.id": moved, "enable.auto.commit": False}))
+    try:
+        consumer.commit(offsets=[TopicPartition(alice.lab.topic, 0, 1)], asynchronous=False)
+        assert consumer.committed([TopicPartition(alice.lab.topic, 0)], timeout=10)[0].offset == 1
+    finally:
+        consumer.close()
+    admin = AdminClient(alice.config(gateway.learner_bootstrap))
+    for lookalike in (f"{alice.group_id}.r", f"{alice.group_id}.r1x", f"{alice.group_id}x", f"{alice.group_id}.r1.r2",
+                      f"{alice.group_id}.r+1"):
+        assert group_refusal(admin, lookalike, alice.lab.topic) == (KafkaError.GROUP_AUTHORIZATION_FAILED,) * 2

@@ -138,6 +138,7 @@ class LearnerSession:
         self.handshake_version: int | None = None
         self.raw_token_expected = False  # after a SaslHandshake v0 the token comes bare, not in a request
         self.answers: asyncio.Queue[_Slot] = asyncio.Queue()
+        self.logged_refusals: set[tuple[int, str]] = set()
 
     async def run(self) -> None:
         """Serve until either side ends or the gateway closes the connection."""
@@ -242,6 +243,10 @@ class LearnerSession:
                 OFFSET_DELETE: self._offset_delete}
 
     def refused(self, header: RequestHeader, what: str) -> None:
+        """Log a refusal, once per connection and kind: a client retrying in a loop must not flood the log."""
+        if (header.api_key, what) in self.logged_refusals:
+            return
+        self.logged_refusals.add((header.api_key, what))
         log.info("learner gateway: refused %s v%s of %s (%s) from %s: %s", API[header.api_key].name,
                  header.api_version, self.grant.username if self.grant else "?", header.client_id, self.peer, what)
 
