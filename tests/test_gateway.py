@@ -361,3 +361,167 @@ def test_a_moved_group_of_alices_lane_is_hers(world):
     for lookalike in (f"{alice.group_id}.r", f"{alice.group_id}.r1x", f"{alice.group_id}x", f"{alice.group_id}.r1.r2",
                       f"{alice.group_id}.r+1"):
         assert group_refusal(admin, lookalike, alice.lab.topic) == (KafkaError.GROUP_AUTHORIZATION_FAILED,) * 2
+
+
+# --- a hand-written client: the requests librdkafka would never send in that order ----------------
+
+class RawClient:
+    """One connection speaking Kafka with kafka-python's protocol classes (an encoder independent of
+    the gateway's): each request framed with a v1 header, each answer decoded as its response type."""
+
+    def __init__(self, bootstrap: str, client_id: str = "raw-client"):
+        host, _, port = bootstrap.rpartition(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.client_id = client_id
+        self.correlation_ids = itertools.count(1)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def send_raw(self, payload: bytes) -> None:
+        self.sock.sendall(struct.pack(">i", len(payload)) + payload)
+
+    def receive_raw(self) -> bytes | None:
+        """One frame's body; None when the gateway closed the connection."""
+        prefix = self._exactly(4)
+        if prefix is None:
+            return None
+        return self._exactly(struct.unpack(">i", prefix)[0])
+
+    def _exactly(self, size: int) -> bytes | None:
+        data = b""
+        while len(data) < size:
+            try:
+                chunk = self.sock.recv(size - len(data))
+            except ConnectionResetError:
+                return None
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    def ask(self, request):
+        """Send ``request``; its decoded answer, or None when the connection was closed instead."""
+        from io import BytesIO
+
+        from kafka.protocol.api import RequestHeader
+        correlation_id = next(self.correlation_ids)
+        # kafka-python binds encode() weakly: the header must outlive the call.
+        header = RequestHeader(request, correlation_id=correlation_id, client_id=self.client_id)
+        self.send_raw(header.encode() + request.encode())
+        body = self.receive_raw()
+        if body is None:
+            return None
+        assert struct.unpack(">i", body[:4])[0] == correlation_id
+        return request.RESPONSE_TYPE.decode(BytesIO(body[4:]))
+
+    def sign_in(self, username: str, password: str):
+        from kafka.protocol.admin import SaslAuthenticateRequest_v0, SaslHandShakeRequest_v1
+        handshake = self.ask(SaslHandShakeRequest_v1("PLAIN"))
+        assert handshake.error_code == 0 and handshake.enabled_mechanisms == ["PLAIN"]
+        return self.ask(SaslAuthenticateRequest_v0(f"\0{username}\0{password}".encode()))
+
+
+@contextmanager
+def raw_client(gateway: Gateway, learner: Learner | None):
+    client = RawClient(gateway.learner_bootstrap, learner.client_id if learner else "raw-client")
+    try:
+        if learner is not None:
+            answer = client.sign_in(learner.username, learner.password)
+            assert answer.error_code == 0, answer
+        yield client
+    finally:
+        client.close()
+
+
+def test_before_authentication_only_api_versions_and_sasl_pass(world):
+    from kafka.protocol.admin import ApiVersionRequest_v1, SaslAuthenticateRequest_v0, SaslHandShakeRequest_v1
+    from kafka.protocol.metadata import MetadataRequest_v1
+    gateway, alice, _ = world
+    with raw_client(gateway, None) as client:
+        versions = {key: (low, high) for key, low, high in client.ask(ApiVersionRequest_v1()).api_versions}
+        assert versions[17] == (0, 1) and versions[36] == (0, 2), "the SASL APIs the gateway answers itself"
+        assert versions[3][1] <= 8 and versions[1][1] <= 11, "capped below the first flexible versions"
+        assert 71 not in versions and 32 not in versions, "APIs the gateway does not serve are not offered"
+        assert client.ask(MetadataRequest_v1(None)) is None, "a request before authentication closes the connection"
+    with raw_client(gateway, None) as client:
+        assert client.ask(SaslHandShakeRequest_v1("SCRAM-SHA-512")).error_code == 33  # UNSUPPORTED_SASL_MECHANISM
+    with raw_client(gateway, None) as client:
+        assert client.ask(SaslHandShakeRequest_v1("PLAIN")).error_code == 0
+        refused = client.ask(SaslAuthenticateRequest_v0(f"\0{alice.username}\0wrong".encode()))
+        assert refused.error_code == 58 and "Authentication failed" in refused.error_message
+        assert client.receive_raw() is None, "a failed authentication closes the connection"
+    with raw_client(gateway, None) as client:  # an authorization id other than the user's is refused
+        client.ask(SaslHandShakeRequest_v1("PLAIN"))
+        assert client.ask(SaslAuthenticateRequest_v0(
+            f"{alice.lab.lane_role('other')}\0{alice.username}\0{alice.password}".encode())).error_code == 58
+
+
+def test_a_v0_handshake_takes_the_bare_token(world):
+    from kafka.protocol.admin import SaslHandShakeRequest_v0
+    from kafka.protocol.metadata import MetadataRequest_v1
+    gateway, alice, _ = world
+    with raw_client(gateway, None) as client:
+        assert client.ask(SaslHandShakeRequest_v0("PLAIN")).error_code == 0
+        client.send_raw(f"\0{alice.username}\0{alice.password}".encode())
+        assert client.receive_raw() == b""
+        assert [t[1] for t in client.ask(MetadataRequest_v1(None)).topics] == [alice.lab.topic]
+    with raw_client(gateway, None) as client:
+        client.ask(SaslHandShakeRequest_v0("PLAIN"))
+        client.send_raw(f"\0{alice.username}\0nope".encode())
+        assert client.receive_raw() is None
+
+
+def test_a_hand_written_client_is_refused_bobs_topic_and_group_on_every_request(world):
+    from kafka.protocol.commit import OffsetCommitRequest_v2, OffsetFetchRequest_v1, OffsetFetchRequest_v3
+    from kafka.protocol.fetch import FetchRequest_v4
+    from kafka.protocol.group import HeartbeatRequest_v1, JoinGroupRequest_v2, SyncGroupRequest_v1
+    from kafka.protocol.offset import OffsetRequest_v2
+    gateway, alice, bob = world
+    with raw_client(gateway, alice) as client:
+        fetched = client.ask(FetchRequest_v4(-1, 100, 1, 1 << 20, 0, [(bob.lab.topic, [(0, 0, 1 << 20)])]))
+        assert [(t[0], [(p[0], p[1]) for p in t[1]]) for t in fetched.topics] == [(bob.lab.topic, [(0, 29)])]
+        assert all(not p[-1] for t in fetched.topics for p in t[1]), "no record of Bob's"
+        # Her topic and his in one Fetch: hers answered with her records, his refused.
+        both = client.ask(FetchRequest_v4(-1, 100, 1, 1 << 20, 0, [(alice.lab.topic, [(0, 0, 1 << 20)]),
+                                                                    (bob.lab.topic, [(0, 0, 1 << 20)])]))
+        answers = {t[0]: t[1][0] for t in both.topics}
+        assert answers[alice.lab.topic][1] == 0 and answers[alice.lab.topic][-1], "her records come back"
+        assert answers[bob.lab.topic][1] == 29 and not answers[bob.lab.topic][-1]
+        offsets = client.ask(OffsetRequest_v2(-1, 0, [(bob.lab.topic, [(0, -1)])]))
+        assert offsets.topics[0][1][0][1] == 29
+        commit = client.ask(OffsetCommitRequest_v2(bob.group_id, -1, "", -1, [(bob.lab.topic, [(0, 3, "")])]))
+        assert commit.topics[0][1][0][1] == 30
+        commit = client.ask(OffsetCommitRequest_v2(alice.group_id, -1, "", -1, [(bob.lab.topic, [(0, 3, "")])]))
+        assert commit.topics[0][1][0][1] == 29, "her group, his topic"
+        fetched_offsets = client.ask(OffsetFetchRequest_v3(bob.group_id, None))
+        assert fetched_offsets.error_code == 30 and fetched_offsets.topics == []
+        fetched_offsets = client.ask(OffsetFetchRequest_v1(bob.group_id, [(bob.lab.topic, [0])]))
+        assert fetched_offsets.topics[0][1][0][-1] == 30
+        joined = client.ask(JoinGroupRequest_v2(bob.group_id, 6000, 6000, "", "consumer",
+                                                [("range", b"")]))
+        assert joined.error_code == 30
+        assert client.ask(SyncGroupRequest_v1(bob.group_id, 1, "m", [])).error_code == 30
+        assert client.ask(HeartbeatRequest_v1(bob.group_id, 1, "m")).error_code == 30
+    # Bob's group never saw any of it: nothing committed there.
+    admin = lab_admin(gateway.lab_bootstrap)
+    offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(
+        bob.group_id, [TopicPartition(bob.lab.topic, 0)])])[bob.group_id].result(timeout=10)
+    assert offsets.topic_partitions[0].offset < 0
+
+
+def test_refusals_of_writes_come_in_the_requests_version(world):
+    from kafka.protocol.admin import CreatePartitionsRequest_v0, DeleteGroupsRequest_v1, DeleteTopicsRequest_v1
+    from kafka.protocol.produce import ProduceRequest_v3
+    gateway, alice, bob = world
+    with raw_client(gateway, alice) as client:
+        produced = client.ask(ProduceRequest_v3(None, 1, 1000, [(alice.lab.topic, [(0, b"")])]))
+        assert produced.topics[0][1][0][1] == 29
+        deleted = client.ask(DeleteTopicsRequest_v1([bob.lab.dlq_topic, alice.lab.topic], 1000))
+        assert [(name, error) for name, error in deleted.topic_error_codes] == [(bob.lab.dlq_topic, 29),
+                                                                               (alice.lab.topic, 29)]
+        grown = client.ask(CreatePartitionsRequest_v0([(alice.lab.topic, (4, None))], 1000, False))
+        assert grown.topic_errors[0][1] == 29
+        dropped = client.ask(DeleteGroupsRequest_v1([alice.group_id]))
+        assert dropped.results[0][1] == 30, "deleting a group needs DELETE, which no lane has, on its own either"
+    assert {alice.lab.topic, bob.lab.dlq_topic} <= set(lab_admin(gateway.lab_bootstrap).list_topics(timeout=10).topics)
