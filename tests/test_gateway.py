@@ -89,6 +89,13 @@ class Gateway:
     learner_bootstrap: str  # the learners' gateway
     faults: Faults
     proxy: FaultProxy
+    loop: asyncio.AbstractEventLoop
+
+    def in_loop(self, call):
+        """Run ``call`` on the proxy's event loop (its transports are not thread-safe); its result."""
+        async def run():
+            return call()
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=10)
 
 
 @contextmanager
@@ -106,7 +113,7 @@ def in_process_gateway(base, database_url: str):
         loop.run_until_complete(proxy.start())
         thread.start()
         broker.start(advertised_port=proxy.port)
-        yield Gateway(f"{LOOPBACK}:{proxy.port}", f"{LOOPBACK}:{proxy.learner_port}", faults, proxy)
+        yield Gateway(f"{LOOPBACK}:{proxy.port}", f"{LOOPBACK}:{proxy.learner_port}", faults, proxy, loop)
     finally:
         if thread.is_alive():
             asyncio.run_coroutine_threadsafe(proxy.close(), loop).result(timeout=10)
@@ -525,3 +532,33 @@ def test_refusals_of_writes_come_in_the_requests_version(world):
         dropped = client.ask(DeleteGroupsRequest_v1([alice.group_id]))
         assert dropped.results[0][1] == 30, "deleting a group needs DELETE, which no lane has, on its own either"
     assert {alice.lab.topic, bob.lab.dlq_topic} <= set(lab_admin(gateway.lab_bootstrap).list_topics(timeout=10).topics)
+
+
+# --- the lab's faults reach a learner's connections through the gateway ----------------------------
+
+def test_cut_and_commit_block_act_on_a_learners_connections_by_client_id(world):
+    gateway, alice, bob = world
+    consumer = Consumer(alice.config(gateway.learner_bootstrap, **{
+        "group.id": alice.lab.moved_group_id(LANE, 7), "auto.offset.reset": "earliest", "enable.auto.commit": False,
+        "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}))
+    try:
+        consumer.subscribe([alice.lab.topic])
+        messages = consume(consumer, 2)
+        assert gateway.in_loop(lambda: gateway.faults.cut(bob.lab.name, [alice.client_id])) == 0, \
+            "Bob's lab cannot cut Alice's consumer"
+        assert gateway.in_loop(lambda: gateway.faults.cut(alice.lab.name, [alice.client_id])) >= 1
+        gateway.faults.block_commits(alice.lab.name, {alice.client_id})
+        with pytest.raises(KafkaException):
+            consumer.commit(messages[-1], asynchronous=False)
+        assert gateway.faults.of(alice.lab.name).commits_blocked >= 1
+        gateway.faults.block_commits(alice.lab.name, set())
+
+        def committed() -> bool:
+            try:
+                consumer.commit(messages[-1], asynchronous=False)
+            except KafkaException:
+                return False  # the cut connection is still being re-made
+            return True
+        wait_until(committed, timeout=30, message="the commit never got through again")
+    finally:
+        consumer.close()
