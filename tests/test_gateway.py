@@ -562,3 +562,31 @@ def test_cut_and_commit_block_act_on_a_learners_connections_by_client_id(world):
         wait_until(committed, timeout=30, message="the commit never got through again")
     finally:
         consumer.close()
+
+
+# --- the fault proxy process of a stack: its learners' listener, next to the lab's ------------------
+
+def test_the_stacks_fault_proxy_process_serves_learners_and_the_labs_clients(proxied_stack):
+    """``Stack(fault_proxy=True)`` starts the proxy process with ``--learner-listen``: a learner's
+    consumer reads its topic through it; the lab's clients keep their own listener, unauthenticated."""
+    stack = proxied_stack
+    learner = Learner(Lab(f"gwproc{next(_labs)}_{uuid.uuid4().hex[:6]}"), "p-" + uuid.uuid4().hex)
+    other = Lab(f"gwother{next(_labs)}_{uuid.uuid4().hex[:6]}")
+    make_principal(stack.database_url, learner)
+    assert stack.learner_bootstrap_servers and stack.env()["KAFKA_LEARNER_BOOTSTRAP_SERVERS"] == \
+        stack.learner_bootstrap_servers
+    create_topics(stack.bootstrap_servers, learner.lab.topic, other.topic)
+    produce(stack.producer_bootstrap_servers, learner.lab.topic, RECORDS)  # the lab's listener, as the lab's producer
+    consumer = Consumer(learner.config(stack.learner_bootstrap_servers, **{
+        "group.id": learner.group_id, "auto.offset.reset": "earliest", "enable.auto.commit": False,
+        "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}))
+    try:
+        consumer.subscribe([learner.lab.topic])
+        messages = consume(consumer, RECORDS)
+        consumer.commit(messages[-1], asynchronous=False)
+    finally:
+        consumer.close()
+    admin = AdminClient(learner.config(stack.learner_bootstrap_servers))
+    assert set(admin.list_topics(timeout=10).topics) == {learner.lab.topic}
+    admin = lab_admin(stack.producer_bootstrap_servers)
+    assert {learner.lab.topic, other.topic} <= set(admin.list_topics(timeout=10).topics)

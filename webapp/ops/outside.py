@@ -60,10 +60,16 @@ def connection(ctx: Context, lane: str) -> dict:
     database = ctx.config.get("DATABASE_URL")
     url = (make_url(sqlalchemy_url(database)).set(drivername="postgresql", username=role, password=password)
            .render_as_string(hide_password=False)) if database else None
+    # The learners' listener: the fault proxy's gateway (SASL/PLAIN) on the embedded broker, or
+    # Apache Kafka's SASL listener (SCRAM-SHA-512) in compose. Its username is the lane's role name.
+    learner = ctx.config.get("KAFKA_LEARNER_BOOTSTRAP_SERVERS")
     return {"lane": lane, "schema": lab.lane_schema(lane), "group_id": lab.group_id(lane), "topic": lab.topic,
             "client_id": lab.client_id(lane), "bootstrap_servers": proxy or broker,
             "through_fault_proxy": bool(proxy and proxy != broker), "role": role, "database_url": url,
-            "payments_shape": PAYMENTS_SHAPE}
+            "payments_shape": PAYMENTS_SHAPE, "learner_bootstrap_servers": learner,
+            "security_protocol": "SASL_PLAINTEXT" if learner else "PLAINTEXT",
+            "sasl_mechanism": ctx.config.get("KAFKA_LEARNER_SASL_MECHANISM") if learner else None,
+            "sasl_username": role if learner else None}
 
 
 def _outside_group(ctx: Context, lane: str) -> str:

@@ -101,6 +101,19 @@ class LabSettings(BaseSettings):
     KAFKA_PRODUCER_BOOTSTRAP_SERVERS: str | None = setting(
         None, "Where the lab's producer reaches the broker: the lost-ack fault proxy when one runs. "
         "Unset: KAFKA_BOOTSTRAP_SERVERS.")
+    KAFKA_LEARNER_LISTEN: str | None = setting(
+        None, "Where the learners' gateway listens (`host:port`): the fault proxy's second listener, in front "
+        "of the embedded broker, where a learner's own code authenticates with its lane's Kafka credentials "
+        "(SASL_PLAINTEXT, PLAIN) and may read its lab's topic and use its lane's group only. Unset: a free "
+        "loopback port (`make run` prints it). `0.0.0.0:PORT` for learners on other machines, with "
+        "KAFKA_LEARNER_BOOTSTRAP_SERVERS set to the address they reach.")
+    KAFKA_LEARNER_BOOTSTRAP_SERVERS: str | None = setting(
+        None, "The broker address shown to learners (`host:port`), and the one the learners' gateway gives "
+        "their clients as the broker's. Unset: KAFKA_LEARNER_LISTEN's address (with the embedded broker), "
+        "or the one a running `make run` wrote to `running.json`.")
+    KAFKA_LEARNER_SASL_MECHANISM: Literal["PLAIN", "SCRAM-SHA-512"] = setting(
+        "PLAIN", "The SASL mechanism learners' clients use on KAFKA_LEARNER_BOOTSTRAP_SERVERS: `PLAIN` at the "
+        "learners' gateway of the embedded broker, `SCRAM-SHA-512` at Apache Kafka's SASL listener (compose).")
     LAB_BROKER_KIND: Literal["kafka", "tansu"] | None = setting(
         None, "`kafka` or `tansu` when the broker cannot be probed (a scenario needs to know which it runs on). "
         "Unset: one metadata request tells (never from a web process).")
