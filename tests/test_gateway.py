@@ -590,3 +590,64 @@ def test_the_stacks_fault_proxy_process_serves_learners_and_the_labs_clients(pro
     assert set(admin.list_topics(timeout=10).topics) == {learner.lab.topic}
     admin = lab_admin(stack.producer_bootstrap_servers)
     assert {learner.lab.topic, other.topic} <= set(admin.list_topics(timeout=10).topics)
+
+
+# --- Apache Kafka (compose): the same rights as SCRAM users and ACLs ------------------------------------
+# No docker daemon runs where these tests run: the compose file is read, and the admin calls'
+# ACLs are checked as values (Tansu answers CreateAcls with something librdkafka aborts on).
+
+def test_compose_kafka_has_a_scram_listener_for_learners_and_an_authorizer():
+    from pathlib import Path
+
+    import yaml
+    compose = yaml.safe_load((Path(__file__).resolve().parents[1] / "docker-compose.yml").read_text())
+    kafka = compose["services"]["kafka"]["environment"]
+    protocols = dict(item.split(":") for item in kafka["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert protocols["LEARNERS"] == "SASL_PLAINTEXT"
+    assert "LEARNERS://:9095" in kafka["KAFKA_LISTENERS"].split(",")
+    assert kafka["KAFKA_LISTENER_NAME_LEARNERS_SASL_ENABLED_MECHANISMS"] == "SCRAM-SHA-512"
+    assert "ScramLoginModule required" in kafka["KAFKA_LISTENER_NAME_LEARNERS_SCRAM___SHA___512_SASL_JAAS_CONFIG"]
+    assert kafka["KAFKA_AUTHORIZER_CLASS_NAME"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+    assert kafka["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    # The lab's own listeners stay as they were: plaintext, their anonymous principal a super user.
+    assert kafka["KAFKA_SUPER_USERS"] == "User:ANONYMOUS"
+    assert {protocols[name] for name in ("PLAINTEXT", "PROXIED", "CONTROLLER")} == {"PLAINTEXT"}
+    for name in ("kafka-2", "kafka-3"):
+        assert "LEARNERS://:9095" in compose["services"][name]["environment"]["KAFKA_LISTENERS"]
+    lab = compose["services"]["web"]["environment"]
+    assert lab["KAFKA_LEARNER_SASL_MECHANISM"] == "SCRAM-SHA-512"
+    # What /yours shows is the address Kafka advertises on LEARNERS: one variable sets both.
+    assert lab["KAFKA_LEARNER_BOOTSTRAP_SERVERS"] == "${LAB_KAFKA_LEARNER_ADDRESS:-localhost:9095}"
+    assert "LEARNERS://${LAB_KAFKA_LEARNER_ADDRESS:-localhost:9095}" in \
+        compose["services"]["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+
+
+def test_a_lanes_acls_grant_its_topic_read_and_its_groups_only():
+    from confluent_kafka.admin import AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+
+    from webapp.kafka.admin import lane_acl_bindings
+    lab = Lab("acl")
+    bindings = lane_acl_bindings(lab.lane_role(LANE), lab.topic, lab.group_id(LANE))
+    assert {(b.restype, b.name, b.resource_pattern_type, b.operation) for b in bindings} == {
+        (ResourceType.TOPIC, lab.topic, ResourcePatternType.LITERAL, AclOperation.READ),
+        (ResourceType.TOPIC, lab.topic, ResourcePatternType.LITERAL, AclOperation.DESCRIBE),
+        (ResourceType.GROUP, lab.group_id(LANE), ResourcePatternType.LITERAL, AclOperation.READ),
+        (ResourceType.GROUP, f"{lab.group_id(LANE)}.r", ResourcePatternType.PREFIXED, AclOperation.READ)}
+    assert {(b.principal, b.host, b.permission_type) for b in bindings} == {
+        (f"User:{lab.lane_role(LANE)}", "*", AclPermissionType.ALLOW)}
+    # The prefixed ACL covers the lab's moves of this lane's group and no other lane's group.
+    prefix = f"{lab.group_id(LANE)}.r"
+    assert lab.moved_group_id(LANE, 12).startswith(prefix)
+    assert not lab.group_id(f"{LANE}2").startswith(prefix) and not lab.group_id("r").startswith(prefix)
+
+
+def test_a_lanes_scram_user_is_made_through_the_admin_api(tmp_path):
+    """The SCRAM half of create_lane_principal, on the embedded broker (which accepts the call)."""
+    from webapp.kafka.admin import admin_client, upsert_scram_user
+    broker = EmbeddedBroker(tmp_path / "tansu.log").start()
+    try:
+        admin = admin_client(broker.bootstrap_servers)
+        upsert_scram_user(admin, Lab("scram").lane_role(LANE), "a-password")
+        upsert_scram_user(admin, Lab("scram").lane_role(LANE), "another")  # again: the password replaced
+    finally:
+        broker.stop()
