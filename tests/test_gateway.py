@@ -651,3 +651,27 @@ def test_a_lanes_scram_user_is_made_through_the_admin_api(tmp_path):
         upsert_scram_user(admin, Lab("scram").lane_role(LANE), "another")  # again: the password replaced
     finally:
         broker.stop()
+
+
+def test_kafka_python_reads_through_the_gateway_too(world):
+    """Another client library than librdkafka, as a learner may bring: kafka-python 2.0.6, SASL/PLAIN."""
+    from kafka import KafkaConsumer, OffsetAndMetadata
+    from kafka import TopicPartition as KafkaPythonPartition
+    gateway, alice, bob = world
+    consumer = KafkaConsumer(bootstrap_servers=gateway.learner_bootstrap, security_protocol="SASL_PLAINTEXT",
+                             sasl_mechanism="PLAIN", sasl_plain_username=alice.username,
+                             sasl_plain_password=alice.password, client_id=alice.client_id,
+                             group_id=alice.lab.moved_group_id(LANE, 9), enable_auto_commit=False,
+                             auto_offset_reset="earliest", api_version_auto_timeout_ms=10000)
+    try:
+        assert consumer.topics() == {alice.lab.topic}
+        partition = KafkaPythonPartition(alice.lab.topic, 0)
+        consumer.assign([partition])
+        records: list = []
+        wait_until(lambda: records.extend(r for batch in consumer.poll(500).values() for r in batch)
+                   or len(records) >= RECORDS, timeout=20, interval=0, message=lambda: f"read {len(records)}")
+        assert records[0].value == f"{alice.lab.topic}-0".encode()
+        consumer.commit({partition: OffsetAndMetadata(RECORDS, "")})
+        assert consumer.committed(partition) == RECORDS
+    finally:
+        consumer.close()
