@@ -464,6 +464,22 @@ def test_before_authentication_only_api_versions_and_sasl_pass(world):
             f"{alice.lab.lane_role('other')}\0{alice.username}\0{alice.password}".encode())).error_code == 58
 
 
+def test_malformed_or_oversized_requests_close_the_connection(world):
+    from kafka.protocol.metadata import MetadataRequest_v1
+    gateway, alice, _ = world
+    with raw_client(gateway, None) as client:  # before authentication a frame is a few hundred bytes at most
+        client.send_raw(struct.pack(">hhih", 17, 1, 1, 0) + b"x" * (600 * 1024))
+        assert client.receive_raw() is None
+    with raw_client(gateway, alice) as client:  # a Metadata request cut short
+        client.send_raw(struct.pack(">hhih", 3, 1, 7, 0) + struct.pack(">i", 3) + b"\x00")
+        assert client.receive_raw() is None
+    with raw_client(gateway, alice) as client:  # an API the gateway does not serve (DescribeConfigs)
+        client.send_raw(struct.pack(">hhih", 32, 0, 8, 0) + struct.pack(">i", 0))
+        assert client.receive_raw() is None
+    with raw_client(gateway, alice) as client:  # the gateway still serves the next connection
+        assert [t[1] for t in client.ask(MetadataRequest_v1([alice.lab.topic])).topics] == [alice.lab.topic]
+
+
 def test_a_v0_handshake_takes_the_bare_token(world):
     from kafka.protocol.admin import SaslHandShakeRequest_v0
     from kafka.protocol.metadata import MetadataRequest_v1

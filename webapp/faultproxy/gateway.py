@@ -41,7 +41,7 @@ from .messages import (API, API_VERSIONS, CLUSTER_AUTHORIZATION_FAILED, CREATE_P
                        SASL_AUTHENTICATE, SASL_AUTHENTICATION_FAILED, SASL_HANDSHAKE, SYNC_GROUP,
                        TOPIC_AUTHORIZATION_FAILED, TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                        UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_SASL_MECHANISM)
-from .protocol import LENGTH, ProtocolError, RequestHeader, parse_request_header, read_frame
+from .protocol import LENGTH, MAX_FRAME_BYTES, ProtocolError, RequestHeader, parse_request_header, read_frame
 from .wire import INT16, INT32, INT64, Reader, Writer, decode, encode
 
 log = logging.getLogger("idempotency_lab.faultproxy")
@@ -53,6 +53,10 @@ TOPIC_AUTHORIZATION_FAILED_MESSAGE = "Topic authorization failed."
 # Kafka holds a failed authentication's answer this long (connection.failed.authentication.delay.ms
 # is 100 ms by default): a guesser gets fewer tries a second per connection.
 FAILED_AUTHENTICATION_DELAY = 0.1
+# Before authentication a frame is an ApiVersions or SASL request, a few hundred bytes: Kafka
+# caps it at 512 KiB (sasl.server.max.receive.size), and so does the gateway.
+MAX_UNAUTHENTICATED_FRAME_BYTES = 512 * 1024
+MAX_QUEUED_ANSWERS = 64
 # After the gateway decides to close, how long the answers already queued may take to leave.
 FLUSH_BEFORE_CLOSE_SECONDS = 5.0
 
@@ -137,7 +141,8 @@ class LearnerSession:
         self.grant: Grant | None = None
         self.handshake_version: int | None = None
         self.raw_token_expected = False  # after a SaslHandshake v0 the token comes bare, not in a request
-        self.answers: asyncio.Queue[_Slot] = asyncio.Queue()
+        # Bounded: a client that sends refused requests and never reads the answers stops being read.
+        self.answers: asyncio.Queue[_Slot] = asyncio.Queue(maxsize=MAX_QUEUED_ANSWERS)
         self.logged_refusals: set[tuple[int, str]] = set()
 
     async def run(self) -> None:
@@ -157,6 +162,9 @@ class LearnerSession:
         for result in results:
             if isinstance(result, ProtocolError):
                 log.warning("learner gateway: closing %s: %s", self.peer, result)
+            elif isinstance(result, Exception) and not isinstance(result, (ConnectionError, asyncio.CancelledError)):
+                # A request the gateway could not handle: the connection closes (it never passes unchecked).
+                log.warning("learner gateway: closing %s after %s: %s", self.peer, type(result).__name__, result)
 
     # --- the answers, in order -------------------------------------------------------------------
     async def _answers(self) -> None:
@@ -179,13 +187,13 @@ class LearnerSession:
             self.client_writer.write(LENGTH.pack(len(body)) + body)
             await self.client_writer.drain()
 
-    def answer(self, body: bytes) -> None:
-        self.answers.put_nowait(_Slot("own", body=body))
+    async def answer(self, body: bytes) -> None:
+        await self.answers.put(_Slot("own", body=body))
 
     async def forward(self, header: RequestHeader, body: bytes,
                       transform: Callable[[bytes], bytes] | None = None) -> None:
         # Queued before the bytes leave: the answer can never overtake its place.
-        self.answers.put_nowait(_Slot("broker", header, transform=transform))
+        await self.answers.put(_Slot("broker", header, transform=transform))
         self.broker_writer.write(LENGTH.pack(len(body)) + body)
         await self.broker_writer.drain()
 
@@ -193,7 +201,8 @@ class LearnerSession:
     async def _requests(self) -> str | None:
         """Read the client's requests; "flush" when the gateway closes the connection itself,
         "abort" when it must close at once, None when the client hung up."""
-        while (frame := await read_frame(self.client_reader)) is not None:
+        while (frame := await read_frame(self.client_reader, MAX_FRAME_BYTES if self.grant is not None
+                                         else MAX_UNAUTHENTICATED_FRAME_BYTES)) is not None:
             _, body = frame
             if self.raw_token_expected:
                 outcome = await self._raw_token(body)
@@ -204,7 +213,7 @@ class LearnerSession:
                 outcome = await self._request(header, body)
             if outcome is not None:
                 if outcome == "flush":
-                    self.answers.put_nowait(CLOSE)
+                    await self.answers.put(CLOSE)
                 return outcome
         return None
 
@@ -218,7 +227,7 @@ class LearnerSession:
             await self.forward(header, frame, lambda body: self._api_versions(header, body))
             return None
         if header.api_key == SASL_HANDSHAKE:
-            return self._handshake(header, frame)
+            return await self._handshake(header, frame)
         if header.api_key == SASL_AUTHENTICATE:
             return await self._authenticate_request(header, frame)
         if self.grant is None:
@@ -266,20 +275,20 @@ class LearnerSession:
         return transform
 
     # --- SASL ------------------------------------------------------------------------------------------
-    def _handshake(self, header: RequestHeader, frame: bytes) -> str | None:
+    async def _handshake(self, header: RequestHeader, frame: bytes) -> str | None:
         request = decode(Reader(frame, body_start(frame, header, False)), API[SASL_HANDSHAKE].request,
                          header.api_version)
         schema = API[SASL_HANDSHAKE].response
         if self.grant is not None or self.handshake_version is not None:
-            self.answer(response(header, schema, {"error_code": ILLEGAL_SASL_STATE, "mechanisms": [MECHANISM]}))
+            await self.answer(response(header, schema, {"error_code": ILLEGAL_SASL_STATE, "mechanisms": [MECHANISM]}))
             return "flush"
         if request["mechanism"] != MECHANISM:
             log.info("learner gateway: %s asked for SASL mechanism %r", self.peer, request["mechanism"])
-            self.answer(response(header, schema, {"error_code": UNSUPPORTED_SASL_MECHANISM, "mechanisms": [MECHANISM]}))
+            await self.answer(response(header, schema, {"error_code": UNSUPPORTED_SASL_MECHANISM, "mechanisms": [MECHANISM]}))
             return "flush"
         self.handshake_version = header.api_version
         self.raw_token_expected = header.api_version == 0
-        self.answer(response(header, schema, {"error_code": 0, "mechanisms": [MECHANISM]}))
+        await self.answer(response(header, schema, {"error_code": 0, "mechanisms": [MECHANISM]}))
         return None
 
     async def _authenticate_request(self, header: RequestHeader, frame: bytes) -> str | None:
@@ -287,13 +296,13 @@ class LearnerSession:
         reader = Reader(frame, body_start(frame, header, flexible))
         token = reader.compact_bytes() if flexible else reader.bytes_()
         if self.handshake_version != 1 or self.grant is not None:
-            self.answer(self._authenticate_answer(header, ILLEGAL_SASL_STATE,
+            await self.answer(self._authenticate_answer(header, ILLEGAL_SASL_STATE,
                                                   "SaslAuthenticate comes after a SaslHandshake v1, once"))
             return "flush"
         if await self._check(token or b""):
-            self.answer(self._authenticate_answer(header, 0, None))
+            await self.answer(self._authenticate_answer(header, 0, None))
             return None
-        self.answer(self._authenticate_answer(header, SASL_AUTHENTICATION_FAILED, AUTHENTICATION_FAILED_MESSAGE))
+        await self.answer(self._authenticate_answer(header, SASL_AUTHENTICATION_FAILED, AUTHENTICATION_FAILED_MESSAGE))
         return "flush"
 
     def _authenticate_answer(self, header: RequestHeader, error_code: int, message: str | None) -> bytes:
@@ -316,7 +325,7 @@ class LearnerSession:
         a failure closes the connection without an answer, as Kafka does."""
         self.raw_token_expected = False
         if await self._check(token):
-            self.answer(b"")
+            await self.answer(b"")
             return None
         return "flush"
 
@@ -421,7 +430,7 @@ class LearnerSession:
         errors = [refusal(topic) for topic in refused]
         kept = [topic for topic in topics if self.grant.may_read(topic[name_key])]
         if not kept:
-            self.answer(response(header, API[header.api_key].response, {**(top or {}), answer_topics_key: errors}))
+            await self.answer(response(header, API[header.api_key].response, {**(top or {}), answer_topics_key: errors}))
             return
         request[topics_key] = kept
 
@@ -457,7 +466,7 @@ class LearnerSession:
         self.refused(header, f"produce to {', '.join(t['name'] for t in request['topic_data'])}")
         if request["acks"] == 0:
             return "flush"  # no answer is owed; Kafka closes the connection to say a write failed
-        self.answer(response(header, API[PRODUCE].response, {"responses": [
+        await self.answer(response(header, API[PRODUCE].response, {"responses": [
             {"name": topic["name"], "partition_responses": [
                 {"index": p["index"], "error_code": TOPIC_AUTHORIZATION_FAILED, "base_offset": -1,
                  "log_append_time_ms": -1, "log_start_offset": -1, "record_errors": [], "error_message": None}
@@ -466,18 +475,18 @@ class LearnerSession:
 
     async def _create_topics(self, header: RequestHeader, frame: bytes, request: dict) -> None:
         self.refused(header, "create topics")
-        self.answer(response(header, API[CREATE_TOPICS].response, {"topics": [
+        await self.answer(response(header, API[CREATE_TOPICS].response, {"topics": [
             {"name": topic["name"], "error_code": TOPIC_AUTHORIZATION_FAILED,
              "error_message": TOPIC_AUTHORIZATION_FAILED_MESSAGE} for topic in request["topics"]]}))
 
     async def _delete_topics(self, header: RequestHeader, frame: bytes, request: dict) -> None:
         self.refused(header, f"delete topics {', '.join(request['topic_names'])}")
-        self.answer(response(header, API[DELETE_TOPICS].response, {"responses": [
+        await self.answer(response(header, API[DELETE_TOPICS].response, {"responses": [
             {"name": name, "error_code": TOPIC_AUTHORIZATION_FAILED} for name in request["topic_names"]]}))
 
     async def _delete_records(self, header: RequestHeader, frame: bytes, request: dict) -> None:
         self.refused(header, "delete records")
-        self.answer(response(header, API[DELETE_RECORDS].response, {"topics": [
+        await self.answer(response(header, API[DELETE_RECORDS].response, {"topics": [
             {"name": topic["name"], "partitions": [
                 {"partition_index": p["partition_index"], "low_watermark": -1,
                  "error_code": TOPIC_AUTHORIZATION_FAILED} for p in topic["partitions"]]}
@@ -485,7 +494,7 @@ class LearnerSession:
 
     async def _create_partitions(self, header: RequestHeader, frame: bytes, request: dict) -> None:
         self.refused(header, "create partitions")
-        self.answer(response(header, API[CREATE_PARTITIONS].response, {"results": [
+        await self.answer(response(header, API[CREATE_PARTITIONS].response, {"results": [
             {"name": topic["name"], "error_code": TOPIC_AUTHORIZATION_FAILED,
              "error_message": TOPIC_AUTHORIZATION_FAILED_MESSAGE} for topic in request["topics"]]}))
 
@@ -494,7 +503,7 @@ class LearnerSession:
         IDEMPOTENT_WRITE on the cluster (and WRITE on any topic), as Kafka's authorizer answers."""
         transactional = request["transactional_id"] is not None
         self.refused(header, "transactional id" if transactional else "idempotent write")
-        self.answer(response(header, API[INIT_PRODUCER_ID].response, {
+        await self.answer(response(header, API[INIT_PRODUCER_ID].response, {
             "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED if transactional else CLUSTER_AUTHORIZATION_FAILED,
             "producer_id": -1, "producer_epoch": -1}))
 
@@ -508,7 +517,7 @@ class LearnerSession:
             error = GROUP_AUTHORIZATION_FAILED
         if error is not None:
             self.refused(header, f"coordinator of {request['key']!r} (key type {key_type})")
-            self.answer(response(header, API[FIND_COORDINATOR].response, {
+            await self.answer(response(header, API[FIND_COORDINATOR].response, {
                 "error_code": error, "error_message": None, "node_id": -1, "host": "", "port": -1}))
             return
         host, port = self.advertised
@@ -525,7 +534,7 @@ class LearnerSession:
             await self.forward(header, frame)
             return
         self.refused(header, f"group {request['group_id']}")
-        self.answer(response(header, API[header.api_key].response, {
+        await self.answer(response(header, API[header.api_key].response, {
             "error_code": GROUP_AUTHORIZATION_FAILED, "generation_id": -1, "protocol_name": "", "leader": "",
             "member_id": "", "members": [], "assignment": b""}))
 
@@ -535,7 +544,7 @@ class LearnerSession:
                 {"partition_index": p["partition_index"], "error_code": error} for p in topic["partitions"]]}
         if not self.grant.may_use_group(request["group_id"]):
             self.refused(header, f"commit in group {request['group_id']}")
-            self.answer(response(header, API[OFFSET_COMMIT].response, {
+            await self.answer(response(header, API[OFFSET_COMMIT].response, {
                 "topics": [refusal_of(GROUP_AUTHORIZATION_FAILED)(topic) for topic in request["topics"]]}))
             return None
         if self.faults.blocks_commit(header):
@@ -554,7 +563,7 @@ class LearnerSession:
                  "error_code": error} for index in topic["partition_indexes"]]}
         if not self.grant.may_use_group(request["group_id"]):
             self.refused(header, f"offsets of group {request['group_id']}")
-            self.answer(response(header, API[OFFSET_FETCH].response, {
+            await self.answer(response(header, API[OFFSET_FETCH].response, {
                 "topics": [refusal_of(GROUP_AUTHORIZATION_FAILED)(topic) for topic in request["topics"] or []],
                 "error_code": GROUP_AUTHORIZATION_FAILED}))
             return
@@ -577,7 +586,7 @@ class LearnerSession:
                   for group in refused]
         kept = [group for group in request["groups"] if self.grant.may_use_group(group)]
         if not kept:
-            self.answer(response(header, API[DESCRIBE_GROUPS].response, {"groups": errors}))
+            await self.answer(response(header, API[DESCRIBE_GROUPS].response, {"groups": errors}))
             return
         request["groups"] = kept
 
@@ -593,10 +602,10 @@ class LearnerSession:
     async def _delete_groups(self, header: RequestHeader, frame: bytes, request: dict) -> None:
         """Deleting a group takes DELETE on it, which no lane has, its own group included."""
         self.refused(header, f"delete groups {', '.join(request['groups_names'])}")
-        self.answer(response(header, API[DELETE_GROUPS].response, {"results": [
+        await self.answer(response(header, API[DELETE_GROUPS].response, {"results": [
             {"group_id": group, "error_code": GROUP_AUTHORIZATION_FAILED} for group in request["groups_names"]]}))
 
     async def _offset_delete(self, header: RequestHeader, frame: bytes, request: dict) -> None:
         self.refused(header, f"delete offsets of group {request['group_id']}")
-        self.answer(response(header, API[OFFSET_DELETE].response, {"error_code": GROUP_AUTHORIZATION_FAILED,
+        await self.answer(response(header, API[OFFSET_DELETE].response, {"error_code": GROUP_AUTHORIZATION_FAILED,
                                                                     "topics": []}))
