@@ -691,3 +691,15 @@ def test_kafka_python_reads_through_the_gateway_too(world):
         assert consumer.committed(partition) == RECORDS
     finally:
         consumer.close()
+
+
+def test_a_client_id_naming_another_lab_puts_no_connection_under_that_labs_faults(world):
+    gateway, alice, bob = world
+    consumer = Consumer({**alice.config(gateway.learner_bootstrap), "client.id": bob.client_id,
+                         "group.id": alice.group_id, "enable.auto.commit": False})
+    try:
+        assert consumer.committed([TopicPartition(alice.lab.topic, 0)], timeout=10)[0].error is None
+        assert bob.client_id not in gateway.in_loop(gateway.faults.connected_clients)
+        assert gateway.in_loop(lambda: gateway.faults.cut(bob.lab.name, [bob.client_id])) == 0
+    finally:
+        consumer.close()

@@ -27,12 +27,14 @@ waits behind the broker's answers to earlier requests.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..domain.lab import Lab
 from .messages import (API, API_VERSIONS, CLUSTER_AUTHORIZATION_FAILED, CREATE_PARTITIONS, CREATE_TOPICS,
                        DELETE_GROUPS, DELETE_RECORDS, DELETE_TOPICS, DESCRIBE_GROUPS, FETCH, FIND_COORDINATOR,
                        GATEWAY_OWN_APIS, GROUP_AUTHORIZATION_FAILED, HEARTBEAT, ILLEGAL_SASL_STATE,
@@ -208,8 +210,12 @@ class LearnerSession:
                 outcome = await self._raw_token(body)
             else:
                 header = parse_request_header(body)
-                if header.client_id:
-                    self.on_client_id(header.client_id)
+                if self.grant is not None:  # the lab's faults match authenticated connections only
+                    if Lab.of_client_id(header.client_id) not in (None, Lab(self.grant.lab)):
+                        # A client id naming another lab would put this connection under that
+                        # lab's faults (and in its counts): it counts as no client id at all.
+                        header = dataclasses.replace(header, client_id=None)
+                    self.on_client_id(header.client_id or "")
                 outcome = await self._request(header, body)
             if outcome is not None:
                 if outcome == "flush":
