@@ -703,3 +703,19 @@ def test_a_client_id_naming_another_lab_puts_no_connection_under_that_labs_fault
         assert gateway.in_loop(lambda: gateway.faults.cut(bob.lab.name, [bob.client_id])) == 0
     finally:
         consumer.close()
+
+
+# --- settings -------------------------------------------------------------------------------------------
+
+def test_a_gateway_on_every_address_needs_the_address_learners_reach(tmp_path):
+    from webapp.settings import ConfigError, load_config
+    base = {"LAB_DATA_DIR": str(tmp_path)}
+    with pytest.raises(ConfigError, match="KAFKA_LEARNER_BOOTSTRAP_SERVERS"):
+        load_config({**base, "KAFKA_LEARNER_LISTEN": "0.0.0.0:9095"}, env_file=None)
+    with pytest.raises(ConfigError, match="KAFKA_LEARNER_LISTEN: value error, expected host:port"):
+        load_config({**base, "KAFKA_LEARNER_LISTEN": "9095"}, env_file=None)
+    config = load_config({**base, "KAFKA_LEARNER_LISTEN": "0.0.0.0:9095",
+                          "KAFKA_LEARNER_BOOTSTRAP_SERVERS": "lab.example:9095"}, env_file=None)
+    assert (config["KAFKA_LEARNER_LISTEN"], config["KAFKA_LEARNER_BOOTSTRAP_SERVERS"]) == ("0.0.0.0:9095",
+                                                                                         "lab.example:9095")
+    assert config["KAFKA_LEARNER_SASL_MECHANISM"] == "PLAIN"

@@ -73,7 +73,7 @@ class Launcher:
         self.stack = Stack(self.data_dir, database_url=database, bootstrap_servers=bootstrap,
                            fault_proxy=not bootstrap, agent=False, clean_env=False,
                            learner_listen=self.config.get("KAFKA_LEARNER_LISTEN"),
-                           learner_bootstrap_servers=os.environ.get("KAFKA_LEARNER_BOOTSTRAP_SERVERS") or None,
+                           learner_bootstrap_servers=self.configured_learner_address(),
                            env={"LAB_HOST": str(self.config["LAB_HOST"]), "LAB_PORT": str(self.config["LAB_PORT"])})
         self.stack.start()
         if self.stack.postgres is not None:
@@ -91,6 +91,13 @@ class Launcher:
             say("Learners' Kafka gateway", f"{self.stack.learner_bootstrap_servers}  SASL_PLAINTEXT/PLAIN with a lane's "
                 f"credentials (listening on {self.stack.learner_listen})")
         return self.stack
+
+    def configured_learner_address(self) -> str | None:
+        """KAFKA_LEARNER_BOOTSTRAP_SERVERS as the environment or .env set it; not the one load_config
+        took from a running.json a stopped run left behind (its port is no longer ours)."""
+        address = self.config.get("KAFKA_LEARNER_BOOTSTRAP_SERVERS")
+        left = running_services(self.data_dir).get("KAFKA_LEARNER_BOOTSTRAP_SERVERS")
+        return address if address and (address != left or os.environ.get("KAFKA_LEARNER_BOOTSTRAP_SERVERS")) else None
 
     def prepare_lab(self, database_url: str, bootstrap: str, broker_is_fresh: bool) -> None:
         from ..agent.setup import ensure_lab, reset_lab

@@ -124,6 +124,10 @@ class Stack:
         gateway = fault_proxy and (self.postgres is not None or database_url is not None)
         self.learner_listen = (learner_listen or f"{LOOPBACK}:{free_port()}") if gateway else None
         self._learner_bootstrap_servers = learner_bootstrap_servers if gateway else None
+        if self.learner_listen is not None and not learner_bootstrap_servers \
+                and _reachable(self.learner_listen)[0] != self.learner_listen.rpartition(":")[0].strip("[]"):
+            raise ValueError(f"the learners' gateway listens on {self.learner_listen}, every address: "
+                             "say which one learners reach (learner_bootstrap_servers)")
         self.start_agent_on_start = agent
         self.extra_env = dict(env or {})
         self.clean_env = clean_env

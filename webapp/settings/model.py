@@ -273,6 +273,25 @@ class LabSettings(BaseSettings):
                     setattr(self, name, value)
         return self
 
+    @field_validator("KAFKA_LEARNER_LISTEN", "KAFKA_LEARNER_BOOTSTRAP_SERVERS")
+    @classmethod
+    def _host_and_port(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("expected host:port")
+        return value
+
+    @model_validator(mode="after")
+    def _learners_told_an_address_they_reach(self) -> "LabSettings":
+        host = (self.KAFKA_LEARNER_LISTEN or "").rpartition(":")[0].strip("[]")
+        if self.KAFKA_LEARNER_LISTEN and host in ("0.0.0.0", "::") and not self.KAFKA_LEARNER_BOOTSTRAP_SERVERS:
+            raise ValueError(
+                f"KAFKA_LEARNER_LISTEN={self.KAFKA_LEARNER_LISTEN} listens on every address: set "
+                "KAFKA_LEARNER_BOOTSTRAP_SERVERS to the host:port learners reach (what the gateway advertises).")
+        return self
+
     @model_validator(mode="after")
     def _loopback_unless_a_token(self) -> "LabSettings":
         if not is_loopback(self.LAB_HOST) and not self.LAB_TOKEN:
