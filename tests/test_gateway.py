@@ -17,7 +17,6 @@ import itertools
 import socket
 import struct
 import threading
-import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -511,6 +510,9 @@ def test_a_hand_written_client_is_refused_bobs_topic_and_group_on_every_request(
         answers = {t[0]: t[1][0] for t in both.topics}
         assert answers[alice.lab.topic][1] == 0 and answers[alice.lab.topic][-1], "her records come back"
         assert answers[bob.lab.topic][1] == 29 and not answers[bob.lab.topic][-1]
+        # Posing as a follower broker, on her own topic: refused (CLUSTER_ACTION).
+        follower = client.ask(FetchRequest_v4(1, 100, 1, 1 << 20, 0, [(alice.lab.topic, [(0, 0, 1 << 20)])]))
+        assert follower.topics[0][1][0][1] == 29 and not follower.topics[0][1][0][-1]
         offsets = client.ask(OffsetRequest_v2(-1, 0, [(bob.lab.topic, [(0, -1)])]))
         assert offsets.topics[0][1][0][1] == 29
         commit = client.ask(OffsetCommitRequest_v2(bob.group_id, -1, "", -1, [(bob.lab.topic, [(0, 3, "")])]))
@@ -719,3 +721,29 @@ def test_a_gateway_on_every_address_needs_the_address_learners_reach(tmp_path):
     assert (config["KAFKA_LEARNER_LISTEN"], config["KAFKA_LEARNER_BOOTSTRAP_SERVERS"]) == ("0.0.0.0:9095",
                                                                                          "lab.example:9095")
     assert config["KAFKA_LEARNER_SASL_MECHANISM"] == "PLAIN"
+
+
+def test_a_fetch_session_is_never_opened_through_the_gateway(world):
+    """A fetch session's id is the broker's: an incremental fetch naming no topic could read
+    another client's session. The gateway sends every Fetch as a full fetch without one."""
+    from io import BytesIO
+
+    from kafka.protocol.fetch import FetchResponse_v7
+
+    from webapp.faultproxy.messages import FETCH_REQUEST
+    from webapp.faultproxy.wire import encode
+    gateway, alice, bob = world
+    with raw_client(gateway, alice) as client:
+        def fetch(session_id: int, epoch: int, topics: list):
+            body = encode(FETCH_REQUEST, 7, {"replica_id": -1, "max_wait_ms": 100, "min_bytes": 0,
+                                              "max_bytes": 1 << 20, "session_id": session_id,
+                                              "session_epoch": epoch, "topics": topics})
+            client.send_raw(struct.pack(">hhih", 1, 7, 99, len(client.client_id)) + client.client_id.encode()
+                            + body)
+            answer = client.receive_raw()
+            return FetchResponse_v7.decode(BytesIO(answer[4:]))
+        opened = fetch(0, 0, [{"topic": alice.lab.topic, "partitions": [
+            {"partition": 0, "fetch_offset": 0, "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}])
+        assert opened.session_id == 0, "asked to open a session (epoch 0), the client got none"
+        guessed = fetch(1, 1, [])  # an incremental fetch of someone's session 1
+        assert guessed.topics == [] and guessed.session_id == 0

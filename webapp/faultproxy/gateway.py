@@ -445,18 +445,26 @@ class LearnerSession:
         await self.forward(header, self.reencoded(header, frame, request), self.transformed(header, change))
 
     async def _fetch(self, header: RequestHeader, frame: bytes, request: dict) -> None:
-        for forgotten in request.get("forgotten_topics_data", []):
-            if not self.grant.may_read(forgotten["topic"]):
-                # A fetch session can only hold the principal's topic: nothing else to forget.
-                request["forgotten_topics_data"] = [t for t in request["forgotten_topics_data"]
-                                                    if self.grant.may_read(t["topic"])]
-                break
+        """A consumer's Fetch of the principal's topic. Fetch sessions (v7+) are not allowed: a
+        session's id is the broker's, not the connection's, and an incremental fetch names no
+        topic, so a client could read another client's session unchecked. Each Fetch goes as a
+        full fetch without a session (id 0, epoch -1), which every client must accept."""
+        if request.get("session_id", 0) != 0 or request.get("session_epoch", -1) != -1 \
+                or request.get("forgotten_topics_data"):
+            request.update(session_id=0, session_epoch=-1, forgotten_topics_data=[])
+            frame = self.reencoded(header, frame, request)
 
         def refusal(topic: dict) -> dict:
             return {"topic": topic["topic"], "partitions": [
                 {"partition_index": p["partition"], "error_code": TOPIC_AUTHORIZATION_FAILED, "high_watermark": -1,
                  "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
                  "preferred_read_replica": -1, "records": b""} for p in topic["partitions"]]}
+        if request["replica_id"] != -1:
+            # A follower's fetch takes CLUSTER_ACTION, which no lane has: Kafka refuses each partition.
+            self.refused(header, f"a follower's fetch (replica id {request['replica_id']})")
+            await self.answer(response(header, API[FETCH].response, {"responses": [
+                refusal(topic) for topic in request["topics"]]}))
+            return
         await self._topic_scoped(header, frame, request, "topics", "topic", "responses", refusal)
 
     async def _list_offsets(self, header: RequestHeader, frame: bytes, request: dict) -> None:

@@ -19,7 +19,6 @@ from typing import Any
 from .protocol import ProtocolError
 
 INT8, INT16, INT32, INT64 = struct.Struct(">b"), struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
-UINT32 = struct.Struct(">I")
 _FIXED = {"int8": INT8, "int16": INT16, "int32": INT32, "int64": INT64, "bool": INT8}
 _ZERO = {"int8": 0, "int16": 0, "int32": 0, "int64": 0, "bool": False, "string": "", "nstring": None,
          "bytes": b"", "nbytes": None, "uuid": bytes(16)}
