@@ -158,6 +158,8 @@ def sample(key: str, tmp_path) -> tuple[str, object]:
         return str(tmp_path / "elsewhere"), str((tmp_path / "elsewhere").resolve())
     if key == "LAB_HOST":
         return "127.0.0.2", "127.0.0.2"
+    if key in ("KAFKA_LEARNER_LISTEN", "KAFKA_LEARNER_BOOTSTRAP_SERVERS"):  # host:port, checked
+        return "127.0.0.3:9095", "127.0.0.3:9095"
     if key.endswith("_FILE"):
         secret = tmp_path / key.lower()
         secret.write_text(f"value-of-{key.lower()}\n")

@@ -307,8 +307,12 @@ def test_images_are_official_and_pinned():
 def test_only_the_web_port_is_published_and_only_on_loopback():
     raw, services = compose_raw()["services"], compose()["services"]
     for name, service in services.items():
-        if name not in ("web", "tls"):
+        if name not in ("web", "tls", "kafka"):
             assert "ports" not in service, f"{name} publishes a port"
+    # Kafka publishes its LEARNERS listener only (SASL/SCRAM, ACLs), on loopback unless a class says so.
+    (learners,) = services["kafka"]["ports"]
+    assert int(learners["target"]) == 9095 and learners["host_ip"] == "127.0.0.1"
+    assert compose({"LAB_PUBLISH_ADDRESS": "0.0.0.0"})["services"]["kafka"]["ports"][0]["host_ip"] == "0.0.0.0"
     (port,) = services["web"]["ports"]
     assert isinstance(port, dict), "long syntax, so the host address is explicit"
     assert port["host_ip"] == "127.0.0.1"

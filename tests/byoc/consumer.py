@@ -84,8 +84,13 @@ def main() -> int:
     parser.add_argument("mode", choices=("naive", "idempotent"))
     for name in ("--bootstrap", "--topic", "--group", "--client-id", "--database-url"):
         parser.add_argument(name, required=True)
+    # The lane's Kafka user, when the lab's learners' listener asks for one (SASL/PLAIN).
+    parser.add_argument("--sasl-username")
+    parser.add_argument("--sasl-password")
     args = parser.parse_args()
-    consumer = KafkaConsumer(args.topic, bootstrap_servers=args.bootstrap, group_id=args.group,
+    signed_in = (dict(security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN", sasl_plain_username=args.sasl_username,
+                      sasl_plain_password=args.sasl_password) if args.sasl_username else {})
+    consumer = KafkaConsumer(args.topic, bootstrap_servers=args.bootstrap, group_id=args.group, **signed_in,
                              client_id=args.client_id, enable_auto_commit=False, auto_offset_reset="earliest",
                              session_timeout_ms=6000, heartbeat_interval_ms=1000,
                              # JoinGroup v2: kafka-python 2.0.6 does not answer MEMBER_ID_REQUIRED (v4+).

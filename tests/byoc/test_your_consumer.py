@@ -33,6 +33,8 @@ def start_outside_consumer(mode: str, info: dict, log: Path) -> subprocess.Popen
     """The test's own consumer process, given what the "Your consumer" page shows."""
     args = [sys.executable, str(CONSUMER), mode, "--bootstrap", info["bootstrap_servers"], "--topic", info["topic"],
             "--group", info["group_id"], "--client-id", info["client_id"], "--database-url", info["database_url"]]
+    if info.get("kafka_authenticated"):   # through the learners' gateway, signed in as the lane's user
+        args += ["--sasl-username", info["sasl_username"], "--sasl-password", info["sasl_password"]]
     with log.open("w") as output:  # the child holds its own copy of the descriptor
         return subprocess.Popen(args, stdout=output, stderr=subprocess.STDOUT)
 
@@ -77,9 +79,18 @@ def grade(app, mode: str, tmp_path: Path) -> dict:
 def graded_app(proxied_stack, app_factory, lab_name):
     app = app_factory(LAB_NAME=lab_name, DATABASE_URL=proxied_stack.database_url,
                       KAFKA_BOOTSTRAP_SERVERS=proxied_stack.bootstrap_servers,
-                      KAFKA_PRODUCER_BOOTSTRAP_SERVERS=proxied_stack.producer_bootstrap_servers)
+                      KAFKA_PRODUCER_BOOTSTRAP_SERVERS=proxied_stack.producer_bootstrap_servers,
+                      KAFKA_LEARNER_BOOTSTRAP_SERVERS=proxied_stack.learner_bootstrap_servers)
     yield app
     support.drop_lab(app, lab_name)
+
+
+@pytest.fixture
+def gateway_lab(graded_app, lab_name):
+    """A lab of the proxied stack, whose learners reach the broker through its Kafka gateway only."""
+    driver = support.open_lab(graded_app, lab_name)
+    yield driver
+    support.kill_consumers(driver)
 
 
 def described(result: dict) -> str:
@@ -188,16 +199,19 @@ def test_the_role_touches_its_own_lane_and_nothing_else(app, lab, lab_name, agen
                             {"r": Lab(other_name).lane_role("mine")}).scalar() == 0
 
 
-def test_the_starter_the_page_shows_runs_as_copied_and_applies_the_lab_s_credits(app, lab, tmp_path):
+def test_the_starter_the_page_shows_runs_as_copied_and_applies_the_lab_s_credits(gateway_lab, tmp_path):
     """What a learner copies from the page, run as it is in a terminal (confluent-kafka + psycopg):
-    it consumes the lab's credits into the lane; with no dedup yet, a resend is applied twice and the
-    lane's verdict says so."""
+    through the learners' Kafka gateway with the lane's Kafka user, it consumes the lab's credits into
+    the lane; with no dedup yet, a resend is applied twice and the lane's verdict says so."""
     import html
     import re
+
+    lab = gateway_lab
 
     assert lab.client.post("/api/v1/yours", json={"lane": "mine"}).status_code == 201
     page = lab.client.get("/yours").get_data(as_text=True)
     starter = html.unescape(re.search(r"<pre><code>(.*?)</code></pre>", page, re.S).group(1))
+    assert '"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN"' in starter, starter
     script = tmp_path / "my_consumer.py"
     script.write_text(starter)
     first = lab.credit("acc-1", 500)

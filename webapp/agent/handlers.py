@@ -14,11 +14,15 @@ from confluent_kafka import KafkaException
 
 from ..store import command_channel
 from .. import strategies
-from ..kafka.admin import OffsetReset, alter_offsets, committed_offsets, group_state, target_offsets
+from ..kafka.admin import (OffsetReset, alter_offsets, committed_offsets, create_lane_principal, group_state,
+                           target_offsets)
 from ..kafka.config import producer_config
 from ..kafka import producer
 from ..domain.lab import Lab
-from ..domain.vocabulary import CRASH_POINTS, DEFAULT_GROUP, DEFAULT_STRATEGY, FAULT_ACTIONS, OUTSIDE_STRATEGY
+from ..domain.vocabulary import (CRASH_POINTS, DEFAULT_GROUP, DEFAULT_STRATEGY, FAULT_ACTIONS, OUTSIDE_STRATEGY,
+                                  SCRAM_LEARNERS)
+from ..settings import load_config
+from ..store import outside
 from ..logreader import wait_mirrored
 from ..domain.waits import WaitTimeout, wait_until
 from ..store import consumers as consumer_rows
@@ -130,6 +134,22 @@ def drop_lab(agent: AgentContext, lab: Lab, args: dict) -> dict:
     # librdkafka crashes a reader whose assigned topic is deleted (BROKER.md): hold it off meanwhile.
     with agent.log_mirror.held():
         return drop(agent.engine, agent.admin, lab)
+
+
+def grant_lane_principal(agent: AgentContext, lab: Lab, args: dict) -> dict:
+    """The agent's ``lane.kafka_principal``: on Apache Kafka's SCRAM listener for learners, the lane's
+    SCRAM user (its role's name, its Kafka password) and ACLs: its lab's topic, its group."""
+    config = load_config()
+    if config.get("KAFKA_LEARNER_SASL_MECHANISM") != SCRAM_LEARNERS:
+        return {"created": False}  # the embedded broker's gateway reads the lane's principal itself
+    lane = str(args.get("lane") or "")
+    with agent.engine.connect() as conn:
+        issued = outside.credentials_of(conn, config["SECRET_KEY"], lab.lane_role(lane))
+    if issued is None:
+        raise CommandRejected(f"lane: lab {lab.name} has no lane {lane} for your consumer, or its password was kept "
+                              "under another SECRET_KEY: create it again")
+    create_lane_principal(agent.admin, issued.role, issued.kafka_password, lab.topic, lab.group_id(lane))
+    return {"created": True, "username": issued.role}
 
 
 def publish(agent: AgentContext, lab: Lab, args: dict) -> dict:
@@ -475,6 +495,7 @@ HANDLERS: dict[str, Handler] = {
     "lab.reset": reset_lab,
     "lab.ensure": ensure_lab,
     "lab.drop": drop_lab,
+    "lane.kafka_principal": grant_lane_principal,
     "chaos.start": chaos.start,
     "load.start": start_load,
     "dedup.warmup": start_warmup,

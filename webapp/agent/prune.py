@@ -13,7 +13,9 @@ from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine, text
 
 from ..store import classroom, outside
-from ..kafka.admin import ADMIN_TIMEOUT, delete_topics
+from ..domain.vocabulary import SCRAM_LEARNERS
+from ..kafka.admin import ADMIN_TIMEOUT, delete_topics, drop_lane_principal
+from ..settings import load_config
 from ..domain.lab import Lab
 from ..store.labs import drop_database_state, lab_schemas, retrying_deadlocks
 
@@ -65,6 +67,10 @@ def delete_groups(admin: AdminClient, group_ids: list[str]) -> tuple[list[str], 
 def drop(engine: Engine, admin: AdminClient, lab: Lab) -> dict[str, Any]:
     """Drop the lab's topics, groups, schemas and control rows (its consumers already stopped)."""
     groups = lab_group_ids(engine, lab)
+    if load_config().get("KAFKA_LEARNER_SASL_MECHANISM") == SCRAM_LEARNERS:
+        with engine.connect() as conn:
+            for role in outside.lab_roles(conn, lab):
+                drop_lane_principal(admin, role)  # its SCRAM user and ACLs on Apache Kafka
     topics = delete_topics(admin, lab_topics(admin, lab))
     deleted, failed = delete_groups(admin, groups)
 

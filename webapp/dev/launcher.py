@@ -72,6 +72,8 @@ class Launcher:
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None
         self.stack = Stack(self.data_dir, database_url=database, bootstrap_servers=bootstrap,
                            fault_proxy=not bootstrap, agent=False, clean_env=False,
+                           learner_listen=self.config.get("KAFKA_LEARNER_LISTEN"),
+                           learner_bootstrap_servers=self.configured_learner_address(),
                            env={"LAB_HOST": str(self.config["LAB_HOST"]), "LAB_PORT": str(self.config["LAB_PORT"])})
         self.stack.start()
         if self.stack.postgres is not None:
@@ -88,7 +90,17 @@ class Launcher:
         if self.stack.fault_proxy is not None:
             say("Fault proxy (lost ack)", f"{self.stack.producer_bootstrap_servers} -> {self.stack.bootstrap_servers}, "
                 "disarmed; the broker advertises it")
+        if self.stack.learner_listen is not None:
+            say("Learners' Kafka gateway", f"{self.stack.learner_bootstrap_servers}  SASL_PLAINTEXT/PLAIN with a lane's "
+                f"credentials (listening on {self.stack.learner_listen})")
         return self.stack
+
+    def configured_learner_address(self) -> str | None:
+        """KAFKA_LEARNER_BOOTSTRAP_SERVERS as the environment or .env set it; not the one load_config
+        took from a running.json a stopped run left behind (its port is no longer ours)."""
+        address = self.config.get("KAFKA_LEARNER_BOOTSTRAP_SERVERS")
+        left = running_services(self.data_dir).get("KAFKA_LEARNER_BOOTSTRAP_SERVERS")
+        return address if address and (address != left or os.environ.get("KAFKA_LEARNER_BOOTSTRAP_SERVERS")) else None
 
     def prepare_lab(self, database_url: str, bootstrap: str, broker_is_fresh: bool) -> None:
         from ..agent.setup import ensure_lab, reset_lab
@@ -114,6 +126,8 @@ class Launcher:
                            DATABASE_PASSWORD_FILE=str(stack.postgres.owner_password_file))
         if stack.fault_proxy is not None:
             running["KAFKA_PRODUCER_BOOTSTRAP_SERVERS"] = stack.producer_bootstrap_servers
+        if stack.learner_listen is not None:
+            running["KAFKA_LEARNER_BOOTSTRAP_SERVERS"] = stack.learner_bootstrap_servers
         (self.data_dir / RUNNING_FILE).write_text(json.dumps(running))
         self.prepare_lab(stack.database_url, stack.bootstrap_servers, broker_is_fresh=stack.broker is not None)
         env = {}

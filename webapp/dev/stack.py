@@ -91,6 +91,12 @@ def wait_for_agent(database_url: str, process: subprocess.Popen, log: Path | Non
         engine.dispose()
 
 
+def _reachable(address: str) -> tuple[str, int]:
+    """A listen address as this machine reaches it (a wildcard host on loopback)."""
+    host, _, port = address.rpartition(":")
+    return (LOOPBACK if host.strip("[]") in ("", "0.0.0.0", "::") else host.strip("[]")), int(port)
+
+
 class Stack:
     """PostgreSQL, the broker, the fault proxy and a lab agent, as asked; a context manager (or
     :meth:`start` / :meth:`stop`). What it started is stopped, in reverse order, by :meth:`stop`."""
@@ -98,10 +104,13 @@ class Stack:
     def __init__(self, base_dir: Path, *, postgres: bool = True, broker: bool = True, fault_proxy: bool = False,
                  agent: bool = True, database_url: str | None = None, bootstrap_servers: str | None = None,
                  env: Mapping[str, str] | None = None, clean_env: bool = True,
-                 agent_timeout: float = AGENT_TIMEOUT, stop_timeout: float = STOP_TIMEOUT):
+                 agent_timeout: float = AGENT_TIMEOUT, stop_timeout: float = STOP_TIMEOUT,
+                 learner_listen: str | None = None, learner_bootstrap_servers: str | None = None):
         """``env``: settings every child gets (after the addresses); ``clean_env=False`` keeps this
         process's DATABASE_URL, KAFKA_* and LAB_* settings under them (the launcher: the lab's
-        settings come from its environment)."""
+        settings come from its environment). ``learner_listen``: where the fault proxy's learners'
+        gateway listens (with a database; default a free loopback port), ``learner_bootstrap_servers``
+        the address it is advertised at (default: ``learner_listen``)."""
         self.base_dir = self.data_dir = Path(base_dir)
         self.postgres = EmbeddedPostgres(self.base_dir / "postgres") if postgres and not database_url else None
         self.broker = EmbeddedBroker(self.base_dir / "tansu.log") if broker and not bootstrap_servers else None
@@ -111,6 +120,14 @@ class Stack:
             raise ValueError("a lab agent needs a database and a broker")
         self._database_url, self._bootstrap_servers = database_url, bootstrap_servers
         self.fault_proxy_port = free_port() if fault_proxy else None
+        # The learners' gateway needs the lanes' credentials, kept in the database.
+        gateway = fault_proxy and (self.postgres is not None or database_url is not None)
+        self.learner_listen = (learner_listen or f"{LOOPBACK}:{free_port()}") if gateway else None
+        self._learner_bootstrap_servers = learner_bootstrap_servers if gateway else None
+        if self.learner_listen is not None and not learner_bootstrap_servers \
+                and _reachable(self.learner_listen)[0] != self.learner_listen.rpartition(":")[0].strip("[]"):
+            raise ValueError(f"the learners' gateway listens on {self.learner_listen}, every address: "
+                             "say which one learners reach (learner_bootstrap_servers)")
         self.start_agent_on_start = agent
         self.extra_env = dict(env or {})
         self.clean_env = clean_env
@@ -134,10 +151,17 @@ class Stack:
         """The fault proxy's address when there is one: where the agent's producer bootstraps."""
         return f"{LOOPBACK}:{self.fault_proxy_port}" if self.fault_proxy_port is not None else None
 
+    @property
+    def learner_bootstrap_servers(self) -> str | None:
+        """Where learners' own code reaches the broker: the fault proxy's learners' gateway."""
+        return self._learner_bootstrap_servers or self.learner_listen
+
     def env(self, **extra: str) -> dict[str, str]:
         """The environment of a process of the stack: its addresses, ``env`` and ``extra``."""
         addresses = {"KAFKA_PRODUCER_BOOTSTRAP_SERVERS": self.producer_bootstrap_servers} \
             if self.fault_proxy_port is not None else {}
+        if self.learner_listen is not None:
+            addresses["KAFKA_LEARNER_BOOTSTRAP_SERVERS"] = self.learner_bootstrap_servers
         if self.clean_env:
             return service_env(self, **{**addresses, **self.extra_env, **extra})
         services = {"DATABASE_URL": self.database_url, "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers,
@@ -193,13 +217,17 @@ class Stack:
         args = ["-m", "webapp.faultproxy", "--listen", listen, "--upstream", self.broker.bootstrap_servers]
         if self.database_url is None:
             args += ["--database-url", ""]  # no control row: disarmed, the data path only
+        if self.learner_listen is not None:
+            args += ["--learner-listen", self.learner_listen, "--learner-advertise", self.learner_bootstrap_servers]
         self.fault_proxy = process = self.spawn("fault proxy", args, "faultproxy.log")
         log_path = self.base_dir / "faultproxy.log"
 
         def listening() -> bool:
             if process.poll() is not None:
                 raise RuntimeError(f"the fault proxy exited with {process.returncode}{_tail(log_path)}")
-            return port_open(LOOPBACK, self.fault_proxy_port) and (self.database_url is None or self._proxy_reported())
+            learners = self.learner_listen is None or port_open(*_reachable(self.learner_listen))
+            return port_open(LOOPBACK, self.fault_proxy_port) and learners and (
+                self.database_url is None or self._proxy_reported())
         wait_until(listening, timeout=FAULT_PROXY_TIMEOUT,
                    message=lambda: f"the fault proxy did not listen on {listen}{_tail(log_path)}")
         return process

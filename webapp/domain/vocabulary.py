@@ -133,6 +133,10 @@ OUTSIDE_STRATEGY = "yours"
 DEFAULT_OUTSIDE_LANE = "mine"
 # The only tables a lane's role may touch: what a learner's consumer reads and writes. The verdict's
 # summaries, the grade and the lab's own records in the lane's schema are out of its reach.
+# The SASL mechanism of Apache Kafka's learners' listener (compose): there the lab creates each lane's
+# SCRAM user and ACLs through the admin API; the embedded broker's learners' gateway (PLAIN) reads the
+# lane's principal from PostgreSQL itself.
+SCRAM_LEARNERS = "SCRAM-SHA-512"
 LANE_TABLES = ("accounts", "payments", "processed_events", "processed_transactions")
 # Each lane role's session defaults. A role may SET these in its own session (PostgreSQL lets any
 # role), so the lab does not rely on them to protect the others: the agent ends a lane session that

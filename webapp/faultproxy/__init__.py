@@ -8,6 +8,9 @@ The rooms: protocol.py (Kafka's wire framing, the headers it reads), faults.py (
 drop or delay Produce responses, block a client's OffsetCommit; per lab), control.py (the control
 rows: ``lab_control.fault_proxies`` for the process, ``fault_proxy_labs`` for each lab's faults;
 arming, acknowledgements, heartbeat, the timeline), proxy.py (the asyncio proxy, serve and main).
+With ``--learner-listen``, a second listener is the learners' gateway: gateway.py (SASL/PLAIN,
+authorization of each request against a lane's topic and group), messages.py and wire.py (the
+message schemas it reads and writes), principals.py (the lanes' credentials, in PostgreSQL).
 """
 from .proxy import main
 

@@ -58,8 +58,9 @@ def parse_response_correlation_id(frame: bytes) -> int:
     return CORRELATION_ID.unpack_from(frame)[0]
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[bytes, bytes] | None:
-    """One frame as (length prefix, body), or None at a clean end of stream."""
+async def read_frame(reader: asyncio.StreamReader, limit: int = MAX_FRAME_BYTES) -> tuple[bytes, bytes] | None:
+    """One frame as (length prefix, body), or None at a clean end of stream; a frame longer than
+    ``limit`` bytes is a ProtocolError, its body never read."""
     try:
         prefix = await reader.readexactly(LENGTH.size)
     except asyncio.IncompleteReadError as error:
@@ -67,8 +68,9 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[bytes, bytes] | None
             raise ProtocolError("the stream ended inside a frame's length") from None
         return None
     (length,) = LENGTH.unpack(prefix)
-    if not 0 <= length <= MAX_FRAME_BYTES:
-        raise ProtocolError(f"frame length {length} is not Kafka")
+    if not 0 <= length <= limit:
+        raise ProtocolError(f"frame length {length} is not Kafka" if limit == MAX_FRAME_BYTES else
+                            f"a frame of {length} bytes, over the {limit} allowed here")
     try:
         body = await reader.readexactly(length)
     except asyncio.IncompleteReadError:

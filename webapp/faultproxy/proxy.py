@@ -4,7 +4,9 @@ FaultProxy (asyncio) accepts Kafka clients and connects each one to the broker. 
 byte unchanged in both directions and reads only frame headers (protocol.py); responses are matched
 to their request by correlation id, per connection, and the faults (faults.py, control.py) decide
 what happens to each Produce response and OffsetCommit request. serve() and main() run it as its own
-process: ``python -m webapp.faultproxy --listen 127.0.0.1:P --upstream host:port``.
+process: ``python -m webapp.faultproxy --listen 127.0.0.1:P --upstream host:port
+[--learner-listen host:port [--learner-advertise host:port]]``; the learner listener is the
+learners' gateway (gateway.py).
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from typing import Callable
 from ..settings import database_url
 from .control import DEFAULT_NAME, ControlledFaults, ensure_control_table
 from .faults import DROP_HOLD_SECONDS, Faults
+from .gateway import Authenticate, LearnerSession
+from .principals import DatabasePrincipals
 from .protocol import (OFFSET_COMMIT, PRODUCE, ProtocolError, RequestHeader, parse_request_header,
                        parse_response_correlation_id, read_frame)
 
@@ -33,12 +37,22 @@ class FaultProxy:
     """Accepts Kafka clients on ``listen`` and connects each one to the broker at ``upstream``."""
 
     def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], faults: Faults | None = None,
-                 observer: FrameObserver | None = None):
+                 observer: FrameObserver | None = None, learner_listen: tuple[str, int] | None = None,
+                 learner_advertised: tuple[str, int] | None = None, authenticate: Authenticate | None = None):
+        """``learner_listen``: a second listener, the learners' gateway (gateway.py), whose clients
+        authenticate with ``authenticate`` and are advertised ``learner_advertised`` (default: the
+        address it listens on) as the broker's address."""
+        if learner_listen is not None and authenticate is None:
+            raise ValueError("the learners' listener needs a way to authenticate them")
         self.listen = listen
         self.upstream = upstream
         self.faults = faults or Faults()
         self.observer = observer
+        self.learner_listen = learner_listen
+        self._learner_advertised = learner_advertised
+        self.authenticate = authenticate
         self.server: asyncio.Server | None = None
+        self.learner_server: asyncio.Server | None = None
         self.clients: dict[asyncio.Task, asyncio.StreamWriter] = {}  # serving task -> client's writer
         self.client_ids: dict[asyncio.Task, str] = {}  # serving task -> the client id its requests carry
         self.faults.cut_clients = self.cut
@@ -53,16 +67,28 @@ class FaultProxy:
 
     async def start(self) -> "FaultProxy":
         self.server = await asyncio.start_server(self._serve_client, *self.listen)
+        if self.learner_listen is not None:
+            self.learner_server = await asyncio.start_server(self._serve_learner, *self.learner_listen)
         return self
 
     @property
     def port(self) -> int:
         return self.server.sockets[0].getsockname()[1]
 
+    @property
+    def learner_port(self) -> int:
+        return self.learner_server.sockets[0].getsockname()[1]
+
+    @property
+    def learner_advertised(self) -> tuple[str, int]:
+        """The address the learners' listener gives its clients as the broker's."""
+        return self._learner_advertised or (self.learner_listen[0], self.learner_port)
+
     async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
+        for server in (self.server, self.learner_server):
+            if server is not None:
+                server.close()
+                await server.wait_closed()
         # Aborting the clients' sockets ends their pumps the way a peer's disconnect would.
         for writer in list(self.clients.values()):
             writer.transport.abort()
@@ -95,6 +121,38 @@ class FaultProxy:
             for pump in done:
                 if not pump.cancelled() and isinstance(pump.exception(), ProtocolError):
                     log.warning("closing %s: %s", peer, pump.exception())
+        finally:
+            for writer in (client_writer, upstream_writer):
+                if writer is not None:
+                    writer.close()
+                    try:
+                        await writer.wait_closed()
+                    except OSError:
+                        pass  # the other side may already have reset the connection
+            self.faults.connections -= 1
+            self.clients.pop(task, None)
+            self.client_ids.pop(task, None)
+
+    async def _serve_learner(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        """A learner's connection: the gateway's session (authentication, authorization) over its
+        own connection to the broker; cut, like the lab's, by the Kafka client id it sends."""
+        task = asyncio.current_task()
+        self.clients[task] = client_writer
+        self.faults.connections += 1
+        peer = "%s:%s" % client_writer.get_extra_info("peername")[:2]
+        upstream_writer = None
+        try:
+            try:
+                upstream_reader, upstream_writer = await asyncio.open_connection(*self.upstream)
+            except OSError as error:
+                log.warning("cannot reach the broker at %s:%s for learner %s: %s", *self.upstream, peer, error)
+                return
+
+            def on_client_id(client_id: str) -> None:
+                self.client_ids[task] = client_id
+            await LearnerSession(self.authenticate, self.learner_advertised, self.faults,
+                                 (client_reader, client_writer), (upstream_reader, upstream_writer),
+                                 on_client_id, peer).run()
         finally:
             for writer in (client_writer, upstream_writer):
                 if writer is not None:
@@ -181,16 +239,25 @@ async def serve(args: argparse.Namespace) -> None:
     else:
         log.warning("no DATABASE_URL: a plain pass-through that nothing can arm")
         faults = Faults()
-    proxy = await FaultProxy(listen, upstream, faults).start()
+    principals = DatabasePrincipals(args.database_url) if args.learner_listen else None
+    proxy = await FaultProxy(listen, upstream, faults, learner_listen=args.learner_listen,
+                             learner_advertised=args.learner_advertise,
+                             authenticate=principals.authenticate if principals else None).start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     print(f"fault proxy {args.name} listening on {listen_text}, forwarding to {upstream_text}", flush=True)
+    if proxy.learner_server is not None:
+        host, port = proxy.learner_advertised
+        print(f"learners' gateway listening on {args.learner_listen[0]}:{proxy.learner_port} (SASL/PLAIN), "
+              f"advertised as {host}:{port}", flush=True)
     try:
         await stop.wait()
     finally:
         await proxy.close()
+        if principals is not None:
+            principals.close()
         if isinstance(faults, ControlledFaults):
             await faults.close()
 
@@ -203,7 +270,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="PostgreSQL for the control row (default: DATABASE_URL, with DATABASE_PASSWORD_FILE's "
                              "password)")
     parser.add_argument("--name", default=DEFAULT_NAME, help="the control row's name")
+    parser.add_argument("--learner-listen", type=_address, default=None,
+                        help="host:port of the learners' gateway: SASL/PLAIN with a lane's Kafka credentials, "
+                             "each request authorized against the lane's topic and group (unset: no such listener)")
+    parser.add_argument("--learner-advertise", type=_address, default=None,
+                        help="host:port the learners' gateway gives its clients as the broker's address "
+                             "(default: --learner-listen's)")
     args = parser.parse_args(argv)
+    if args.learner_listen and not args.database_url:
+        parser.error("--learner-listen needs a database: the lanes' Kafka credentials are kept there")
+    if args.learner_listen and not args.learner_advertise and args.learner_listen[0] in ("0.0.0.0", "::", ""):
+        parser.error("--learner-listen binds every address: say with --learner-advertise which one clients reach")
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s faultproxy[{os.getpid()}] %(levelname)s %(message)s")
     if args.database_url:

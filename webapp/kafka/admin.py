@@ -1,5 +1,6 @@
 """The admin side of Kafka: the admin client, topics (create, delete, count partitions), a group's
-committed offsets, offset resets (OffsetReset, target_offsets, alter_offsets) and the broker's health.
+committed offsets, offset resets (OffsetReset, target_offsets, alter_offsets), the broker's health,
+and a lane's own principal on Apache Kafka (create_lane_principal, drop_lane_principal: SCRAM user, ACLs).
 """
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, AdminClient, NewTopic,
+                                   OffsetSpec, ResourcePatternType, ResourceType, ScramCredentialInfo, ScramMechanism,
+                                   UserScramCredentialDeletion, UserScramCredentialUpsertion)
 
 from ..domain.vocabulary import OFFSET_RESET_MODES
 from .config import _quiet
@@ -177,3 +180,62 @@ def broker_error(admin: AdminClient, timeout: float = 3.0) -> str | None:
     if not metadata.brokers:
         return "Kafka answered with no brokers"
     return None
+
+
+# --- a lane's own Kafka principal on Apache Kafka: SCRAM credentials and ACLs ------------------------
+# Compose's LEARNERS listener (SASL_PLAINTEXT, SCRAM-SHA-512, StandardAuthorizer) authenticates a
+# learner's own code as User:<the lane's role name>; these ACLs are all it may do. The embedded
+# broker (Tansu) has no ACLs: there the fault proxy's learners' gateway enforces the same rights
+# (webapp/faultproxy/gateway.py). Call these on Apache Kafka only: against Tansu, librdkafka 2.16
+# aborts the whole process on CreateAcls' answer (measured), and Tansu would enforce nothing.
+
+LANE_SCRAM_MECHANISM = ScramMechanism.SCRAM_SHA_512
+LANE_SCRAM_ITERATIONS = 8192  # Kafka's minimum is 4096
+
+
+def lane_acl_bindings(username: str, topic: str, group_id: str) -> list[AclBinding]:
+    """The ACLs of a lane's principal: READ and DESCRIBE on its lab's topic (literal), READ on its
+    group (literal) and on the lab's moves of it to fresh ids (prefixed ``<group_id>.r``: no other
+    lane's group starts so, as neither a lab's nor a lane's name holds a dot). READ on a group
+    implies DESCRIBE; nothing grants WRITE, CREATE, DELETE, ALTER or any cluster operation."""
+    principal = f"User:{username}"
+
+    def allow(resource: ResourceType, name: str, pattern: ResourcePatternType, operation: AclOperation) -> AclBinding:
+        return AclBinding(resource, name, pattern, principal, "*", operation, AclPermissionType.ALLOW)
+    return [allow(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, AclOperation.READ),
+            allow(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, AclOperation.DESCRIBE),
+            allow(ResourceType.GROUP, group_id, ResourcePatternType.LITERAL, AclOperation.READ),
+            allow(ResourceType.GROUP, f"{group_id}.r", ResourcePatternType.PREFIXED, AclOperation.READ)]
+
+
+def upsert_scram_user(admin: AdminClient, username: str, password: str) -> None:
+    """Create ``username``'s SCRAM-SHA-512 credential, or replace its password."""
+    credential = ScramCredentialInfo(LANE_SCRAM_MECHANISM, LANE_SCRAM_ITERATIONS)
+    futures = admin.alter_user_scram_credentials([UserScramCredentialUpsertion(username, credential,
+                                                                               password.encode("utf-8"))])
+    for future in futures.values():
+        future.result(timeout=ADMIN_TIMEOUT)
+
+
+def create_lane_principal(admin: AdminClient, username: str, password: str, topic: str, group_id: str) -> None:
+    """A lane made: its SCRAM user (``username``, the lane's role name) and its ACLs
+    (:func:`lane_acl_bindings`). Again for the same lane: the password replaced, the ACLs as they were."""
+    upsert_scram_user(admin, username, password)
+    for future in admin.create_acls(lane_acl_bindings(username, topic, group_id),
+                                    request_timeout=ADMIN_TIMEOUT).values():
+        future.result(timeout=ADMIN_TIMEOUT)
+
+
+def drop_lane_principal(admin: AdminClient, username: str) -> None:
+    """A lane dropped: every ACL of its principal, whatever resource, and its SCRAM credential."""
+    everything = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{username}", None,
+                                  AclOperation.ANY, AclPermissionType.ANY)
+    for future in admin.delete_acls([everything], request_timeout=ADMIN_TIMEOUT).values():
+        future.result(timeout=ADMIN_TIMEOUT)
+    futures = admin.alter_user_scram_credentials([UserScramCredentialDeletion(username, LANE_SCRAM_MECHANISM)])
+    for future in futures.values():
+        try:
+            future.result(timeout=ADMIN_TIMEOUT)
+        except KafkaException as error:
+            if error.args[0].code() != KafkaError.RESOURCE_NOT_FOUND:  # no credential left: dropped already
+                raise

@@ -13,7 +13,7 @@ from pydantic import Field
 from sqlalchemy.engine import make_url
 
 from ..domain.lab import InvalidLabName, NAME_RULE
-from ..domain.vocabulary import DEFAULT_OUTSIDE_LANE, FAULT_PROXY_FRESH_SECONDS, OUTSIDE_STRATEGY, Limits
+from ..domain.vocabulary import DEFAULT_OUTSIDE_LANE, FAULT_PROXY_FRESH_SECONDS, OUTSIDE_STRATEGY, SCRAM_LEARNERS, Limits
 from ..faultproxy.control import DEFAULT_NAME
 from ..domain.waits import WaitTimeout
 from ..store import faultproxies, labdata, outside, schema
@@ -21,6 +21,7 @@ from ..store.connection import sqlalchemy_url
 from ..store.labs import ensure_schema, seed_accounts
 from .faults import NO_PROXY_RUNNING, NoFaultProxy, _set_commit_block
 from .fields import Whole, named, within
+from .agent_commands import run_command
 from .limits import check_lanes
 from .registry import Args, Context, InvalidRequest, NotFound, operation
 
@@ -58,7 +59,16 @@ def _credentials(ctx: Context, lane: str) -> outside.LaneCredentials:
     if found is not None:
         return found
     with ctx.engine.begin() as conn:
-        return outside.grant_lane(conn, ctx.lab, lane, secret_key, ctx.config["LAB_LANE_CONNECTION_LIMIT"])
+        issued = outside.grant_lane(conn, ctx.lab, lane, secret_key, ctx.config["LAB_LANE_CONNECTION_LIMIT"])
+    _grant_on_kafka(ctx, lane)
+    return issued
+
+
+def _grant_on_kafka(ctx: Context, lane: str) -> None:
+    """On Apache Kafka's SCRAM listener for learners, an agent makes (or refreshes) the lane's SCRAM
+    user and ACLs; the embedded broker's gateway reads the lane's principal from PostgreSQL itself."""
+    if ctx.config.get("KAFKA_LEARNER_SASL_MECHANISM") == SCRAM_LEARNERS:
+        run_command(ctx, "lane.kafka_principal", {"lane": lane}, field="lane")
 
 
 def _kafka_access(ctx: Context, role: str, password: str) -> dict:
@@ -67,9 +77,9 @@ def _kafka_access(ctx: Context, role: str, password: str) -> dict:
     learners = ctx.config.get("KAFKA_LEARNER_BOOTSTRAP_SERVERS")
     if not learners:
         return {"kafka_authenticated": False}
-    mechanism = "SCRAM-SHA-512" if ctx.config.get("LAB_BROKER_KIND") == "kafka" else "PLAIN"
     return {"kafka_authenticated": True, "learner_bootstrap_servers": learners, "security_protocol": "SASL_PLAINTEXT",
-            "sasl_mechanism": mechanism, "sasl_username": role, "sasl_password": password}
+            "sasl_mechanism": ctx.config.get("KAFKA_LEARNER_SASL_MECHANISM") or "PLAIN", "sasl_username": role,
+            "sasl_password": password}
 
 
 def connection(ctx: Context, lane: str, issued: outside.LaneCredentials | None = None) -> dict:
@@ -114,8 +124,7 @@ def create_yours(ctx: Context, args: LaneArgs) -> dict:
         if existing is not None and existing.strategy != OUTSIDE_STRATEGY:
             raise InvalidRequest("lane", f"group {group_id} exists already, with the lab's strategy "
                                  f"{existing.strategy}: name your lane differently")
-        if existing is None:
-            check_lanes(ctx, outside.lanes_with_roles(conn, lab))
+        check_lanes(ctx, outside.other_lanes(conn, lab, args.lane))
         ensure_schema(conn, lane_schema)
         seed_accounts(conn, lane_schema)
         issued = outside.grant_lane(conn, lab, args.lane, ctx.config["SECRET_KEY"],
@@ -126,6 +135,7 @@ def create_yours(ctx: Context, args: LaneArgs) -> dict:
             labdata.add_group(conn, group_id, OUTSIDE_STRATEGY, lane_schema)
             labdata.say(conn, "strategy", f"lane {args.lane} for your consumer: group {group_id}, role {role} "
                         f"(it may touch {lane_schema} only)", group=group_id, lane=args.lane)
+    _grant_on_kafka(ctx, args.lane)
     return connection(ctx, args.lane, issued)
 
 

@@ -68,7 +68,8 @@ def load_config(environ: Mapping[str, str] | None = None, overrides: Mapping[str
     data_dir = Path(config["LAB_DATA_DIR"]).resolve()
     config["LAB_DATA_DIR"] = str(data_dir)
     running = running_services(data_dir)
-    for key in ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "KAFKA_PRODUCER_BOOTSTRAP_SERVERS"):
+    for key in ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "KAFKA_PRODUCER_BOOTSTRAP_SERVERS",
+                "KAFKA_LEARNER_BOOTSTRAP_SERVERS"):
         if not config.get(key) and running.get(key):
             config[key] = running[key]
             if key == "DATABASE_URL" and running.get("DATABASE_PASSWORD_FILE"):

@@ -101,10 +101,19 @@ class LabSettings(BaseSettings):
     KAFKA_PRODUCER_BOOTSTRAP_SERVERS: str | None = setting(
         None, "Where the lab's producer reaches the broker: the lost-ack fault proxy when one runs. "
         "Unset: KAFKA_BOOTSTRAP_SERVERS.")
+    KAFKA_LEARNER_LISTEN: str | None = setting(
+        None, "Where the learners' gateway listens (`host:port`): the fault proxy's second listener, in front "
+        "of the embedded broker, where a learner's own code authenticates with its lane's Kafka credentials "
+        "(SASL_PLAINTEXT, PLAIN) and may read its lab's topic and use its lane's group only. Unset: a free "
+        "loopback port (`make run` prints it). `0.0.0.0:PORT` for learners on other machines, with "
+        "KAFKA_LEARNER_BOOTSTRAP_SERVERS set to the address they reach.")
     KAFKA_LEARNER_BOOTSTRAP_SERVERS: str | None = setting(
-        None, "Where a learner's own consumer reaches the broker, signing in with its lane's Kafka user (the "
-        "lab's Kafka gateway on the embedded broker; a SASL listener with ACLs on Apache Kafka). Unset: no lane "
-        "gets Kafka credentials, and \"Your consumer\" says the broker's address takes none.")
+        None, "The broker address shown to learners (`host:port`), and the one the learners' gateway gives "
+        "their clients as the broker's. Unset: KAFKA_LEARNER_LISTEN's address (with the embedded broker), "
+        "or the one a running `make run` wrote to `running.json`.")
+    KAFKA_LEARNER_SASL_MECHANISM: Literal["PLAIN", "SCRAM-SHA-512"] = setting(
+        "PLAIN", "The SASL mechanism learners' clients use on KAFKA_LEARNER_BOOTSTRAP_SERVERS: `PLAIN` at the "
+        "learners' gateway of the embedded broker, `SCRAM-SHA-512` at Apache Kafka's SASL listener (compose).")
     LAB_BROKER_KIND: Literal["kafka", "tansu"] | None = setting(
         None, "`kafka` or `tansu` when the broker cannot be probed (a scenario needs to know which it runs on). "
         "Unset: one metadata request tells (never from a web process).")
@@ -279,6 +288,25 @@ class LabSettings(BaseSettings):
                 value = classroom_default(field)
                 if value is not None and name not in self.model_fields_set:
                     setattr(self, name, value)
+        return self
+
+    @field_validator("KAFKA_LEARNER_LISTEN", "KAFKA_LEARNER_BOOTSTRAP_SERVERS")
+    @classmethod
+    def _host_and_port(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("expected host:port")
+        return value
+
+    @model_validator(mode="after")
+    def _learners_told_an_address_they_reach(self) -> "LabSettings":
+        host = (self.KAFKA_LEARNER_LISTEN or "").rpartition(":")[0].strip("[]")
+        if self.KAFKA_LEARNER_LISTEN and host in ("0.0.0.0", "::") and not self.KAFKA_LEARNER_BOOTSTRAP_SERVERS:
+            raise ValueError(
+                f"KAFKA_LEARNER_LISTEN={self.KAFKA_LEARNER_LISTEN} listens on every address: set "
+                "KAFKA_LEARNER_BOOTSTRAP_SERVERS to the host:port learners reach (what the gateway advertises).")
         return self
 
     @model_validator(mode="after")

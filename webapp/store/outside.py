@@ -90,9 +90,11 @@ def forget_passwords(conn: Connection, lab: Lab) -> None:
     conn.execute(delete(roles_table).where(roles_table.c.lab == lab.name))
 
 
-def lanes_with_roles(conn: Connection, lab: Lab) -> int:
-    """How many lanes of ``lab`` have credentials (the cap on lanes per lab counts these)."""
-    return len(conn.execute(select(roles_table.c.role).where(roles_table.c.lab == lab.name)).all())
+def other_lanes(conn: Connection, lab: Lab, lane: str) -> int:
+    """How many lanes of ``lab`` but ``lane`` have credentials (the cap on lanes per lab counts these;
+    a lab's reset keeps them, so a lane made again after one is no new lane)."""
+    return len(conn.execute(select(roles_table.c.role).where(roles_table.c.lab == lab.name,
+                                                             roles_table.c.role != lab.lane_role(lane))).all())
 
 
 def _literal(conn: Connection, value: str) -> str:
