@@ -210,7 +210,7 @@ def test_the_starter_the_page_shows_runs_as_copied_and_applies_the_lab_s_credits
 
     assert lab.client.post("/api/v1/yours", json={"lane": "mine"}).status_code == 201
     page = lab.client.get("/yours").get_data(as_text=True)
-    starter = html.unescape(re.search(r"<pre><code>(.*?)</code></pre>", page, re.S).group(1))
+    starter = html.unescape(re.search(r"<pre><code[^>]*>(.*?)</code></pre>", page, re.S).group(1))
     assert '"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN"' in starter, starter
     script = tmp_path / "my_consumer.py"
     script.write_text(starter)
