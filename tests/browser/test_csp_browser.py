@@ -58,7 +58,7 @@ def test_the_dashboard_refreshes_under_the_csp_without_violations(serve_app, lab
     expect(page.locator('#panel-accounts tr[data-account="acc-3"] [data-expected]')).to_have_text("7.00",
                                                                                                    timeout=10_000)
     # The stylesheet applies, and nothing injected a <style> (htmx would, with includeIndicatorStyles on).
-    assert page.evaluate("getComputedStyle(document.querySelector('.topbar')).display") == "flex"
+    expect(page.locator(".topbar")).to_have_css("display", "flex")
     assert page.locator("head style").count() == 0, "htmx (or a script) injected a <style>"
     assert violations(page) == []
 
@@ -79,12 +79,13 @@ def test_the_exercises_pages_work_under_the_csp_without_violations(serve_app, ag
     url = serve_app()
     page.goto(f"{url}/scenarios/")
     # scenarios.css (was an inline <style>): the catalogue is a grid.
-    assert page.evaluate("getComputedStyle(document.querySelector('.catalogue')).display") == "grid"
+    expect(page.locator(".catalogue")).to_have_css("display", "grid")
     card = page.locator('[data-scenario="01_naive_double_credit"]')
     card.get_by_role("button", name="Start").click()
     # The run page polls its live section with htmx (hx-trigger "load, every 1s").
     expect(page.locator("#live")).not_to_be_empty(timeout=15_000)
     expect(page.locator("#next-step")).to_have_text("Prepare a fresh lab")
-    assert page.evaluate("getComputedStyle(document.querySelector('.guided')).display") == "grid"
+    # The page's stylesheet may apply a moment after the first paint: wait for the grid it lays out.
+    expect(page.locator(".guided")).to_have_css("display", "grid")
     assert page.locator("head style").count() == 0
     assert violations(page) == []
