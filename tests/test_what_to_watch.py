@@ -1,4 +1,4 @@
-"""Each exercise's "What to watch" paragraph names only what its guided page shows.
+"""Each exercise's "What to watch" paragraph, and each step's note, names only what its guided page shows.
 
 The guided run's page (templates/scenarios/run.html) keeps the paragraph in view beside its live
 panels (_live.html) and its step list (_guide.html). A paragraph that sends the learner to a
@@ -59,7 +59,7 @@ DASHBOARD_ONLY = {
     "the Notifications panel": r"notifications panel",
     "the Outbox panel": r"outbox panel",
     "the Verdict panel": r"verdict panel|verdict's why|\bits why\b",
-    "the Strategy lanes panel": r"strategy lanes",
+    "the Strategy lanes panel": r"strategy lanes panel",
     "the Chaos panel": r"chaos panel",
     "the Load panel": r"load panel",
     "the chart": r"expected vs actual|\bchart\b",
@@ -70,6 +70,12 @@ ON_THE_DASHBOARD = "on the dashboard"
 
 def _exercises() -> list[tuple[str, str | None]]:
     return [(path.stem, what_to_watch(load(path).narrative)[0]) for path in built_in()]
+
+
+def _step_notes() -> list[tuple[str, str]]:
+    """Every step's note: the guided page shows the current step's beside its action."""
+    return [(f"{path.stem} step {step.index}", step.note) for path in built_in() for step in load(path).steps
+            if step.note]
 
 
 def _plain(paragraph: str) -> str:
@@ -109,6 +115,11 @@ def test_the_guided_page_renders_what_the_table_says(what, where):
 def test_what_to_watch_names_only_what_the_guided_page_shows(name, watch):
     assert watch, f"{name} has no paragraph starting with **What to watch:**"
     assert not unshown_names(watch), f"{name}'s What to watch names what its guided page does not show"
+
+
+@pytest.mark.parametrize(("where", "note"), _step_notes(), ids=[where for where, _ in _step_notes()])
+def test_a_step_note_names_only_what_the_guided_page_shows(where, note):
+    assert not unshown_names(note), f"{where}'s note names what the guided page does not show"
 
 
 @pytest.mark.parametrize("paragraph", [
