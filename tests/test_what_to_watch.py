@@ -146,3 +146,13 @@ def test_the_guided_panels_pass():
     paragraph = ("**What to watch:** the Accounts panel's headline; the *Lane naive* panel; the Consumers "
                  "panel's failed commits; the Expectations panel; the Timeline panel.")
     assert unshown_names(paragraph) == []
+
+
+def test_a_paragraph_that_sends_the_learner_to_the_dashboard_has_a_link_there():
+    """A sentence may name a dashboard panel only with "on the dashboard"; then the run's page must
+    lead to the dashboard of the run's own lab (a guided run outside a class works in a fresh lab,
+    which the header's Lab link does not show): marked ``data-run-lab-dashboard`` in run.html."""
+    sending = [name for name, watch in _exercises() if watch and ON_THE_DASHBOARD in _plain(watch).lower()]
+    if sending:
+        assert "data-run-lab-dashboard" in (TEMPLATES / "run.html").read_text(), (
+            f"{', '.join(sending)} send the learner to the dashboard, and the run's page has no link to its lab there")
