@@ -26,7 +26,8 @@ from webapp.domain.waits import WaitTimeout, wait_until
 def services(tmp_path_factory) -> Services:
     """The embedded PostgreSQL (the control schema at head, as `make run` leaves it) and broker,
     on free loopback ports, for the whole session (webapp/dev/stack.py)."""
-    with Stack(tmp_path_factory.mktemp("services"), agent=False, env={"SECRET_KEY": TEST_SECRET_KEY}) as services:
+    with support.service_dir("services") as base, \
+            Stack(base, agent=False, env={"SECRET_KEY": TEST_SECRET_KEY}) as services:
         yield services
 
 
@@ -174,7 +175,7 @@ def lab(app, client, agent, lab_name) -> LabDriver:
 def proxied_stack(tmp_path_factory) -> Services:
     """For the exercises whose Kafka clients go through the fault proxy (lost ack, blocked commits,
     producer ordering): one stack of their own per test worker, started when first asked for."""
-    with support.proxied_stack(tmp_path_factory.mktemp("proxied")) as services:
+    with support.service_dir("proxied") as base, support.proxied_stack(base) as services:
         yield services
 
 

@@ -3,6 +3,8 @@ JSON API, and the process helpers. Fixtures live in conftest.py; tests import he
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -278,6 +280,19 @@ def assert_passed(run: Any) -> None:
     """A guided run's verdict, with what failed when it did not pass."""
     failed = [check for check in run.checks if not check["ok"]]
     assert run.status == "passed", f"{run.status}: {run.reason or run.error}; failed: {failed}; steps: {run.steps}"
+
+
+@contextmanager
+def service_dir(name: str) -> Iterator[Path]:
+    """A directory for an embedded PostgreSQL's data, outside pytest's temporary root: pytest makes
+    ``/tmp/pytest-of-<user>`` mode 0700 at the start of every session, and a second test session on
+    the machine would so cut a running cluster's system user off its data directory (PostgreSQL
+    PANICs at its next checkpoint). Removed at the end."""
+    path = Path(tempfile.mkdtemp(prefix=f"idempotency-lab-{name}-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
+import support
 from support import ROOT, LabDriver, service_env, stop_process, wait_for_agent
 from webapp.store import command_channel
 from webapp import create_app
@@ -66,19 +67,20 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    stack = Stack(tmp_path_factory.mktemp("recovery"))
-    try:
-        stack.postgres.start()
-        stack.broker.start()
-        upgrade(stack.postgres.url)
-        stack.start_agent()
-        yield stack
-    finally:
-        for agent in stack.agents:
-            stop_process(agent)
-        stack.broker.stop()
-        stack.postgres.stop()
+def stack():
+    with support.service_dir("recovery") as base:
+        stack = Stack(base)
+        try:
+            stack.postgres.start()
+            stack.broker.start()
+            upgrade(stack.postgres.url)
+            stack.start_agent()
+            yield stack
+        finally:
+            for agent in stack.agents:
+                stop_process(agent)
+            stack.broker.stop()
+            stack.postgres.stop()
 
 
 @pytest.fixture

@@ -17,6 +17,14 @@ def submit_join(page, url: str, name: str, code: str, rejoin: str | None = None)
     page.get_by_role("button", name="Join").click()
 
 
+def sign_in(page, url: str) -> None:
+    """The instructor signs in with the class's LAB_TOKEN."""
+    from support import CLASS_TOKEN
+    page.goto(f"{url}/sign-in")
+    page.fill("input[name=token]", CLASS_TOKEN)
+    page.get_by_role("button", name="Sign in").click()
+
+
 def test_a_second_browser_needs_the_rejoin_code_to_open_an_attendees_lab(class_url, class_code, browser_page):
     from playwright.sync_api import expect
     alice = browser_page
@@ -55,11 +63,8 @@ def test_the_board_is_pushed_a_new_attendees_card_and_its_pushed_forms_work(clas
     the buttons of that pushed card (HTML pushed to every board, so with no viewer's CSRF token in
     it) work: the page puts its own token in as the form is sent."""
     from playwright.sync_api import expect
-    from support import CLASS_TOKEN
     board = browser_page
-    board.goto(f"{class_url}/sign-in")
-    board.fill("input[name=token]", CLASS_TOKEN)
-    board.get_by_role("button", name="Sign in").click()
+    sign_in(board, class_url)
     polls = []
     board.on("request", lambda request: polls.append(request.url) if "/class/cards" in request.url else None)
     board.goto(f"{class_url}/class")
@@ -99,8 +104,10 @@ def test_an_exercise_the_instructor_starts_reaches_an_open_dashboard_by_its_titl
     try:
         dora = other.new_page()
         submit_join(dora, class_url, "dora", class_code)
+        dora.get_by_role("link", name="Open your lab").click()
         expect(dora.locator("[data-classroom-banner]")).to_contain_text("You are dora")
         expect(dora.locator("[data-my-run]")).to_have_count(0)
+        sign_in(board, class_url)
         board.goto(f"{class_url}/class")
         board.locator("#board-scenario").select_option("01_naive_double_credit")
         board.get_by_role("button", name="Start it for everyone").click()

@@ -104,6 +104,8 @@ def join(page, url: str, name: str, code: str) -> None:
     page.fill("#join-name", name)
     page.fill("#join-code", code)
     page.get_by_role("button", name="Join").click()
+    expect(page.locator("[data-rejoin-code]")).to_be_visible()   # shown once, then the lab
+    page.get_by_role("link", name="Open your lab").click()
     expect(page.locator("[data-classroom-banner]")).to_contain_text(f"You are {name}")
 
 

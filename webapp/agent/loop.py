@@ -125,6 +125,7 @@ class Agent:
                     else:
                         state = "failed"
                     consumer_rows.set_state(conn, consumer_id, state, code)
+                    consumer_rows.count_from_the_ledger(conn, consumer_id)
             # Only once written: a kill carried out while PostgreSQL restarts is recorded on a later
             # tick, instead of a dead process shown running (and holding its partitions) for good.
             self.pool.forget(consumer_id)

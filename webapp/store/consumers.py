@@ -9,9 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, func, select, text, update
 
-from ..domain.vocabulary import LIVE_STATES as _LIVE, ConsumerState
+from ..domain.lab import Lab
+from ..domain.vocabulary import LIVE_STATES as _LIVE, ConsumerState, Outcome
+from .schema import quoted
 from .tables import consumers
 
 
@@ -96,6 +98,30 @@ def set_state(conn: Connection, consumer_id: int, state: str, exit_code: int | N
         values["assigned"] = []
         values["assigned_at"] = func.now()  # a member gone: its group rebalances
     conn.execute(update(consumers).where(consumers.c.id == consumer_id).values(**values))
+
+
+def count_from_the_ledger(conn: Connection, consumer_id: int) -> None:
+    """An exited consumer's counts as its group's delivery ledger holds them. A running process
+    reports its own every half second; a kill loses what it applied since its last report, so the
+    card of a killed consumer would show fewer than the ledger (and its restart would count on from
+    there)."""
+    row = conn.execute(select(consumers.c.lab, consumers.c.group_id, consumers.c.name)
+                       .where(consumers.c.id == consumer_id)).first()
+    if row is None:
+        return
+    journal = quoted(Lab(row.lab).schema)
+    effects = conn.execute(text(f"SELECT effects_schema FROM {journal}.consumer_groups WHERE group_id = :g"),
+                           {"g": row.group_id}).scalar()
+    if effects is None:
+        return
+    counts = conn.execute(text(
+        f"SELECT count(*) FILTER (WHERE outcome = :applied), count(*) FILTER (WHERE outcome = :absorbed), "
+        f"count(*) FILTER (WHERE outcome = :dead) FROM {quoted(effects)}.deliveries "
+        "WHERE group_id = :g AND consumer = :name"),
+        {"applied": str(Outcome.APPLIED), "absorbed": str(Outcome.ABSORBED), "dead": str(Outcome.DEAD_LETTERED),
+         "g": row.group_id, "name": row.name}).one()
+    conn.execute(update(consumers).where(consumers.c.id == consumer_id)
+                 .values(applied=counts[0], absorbed=counts[1], dead_lettered=counts[2]))
 
 
 def of_agents(conn: Connection, agent_ids: list[str]) -> list[Row]:
