@@ -458,6 +458,7 @@ class ConsumerProcess:
                                 on_lost=self.on_lost)
         self.report.state = "running"
         self._say("started", f"{self.name} joined group {self.group_id} ({self.strategy_name})")
+        log.info("%s of lab %s joined group %s (%s)", self.name, self.lab.name, self.group_id, self.strategy_name)
         try:
             while not self.stopping:
                 if self.control_broken is not None:
@@ -497,6 +498,7 @@ class ConsumerProcess:
             except psycopg.OperationalError as error:
                 # PostgreSQL restarting as we stop: the agent records how we ended (our exit code).
                 log.warning("could not report the stop: %s", str(error).splitlines()[0])
+            log.info("%s of lab %s left group %s: %s", self.name, self.lab.name, self.group_id, self.report.state)
             if self.effects_conn is not None:
                 self.effects_conn.close()
             self.control_conn.close()
