@@ -196,4 +196,5 @@ def test_an_agent_that_does_not_finish_in_time_is_a_503_with_the_reason_not_bad_
             "error": f"no lab agent finished command {pending[0]} within 30s (it is pending); is the agent running?"}
         wait_until(lambda: journaled() == [101], timeout=30,
                    message=lambda: f"the agent never finished the first publish alone: {journaled()}")
-        assert commands("pending") == [] and commands("done") == running  # the withdrawn one is never carried out
+        wait_until(lambda: commands("done") == running, timeout=30, message="the first publish never finished")
+        assert commands("pending") == [] and journaled() == [101]  # the withdrawn one is never carried out
