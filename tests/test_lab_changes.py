@@ -6,6 +6,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from webapp.domain.waits import wait_until
 from webapp.store.connection import CONTROL_SCHEMA, psycopg_conninfo
 from webapp.store.lab_changes import CHANNEL, QUIET_SESSION
 
@@ -107,3 +108,36 @@ def test_a_consumers_records_are_announced_by_its_reports_not_by_its_effect_tran
     by_reports = sum(1 for pid in collected if pid == control_pid)
     assert by_effects == 0
     assert 1 <= by_reports < 40, f"{by_reports} reports announced 200 records"
+
+
+def test_an_offset_snapshot_that_found_nothing_moved_writes_and_announces_nothing(services, listener, lab, lab_name):
+    """The agent snapshots every active lab's committed offsets each second: a snapshot equal to the
+    last one writes nothing, so it announces nothing (nor queues a summary mark)."""
+    from webapp.agent.periodic import snapshot_offsets_of
+    from webapp.kafka.admin import admin_client
+
+    consumer_id = lab.start_consumer(name="c1")["consumer_id"]
+    lab.wait_assigned(consumer_id)
+    lab.credit("acc-1", 100)
+    lab.wait_caught_up()
+    admin = admin_client(services.bootstrap_servers)
+    with psycopg.connect(psycopg_conninfo(services.database_url), autocommit=True) as conn:
+        schema = lab.lab.schema
+
+        def written() -> list:
+            return conn.execute(f'SELECT group_id, partition, committed, read_at FROM "{schema}".group_offsets '
+                                "ORDER BY group_id, partition").fetchall()
+        snapshot_offsets_of(conn, admin, [lab.lab])  # whatever the agent has not written yet
+        listener(lab_name)
+        before = written()
+        snapshot_offsets_of(conn, admin, [lab.lab])
+        assert listener(lab_name, by=conn.info.backend_pid) == 0
+        assert written() == before
+        lab.credit("acc-1", 100)
+        group_id = lab.lab.group_id("payments")
+
+        def committed() -> int:
+            return sum(c or 0 for (c,) in conn.execute(
+                f'SELECT committed FROM "{schema}".group_offsets WHERE group_id = %s', [group_id]).fetchall())
+        wait_until(lambda: (snapshot_offsets_of(conn, admin, [lab.lab]), committed())[1] == 2, timeout=30,
+                   message="the snapshot never wrote the offset that moved")

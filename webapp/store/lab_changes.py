@@ -12,11 +12,12 @@ Except the lab's consumers' effect transactions: a session that sets ``lab.chang
 ``reported`` (QUIET_SESSION) announces nothing from the lab tables. A transaction that has
 notified takes PostgreSQL's notify queue lock at commit (one lock for the whole cluster: an
 AccessExclusiveLock on object 0 of pg_database, held until the commit is done) and wakes every
-backend that LISTENs in the database; with one such transaction per record, every consumer's
-commits queued behind each other's and woke every listener (bench/throughput.py). A consumer
-announces its work instead through its report (its row in the consumers control table, below),
-which it writes at once after an effect that follows a quiet spell and at most twice a second
-under load (webapp/consumer/loop.py).
+backend that LISTENs in the database (every lab consumer's control connection does); with one
+such transaction per record, every consumer's commit woke every listener (bench/change_feed.py:
+eight writers beside sixty listeners committed 1,153 transactions a second announcing, 3,468
+quiet). A consumer announces its work instead through its report (its row in the consumers
+control table, below), which it writes at once after an effect that follows a quiet spell and at
+most twice a second under load (webapp/consumer/loop.py).
 
 What changes with time alone (the agent's heartbeat growing old, a key's age) writes nothing:
 web/push.py looks again once a second per lab as well.
