@@ -10,7 +10,10 @@ clocked from the first record consumed to the last one applied and committed (th
 join, about 3 s on Tansu, is outside every clock).
 
 Bare limits: the ``eventid-atomic`` statements (claim, credit, payment row, ledger row) outside the
-lab's consumer:
+lab's consumer, on a connection that, like the lab consumer's effects connection, does not announce
+its lab on the live panels' change feed (store/lab_changes.py QUIET_SESSION: a commit that
+notifies takes PostgreSQL's cluster-wide notify lock); the figures compare the lab's bookkeeping
+with none:
   - PostgreSQL alone, one transaction per event; and batched (the batch statements, 500 a batch)
   - a bare loop: poll -> that transaction -> commit(message), synchronous and asynchronous
   - a bare batch loop: consume(n) -> the batch transaction -> one synchronous commit
@@ -46,6 +49,7 @@ from webapp.domain import events
 from webapp import strategies
 from webapp.agent.setup import ensure_lab
 from webapp.store.connection import CONTROL_SCHEMA, connect, sqlalchemy_url
+from webapp.store.lab_changes import QUIET_SESSION
 from webapp.domain.lab import Lab
 from webapp.dev.embedded import stop_process
 from webapp.dev.stack import Stack as Services
@@ -114,6 +118,14 @@ def ledger_params(event: events.PaymentEvent, offset: int) -> dict:
             "outcome": "applied", "reason": None}
 
 
+def bare_connection(stack: Stack, lab: Lab):
+    """A connection in ``lab``'s schema that writes as the lab consumer's effects connection does:
+    quietly on the change feed."""
+    conn = connect(stack.url, schema=lab.schema, autocommit=True)
+    conn.execute(QUIET_SESSION)
+    return conn
+
+
 def one_transaction(conn, event: events.PaymentEvent, offset: int) -> None:
     """eventid-atomic's per-message transaction, its statements as the strategy runs them."""
     with conn.transaction():
@@ -142,7 +154,7 @@ def postgres_alone(stack: Stack, batch_size: int | None) -> float:
     lab = Lab(f"b{os.getpid() % 1000}_{next(_labs)}")
     ensure_lab(stack.url, stack.bootstrap, lab, partitions=1)
     work = bare_events(stack)
-    with connect(stack.url, schema=lab.schema, autocommit=True) as conn:
+    with bare_connection(stack, lab) as conn:
         started = time.perf_counter()
         if batch_size is None:
             for offset, event in enumerate(work):
@@ -168,7 +180,7 @@ def bare_loop(stack: Stack, asynchronous: bool = False, batch_size: int | None =
     consumer.subscribe([lab.topic])
     done, started = 0, None
     try:
-        with connect(stack.url, schema=lab.schema, autocommit=True) as conn:
+        with bare_connection(stack, lab) as conn:
             while done < stack.events:
                 if batch_size is None:
                     message = consumer.poll(0.2)

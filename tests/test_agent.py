@@ -184,9 +184,16 @@ def test_a_strategy_lane_applies_to_its_own_copy_of_the_accounts(app, lab):
 
 def test_default_consumer_output_goes_to_a_log_file(services, lab):
     c1 = start(lab)
+    pid = lab.consumer(c1)["pid"]
     lab.post(f"/consumers/{c1}/stop")
     lab.wait_state(c1, "stopped")
-    assert (services.data_dir / "logs" / f"{lab.lab.name}-consumer-{c1}.log").exists()
+    path = services.data_dir / "logs" / f"{lab.lab.name}-consumer-{c1}.log"
+    group = lab.lab.group_id("payments")
+    # The process's own lines, from its start to its stop, under its pid.
+    logged = wait_until(lambda: f"left group {group}" in (text := path.read_text()) and text, timeout=10,
+                        message=lambda: f"the consumer's stop never reached its log: {path.read_text()[-2000:]}")
+    assert f"consumer[{pid}] c1 of lab {lab.lab.name} joined group {group} (" in logged, logged[-2000:]
+    assert f"consumer[{pid}] c1 of lab {lab.lab.name} left group {group}: stopped" in logged, logged[-2000:]
 
 
 # --- agents of a test's own ------------------------------------------------------------------

@@ -126,6 +126,26 @@ def test_join_opens_an_own_lab_binds_the_session_and_reopens_it_with_the_rejoin_
     assert stored.startswith("pbkdf2_sha256$") and code.replace("-", "") not in stored
 
 
+def test_leaving_the_class_unbinds_the_browser_keeps_the_lab_and_the_rejoin_code_reopens_it(class_app, class_code):
+    leah, lab = join(class_app, "Leah Stone", class_code)
+    code = rejoin_code(leah)
+    assert leah.post("/api/v1/publish", json={"account_id": "acc-1", "amount_cents": 500}).status_code == 201
+    left = leah.post("/join/leave")
+    assert left.status_code == 303 and left.location.endswith("/join"), left.location
+    # This browser reaches no lab now: the pages send it to the join form, the API refuses.
+    assert leah.get("/").status_code == 302 and "/join" in leah.get("/").location
+    assert leah.get("/api/v1/state").status_code == 403
+    assert leah.post("/api/v1/publish", json={"account_id": "acc-1", "amount_cents": 1}).status_code in (401, 403)
+    # The lab stays, and the name is still hers: without the rejoin code it is refused, with it reopened.
+    assert lab_exists(class_app, lab)
+    assert leah.post("/join", data={"name": "Leah Stone", "code": class_code}).status_code == 409
+    back = leah.post("/join", data={"name": "Leah Stone", "code": class_code, "rejoin": code})
+    assert back.status_code == 303
+    with leah.session_transaction() as session:
+        assert session["attendee_lab"] == lab
+    assert leah.get("/api/v1/state").get_json()["verdict"]["records"] == 1
+
+
 def test_a_name_is_one_attendee_in_any_case_and_a_rejoin_code_is_kept_as_a_salted_hash():
     assert classroom.name_key("  Ana   SOUZA ") == classroom.name_key("ana souza") == "ana souza"
     assert classroom.name_key("Straße") == classroom.name_key("STRASSE")

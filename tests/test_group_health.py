@@ -87,3 +87,23 @@ def test_a_group_wedged_by_a_member_that_heartbeats_without_polling_is_shown_sta
                == ["group-stalled", "group-recovered"], timeout=10,
                message="the recovery was not written to the timeline once")
     assert timeline_kinds(app, lab, "recovery")[:1] == ["recovery"]
+
+
+def test_the_recover_button_restarts_the_groups_members_and_says_what_it_did(lab):
+    """The button of the group's card and of the status bar (POST /controls/groups/<group>/recover):
+    its notice names the steps, the member runs again in a new process and applies."""
+    c1 = lab.start_consumer(name="c1")["consumer_id"]
+    lab.wait_assigned(c1)
+    before = lab.consumer(c1)["pid"]
+    response = lab.client.post("/controls/groups/payments/recover")
+    said = response.get_data(as_text=True)
+    assert response.status_code == 200, said
+    assert f"{lab.lab.group_id('payments')}: restarted 1 member(s): c1" in said, said
+    row = lab.wait_consumer(c1, lambda c: c["state"] == "running" and c["assigned"] and c["pid"] != before,
+                            "the member never ran again in a new process after the recovery")
+    assert row["pid"] != before
+    lab.credit("acc-1", 700)
+    lab.wait_caught_up()
+    assert lab.account("acc-1")["actual"] == 700
+    missing = lab.client.post("/controls/groups/nosuch/recover")
+    assert missing.status_code == 404, missing.get_data(as_text=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import threading
 
 import pytest
@@ -207,3 +208,35 @@ def test_a_cards_lab_part_is_read_again_when_its_lab_changed_and_not_before(clas
         assert ana_lab in reads and cards[ana_lab]["verdict"] == "pending", (reads, cards[ana_lab])
         assert all(the_hub.stamp(lab) != stamps[lab] for lab in reads), "a lab was read again unchanged"
     stop_hub(class_app)
+
+
+def test_the_presenters_poll_fallback_when_its_stream_is_refused_shows_the_step_line_and_panels(
+        app_factory, agent, lab_name):
+    """Past the cap of live streams the presenter's stream answers ``refused`` and the page polls:
+    its step line from GET /present/guide (the slot's hx-get, data-poll-ms) and its panels from
+    GET /live, and what they answer follows the lab."""
+    code = f"push-{os.getpid() % 10000}-{next(_classes)}"
+    app = app_factory(LAB_NAME=lab_name, LAB_CLASS_CODE=code, LAB_TOKEN="instructor-token",
+                      LIVE_STREAMS_PER_WORKER=0)
+    app.class_code = code
+    try:
+        ana, _ = join(app, "Ana")
+        refused = ana.get("/present/stream")
+        assert refused.status_code == 200 and refused.mimetype == "text/event-stream"
+        said = refused.get_data(as_text=True)
+        assert said.startswith("event: refused\n") and "most live streams (0" in said, said
+        page = ana.get("/present").get_data(as_text=True)
+        slot = re.search(r'<div class="present-guide-slot"[^>]*>', page).group(0)
+        assert 'hx-get="/present/guide"' in slot and 'data-poll-ms="1000"' in slot, slot
+        assert 'data-live-url="/live"' in page
+        assert "no exercise running" in ana.get("/present/guide").get_data(as_text=True)
+        fingerprints = ana.get("/live").get_json()["fingerprints"]
+        assert {"accounts", "verdict"} <= set(fingerprints), fingerprints
+        assert ana.post("/api/v1/publish", json={"account_id": "acc-1", "amount_cents": 500}).status_code == 201
+        wait_until(lambda: ana.get("/live").get_json()["fingerprints"]["accounts"] != fingerprints["accounts"]
+                   or None, timeout=30, message="the polled accounts panel never changed after a credit")
+        assert ana.post("/scenarios/01_naive_double_credit/runs").status_code == 303
+        wait_until(lambda: "A naive consumer credits twice" in ana.get("/present/guide").get_data(as_text=True),
+                   timeout=10, message="an exercise started, and the polled step line never showed it")
+    finally:
+        support.drop_class_labs(app, code)

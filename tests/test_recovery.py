@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import psycopg
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
@@ -19,7 +20,7 @@ import support
 from support import ROOT, LabDriver, service_env, stop_process, wait_for_agent
 from webapp.store import command_channel
 from webapp import create_app
-from webapp.store.connection import sqlalchemy_url
+from webapp.store.connection import psycopg_conninfo, sqlalchemy_url
 from webapp.web.db import db
 from webapp.domain.vocabulary import AGENT_FRESH_SECONDS
 from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres
@@ -125,10 +126,20 @@ def test_a_postgresql_restart_under_a_running_lab(stack, recovery_lab):
     consumers = [lab.start_consumer(name=name)["consumer_id"] for name in ("c1", "c2")]
     for consumer_id in consumers:
         lab.wait_consumer(consumer_id, lambda c: c["state"] == "running", "never ran")
-    lab.publish(account_id="acc-1", amount_cents=100, mode="burst", count=300)
     agent = stack.agent
-
-    stack.postgres.stop()  # SIGINT to the postmaster, mid-flight: the consumers are applying the burst
+    # Mid-flight, for certain: a transaction of the test's holds acc-1's row, so the consumers'
+    # transactions of the burst (every credit is to acc-1) wait on it, open, when PostgreSQL stops.
+    holder = psycopg.connect(psycopg_conninfo(stack.database_url))
+    try:
+        holder.execute(f'SELECT 1 FROM "{lab.lab.schema}".accounts WHERE id = %s FOR UPDATE', ["acc-1"])
+        lab.publish(account_id="acc-1", amount_cents=100, mode="burst", count=300)
+        waiting = wait_until(lambda: effects_waiting_on_a_lock(holder, lab), timeout=30,
+                             message="no consumer's transaction ever waited on acc-1's row")
+        assert waiting >= 1
+        assert holder.execute(f'SELECT count(*) FROM "{lab.lab.schema}".payments').fetchone()[0] == 0
+        stack.postgres.stop()  # SIGINT to the postmaster, mid-flight: the consumers' transactions are open
+    finally:
+        holder.close()
     for path in ("/api/v1/state", "/", "/live", "/panels/verdict"):
         response = lab.client.get(path)
         assert response.status_code == 503, f"{path}: {response.status_code} {response.get_data(as_text=True)[:300]}"
@@ -162,6 +173,12 @@ def test_a_postgresql_restart_under_a_running_lab(stack, recovery_lab):
     assert lab.account("acc-1")["actual"] == 30000 and lab.account("acc-2")["actual"] == 700
 
 
+def effects_waiting_on_a_lock(conn, lab) -> int:
+    """How many of ``lab``'s consumers' effects sessions wait on a lock now."""
+    return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s "
+                        "AND wait_event_type = 'Lock'", [f"lab {lab.lab.name} % effects"]).fetchone()[0]
+
+
 def test_a_sigkilled_agent_its_consumers_go_and_the_dashboard_says_so(stack, recovery_lab):
     lab = recovery_lab
     consumer_id = lab.start_consumer(name="k1")["consumer_id"]
@@ -189,8 +206,12 @@ def test_a_sigkilled_agent_its_consumers_go_and_the_dashboard_says_so(stack, rec
     assert next(p for p in lab.state()["services"] if p["part"] == "agent")["up"] is True
     timeline = lab.client.get("/panels/timeline").get_data(as_text=True)
     assert "k1" in timeline and "agent" in timeline and "died" in timeline, timeline
-    # The lab works again through the new agent.
-    lab.start_consumer(name="k2")
+    # The lab works again through the new agent: a consumer it starts runs and applies a credit.
+    k2 = lab.start_consumer(name="k2")["consumer_id"]
+    lab.wait_assigned(k2)
+    lab.publish(account_id="acc-3", amount_cents=300)
+    lab.wait_consumer(k2, lambda c: c["applied"] >= 1, "the new agent's consumer never applied the credit")
+    assert lab.account("acc-3")["actual"] == 300
 
 
 def _alive(pid: int) -> bool:

@@ -110,15 +110,24 @@ def one_of_each(account_id: str) -> list[events.PaymentEvent]:
             events.set_balance(account_id, 50_000), events.set_score(account_id, 720)]
 
 
+# Passed by the consumer's loop after the strategy's transaction (webapp/consumer/loop.py process).
+LOOP_POINTS = {"after-effect-before-commit", "after-commit"}
+
+
 @pytest.mark.parametrize("name", strategies.NAMES)
 def test_points_passed_are_the_points_shown(conn, name):
     strategy = strategies.get(name)
+    assert all(point in POINTS for point in strategy.points)
+    passed = set()
     for event in one_of_each("acc-2"):
         context = RecordingContext(conn)
         strategy.apply(context, event)
-        assert set(context.points) <= set(strategy.points)
-        assert all(point in POINTS for point in strategy.points)
+        assert context.points, f"{name} passed no crash point applying a {event.type}"
+        assert set(context.points) <= set(strategy.points), (event.type, context.points)
+        passed |= set(context.points)
         assert in_plan_order(strategy, context.statements), (event.type, context.statements)
+    # Every point the plan shows is one a delivery passes: arming any of them does something.
+    assert passed | LOOP_POINTS == set(strategy.points), sorted(set(strategy.points) - passed - LOOP_POINTS)
 
 
 @pytest.mark.parametrize("name,effect_after_crash", [

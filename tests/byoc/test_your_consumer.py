@@ -244,3 +244,58 @@ def test_the_starter_the_page_shows_runs_as_copied_and_applies_the_lab_s_credits
         assert "mine @ 2" in panel, panel[:3000]  # both records are on acc-1's partition
     finally:
         stop_process(process)
+
+
+def test_the_faults_on_your_consumer_act_cut_its_connections_and_keep_its_commits_from_the_broker(
+        graded_app, tmp_path):
+    """cut_yours and block_yours_commits, asserted by their effect: the proxy closes the consumer's
+    broker connections (it reconnects and carries on); while its commits are blocked it applies
+    records and the broker's committed offset stays where it was, and once they flow it moves."""
+    lab = support.open_lab(graded_app, graded_app.config["LAB_NAME"])
+    info = lab.post("/yours", {"lane": "mine"})
+    group_id, log = info["group_id"], tmp_path / "idempotent.log"
+    consumer = start_outside_consumer("idempotent", info, log)
+
+    def committed() -> int:
+        """The broker's committed offsets of the lane's group (the agent reads them with its admin client)."""
+        return sum((p["committed"].get(group_id) or 0) for p in lab.state()["partitions"])
+
+    def proxy(counter: str) -> int:
+        return lab.client.get("/api/v1/fault-proxy").get_json()[counter]
+
+    def wait_committed(n: int, why: str) -> None:
+        wait_until(lambda: committed() == n, timeout=60,
+                   message=lambda: f"{why}: committed {committed()}, not {n}\n{log.read_text()[-2000:]}")
+    try:
+        lab.credit("acc-1", 100)  # every credit to acc-1: one partition, one committed offset to follow
+        wait_committed(1, "the consumer never committed its first record")
+
+        assert lab.post("/yours/commits-blocked", {"lane": "mine", "seconds": 60})["blocked"] is True
+        blocked_before = proxy("commits_blocked")
+        lab.credit("acc-1", 200)
+        wait_until(lambda: lane_balance(graded_app, lab, "acc-1") == 300, timeout=60,
+                   message=lambda: f"the consumer never applied the second credit\n{log.read_text()[-2000:]}")
+        wait_until(lambda: proxy("commits_blocked") > blocked_before, timeout=30,
+                   message="the proxy never kept a commit of the consumer from the broker")
+        assert committed() == 1, "a commit reached the broker while commits were blocked"
+
+        assert lab.post("/yours/commits-blocked", {"lane": "mine", "blocked": False})["blocked"] is False
+        lab.credit("acc-1", 300)  # its next commit (asynchronous: covers the one kept) gets through
+        wait_committed(3, "the commits never reached the broker once unblocked")
+
+        cut_before = proxy("connections_cut")
+        cut = lab.post("/yours/cut", {"lane": "mine"})
+        assert cut["connections_cut"] >= 1, cut
+        assert proxy("connections_cut") >= cut_before + cut["connections_cut"]
+        lab.credit("acc-1", 400)
+        wait_committed(4, "the consumer never carried on after its connections were cut")
+        assert lane_balance(graded_app, lab, "acc-1") == 1000
+        assert consumer.poll() is None, log.read_text()[-2000:]
+    finally:
+        stop_process(consumer)
+
+
+def lane_balance(app, lab, account_id: str) -> int:
+    with app.app_context(), db.engine.connect() as conn:
+        return conn.execute(text(f'SELECT balance FROM "{lab.lab.lane_schema("mine")}".accounts WHERE id = :a'),
+                            {"a": account_id}).scalar_one()

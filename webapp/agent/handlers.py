@@ -23,7 +23,6 @@ from ..domain.vocabulary import (CRASH_POINTS, DEFAULT_GROUP, DEFAULT_STRATEGY, 
                                   SCRAM_LEARNERS)
 from ..settings import load_config
 from ..store import outside
-from ..logreader import wait_mirrored
 from ..domain.waits import WaitTimeout, wait_until
 from ..store import consumers as consumer_rows
 from ..store import group_health
@@ -158,8 +157,7 @@ def publish(agent: AgentContext, lab: Lab, args: dict) -> dict:
             result = producer.publish(agent.conn, agent.publisher, lab, args)
         except producer.PublishError as error:
             raise CommandRejected(str(error)) from None
-    _wait_mirrored(agent, lab, result["records"])
-    return result
+    return result  # the requester waits for the log reader's mirror (ops/publishing.py), not the agent
 
 
 def produce_raw(agent: AgentContext, lab: Lab, args: dict) -> dict:
@@ -173,14 +171,7 @@ def produce_raw(agent: AgentContext, lab: Lab, args: dict) -> dict:
         raise CommandRejected(str(error)) from None
     agent.say(lab, "published", f"raw record to P{record['partition']}@{record['offset']} "
               f"(key {args.get('key')!r}, {len(str(args.get('value') or ''))} characters)", records=[record])
-    _wait_mirrored(agent, lab, [record])
     return {"topic": lab.topic, **record}
-
-
-def _wait_mirrored(agent: AgentContext, lab: Lab, records: list[dict]) -> None:
-    # What the lab just wrote is on every panel when the request returns: wait (bounded) until the
-    # log reader has mirrored it. A reader that is behind only delays this; nothing is lost.
-    wait_mirrored(agent.conn, lab, [(r.get("partition"), r.get("offset")) for r in records], timeout=5)
 
 
 # --- consumers ------------------------------------------------------------------------------

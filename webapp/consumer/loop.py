@@ -13,6 +13,12 @@ no round trip); the report is written on the heartbeat's cadence. A group with a
 above 1 runs batch mode instead (batch.py): consume(n), one transaction, one offset commit per
 batch.
 
+The effect transactions announce nothing on the live panels' change feed (store/lab_changes.py:
+the effects connection is a quiet session): a transaction that NOTIFYs takes PostgreSQL's
+cluster-wide notify lock at commit and wakes every listener, once per record. The report
+announces the lab instead: written at once after the first effect that follows a quiet spell of
+HEARTBEAT_EVERY, then on the heartbeat's cadence while effects keep coming.
+
 Offsets are committed in the group's commit mode: ``sync``, ``async``, or ``transactional``: a
 Kafka transaction of the consumer's own (``transactional.id`` per consumer, stable across its
 restarts) carries them (``send_offsets_to_transaction``, then ``commit_transaction``), the
@@ -62,6 +68,7 @@ from ..store import timeline
 from ..domain.vocabulary import AGENT_PID, KAFKA_DEBUG, SETTINGS_CHANNEL
 from ..store import schema
 from ..store.connection import connect
+from ..store.lab_changes import QUIET_SESSION
 from ..kafka.config import consumer_config, producer_config
 from ..kafka.group import group_generation
 from ..domain.lab import Lab
@@ -137,6 +144,10 @@ class ConsumerProcess:
         self.stopping = False
         self.current: Message | None = None
         self._last_heartbeat = 0.0
+        # The report announces the effects on the change feed (the effect transactions do not):
+        # whether an effect was committed since the last report, and when one was last reported.
+        self._effects_unreported = False
+        self._effects_reported_at = 0.0
         self._dlq: Producer | None = None
         self._offsets_producer: Producer | None = None  # commit mode transactional: its own producer
         # Its parent is the agent's fork server, which exits with the agent: a new parent means
@@ -411,11 +422,21 @@ class ConsumerProcess:
         with self._reporting_from_callback():
             self._say("rebalanced", f"{self.name} lost partitions {sorted(p.partition for p in partitions)}")
 
+    def _report_effects(self) -> None:
+        """After an effect's transaction and its offset commit: the report announces the lab's new
+        data on the change feed (its counts and positions moved). At once when no effect was
+        reported for HEARTBEAT_EVERY (a learner's one record shows without delay), else with the
+        next heartbeat (a stream of records: at most two reports a second)."""
+        self._effects_unreported = True
+        self.heartbeat(force=time.monotonic() - self._effects_reported_at >= HEARTBEAT_EVERY)
+
     def heartbeat(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last_heartbeat < HEARTBEAT_EVERY:
             return
         self._last_heartbeat = now
+        if self._effects_unreported:
+            self._effects_unreported, self._effects_reported_at = False, now
         try:
             assignment = self.consumer.assignment()
             positions = self.consumer.position(assignment) if assignment else []
@@ -438,6 +459,7 @@ class ConsumerProcess:
                                 on_lost=self.on_lost)
         self.report.state = "running"
         self._say("started", f"{self.name} joined group {self.group_id} ({self.strategy_name})")
+        log.info("%s of lab %s joined group %s (%s)", self.name, self.lab.name, self.group_id, self.strategy_name)
         try:
             while not self.stopping:
                 if self.control_broken is not None:
@@ -477,6 +499,7 @@ class ConsumerProcess:
             except psycopg.OperationalError as error:
                 # PostgreSQL restarting as we stop: the agent records how we ended (our exit code).
                 log.warning("could not report the stop: %s", str(error).splitlines()[0])
+            log.info("%s of lab %s left group %s: %s", self.name, self.lab.name, self.group_id, self.report.state)
             if self.effects_conn is not None:
                 self.effects_conn.close()
             self.control_conn.close()
@@ -574,8 +597,10 @@ class ConsumerProcess:
     def _connect_effects(self) -> psycopg.Connection:
         self.session_settings = None  # a new session: the lab's settings are applied again
         # Named, so pg_stat_activity (and a person looking for who holds a lock) can tell it apart.
-        return connect(self.database_url, schema=self.effects_schema, autocommit=True,
+        conn = connect(self.database_url, schema=self.effects_schema, autocommit=True,
                        application_name=f"lab {self.lab.name} {self.name} effects")
+        conn.execute(QUIET_SESSION)  # its effects are announced by the report (_report_effects)
+        return conn
 
     def _on_database_error(self, message: Message, event: events.PaymentEvent | None,
                            error: psycopg.Error) -> str | None:
@@ -681,10 +706,11 @@ class ConsumerProcess:
         poll, and a failed one is not retried), so the consumer moves on while its commits may never
         arrive: a crash then brings back every record since the last commit that did. transactional
         sends them to a Kafka transaction and commits it (:meth:`_commit_in_kafka_transaction`). The
-        report is written on the heartbeat's cadence, not after every commit."""
+        report follows (:meth:`_report_effects`): at once after a quiet spell, else on the
+        heartbeat's cadence, not after every commit."""
         if self.group.transactional_commits:
             self._commit_in_kafka_transaction(offsets, before_commit)
-            self.heartbeat()
+            self._report_effects()
             return
         if before_commit is not None:
             self.checkpoint(before_commit)
@@ -702,7 +728,7 @@ class ConsumerProcess:
                     break
                 attempts += 1
                 self._commit_retried(offsets, reason, attempts)
-        self.heartbeat()
+        self._report_effects()
 
     # --- commit mode transactional ----------------------------------------------------------
 

@@ -107,7 +107,18 @@ class PublishArgs(Args):
            summary="Publish payment events through the agent's producer, and journal them")
 def publish(ctx: Context, args: PublishArgs) -> dict:
     limits.check_burst(ctx, args.count if args.mode == "burst" else None)
-    return run_command(ctx, "publish", args.command_args(), field="mode")
+    result = run_command(ctx, "publish", args.command_args(), field="mode")
+    _wait_mirrored(ctx, result.get("records") or [])
+    return result
+
+
+def _wait_mirrored(ctx: Context, records: list[dict]) -> None:
+    """What the lab just wrote is on every panel when the request returns: wait (bounded) until the
+    log reader has mirrored it. Here, in the request, not in the agent: the agent carries out one
+    command at a time, and a class's publishes each waiting there for a reader that is behind
+    queued up behind each other (bench/classroom.py at 30: a publish past 30 s). A reader that is
+    behind only delays this; nothing is lost."""
+    labdata.wait_mirrored(ctx.engine, ctx.lab.schema, records)
 
 
 class ProduceRawArgs(Args):
@@ -169,7 +180,9 @@ def produce_raw(ctx: Context, args: ProduceRawArgs) -> dict:
             partitions = int(labdata.settings(conn).get("partitions") or 1)
         if args.partition >= partitions:
             raise InvalidRequest("partition", f"{ctx.lab.topic} has {partitions} partition(s): 0 to {partitions - 1}")
-    return run_command(ctx, "produce.raw", args.model_dump(exclude_none=True), field="value")
+    record = run_command(ctx, "produce.raw", args.model_dump(exclude_none=True), field="value")
+    _wait_mirrored(ctx, [record])
+    return record
 
 
 def template_event(account_id: str = "acc-1") -> dict[str, Any]:

@@ -4,9 +4,20 @@ Statement triggers on every table of a lab (and lane) schema, and row triggers o
 tables whose rows name a lab (the consumers, the guided runs, the attendees), run ``pg_notify('lab_change', <lab name>)`` in the writer's own
 transaction: a consumer's transaction, the log reader, a control, the agent, a person in psql, the
 learner's own code. PostgreSQL delivers a notification at its transaction's commit, never for a
-rolled-back one, and folds identical notifications of one transaction into one; so a consumer's
-transaction, whatever it wrote, announces its lab once. The web processes LISTEN (web/push.py)
-and turn an announcement into at most a few pushes a second per lab.
+rolled-back one, and folds identical notifications of one transaction into one; so a transaction,
+whatever it wrote, announces its lab once. The web processes LISTEN (web/push.py) and turn an
+announcement into at most a few pushes a second per lab.
+
+Except the lab's consumers' effect transactions: a session that sets ``lab.change_feed`` to
+``reported`` (QUIET_SESSION) announces nothing from the lab tables. A transaction that has
+notified takes PostgreSQL's notify queue lock at commit (one lock for the whole cluster: an
+AccessExclusiveLock on object 0 of pg_database, held until the commit is done) and wakes every
+backend that LISTENs in the database (every lab consumer's control connection does); with one
+such transaction per record, every consumer's commit woke every listener (bench/change_feed.py:
+eight writers beside sixty listeners committed 1,153 transactions a second announcing, 3,468
+quiet). A consumer announces its work instead through its report (its row in the consumers
+control table, below), which it writes at once after an effect that follows a quiet spell and at
+most twice a second under load (webapp/consumer/loop.py).
 
 What changes with time alone (the agent's heartbeat growing old, a key's age) writes nothing:
 web/push.py looks again once a second per lab as well.
@@ -20,11 +31,17 @@ from .schema import notify_lab_function, quoted
 
 CHANNEL = LAB_CHANGE_CHANNEL
 TRIGGER = "lab_changed"
+# The session setting of a writer whose changes of lab tables are announced another way (a lab
+# consumer's effects connection: its report announces them).
+QUIET_SETTING = "lab.change_feed"
+QUIET_SESSION = f"SET {QUIET_SETTING} = 'reported'"
+ANNOUNCES = f"current_setting('{QUIET_SETTING}', true) IS DISTINCT FROM 'reported'"
 
 
 def lab_trigger_ddl(schema: str) -> list[str]:
     """The change triggers of one lab (or lane) schema, on every lab table; idempotent. A lane's
-    triggers name its lab: the lab's panels show its lanes."""
+    triggers name its lab: the lab's panels show its lanes. A quiet session (QUIET_SESSION) does
+    not even run the function: the trigger's WHEN is false."""
     from .tables import lab_tables
 
     s = quoted(schema)
@@ -37,7 +54,7 @@ END $fn$"""]
     for table in lab_tables():
         statements.append(f"DROP TRIGGER IF EXISTS {TRIGGER} ON {s}.{quoted(table.name)}")
         statements.append(f"CREATE TRIGGER {TRIGGER} AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON "
-                          f"{s}.{quoted(table.name)} FOR EACH STATEMENT EXECUTE FUNCTION {s}.{TRIGGER}('{lab_name}')")
+                          f"{s}.{quoted(table.name)} FOR EACH STATEMENT WHEN ({ANNOUNCES}) EXECUTE FUNCTION {s}.{TRIGGER}('{lab_name}')")
     return statements
 
 

@@ -50,3 +50,32 @@ def update_group(conn: Connection, group_id: str, **values: Any) -> bool:
 def say(conn: Connection, kind: str, summary: str, **detail: Any) -> None:
     """Append a timeline entry (the timeline module owns the statement, shared with psycopg writers)."""
     timeline.record(conn.exec_driver_sql, kind, summary, **detail)
+
+
+MIRRORED = ('SELECT count(*) FROM log_records WHERE (partition, "offset") IN '
+            "(SELECT * FROM unnest(CAST(:partitions AS int[]), CAST(:offsets AS bigint[])))")
+
+
+def wait_mirrored(engine, schema_name: str, records: list[dict[str, Any]], timeout: float = 5.0,
+                  interval: float = 0.02) -> bool:
+    """Wait until the log reader mirrored every record (``partition``, ``offset``) just produced
+    to the lab whose schema is ``schema_name``, so the caller's next read of the lab includes
+    them. False after ``timeout`` seconds (the reader is behind or stopped): never raises for it.
+    Each look borrows a connection for one statement."""
+    from sqlalchemy import text
+
+    from ..domain.waits import WaitTimeout, wait_until
+    from .schema import connect_in
+    wanted = sorted({(int(r["partition"]), int(r["offset"])) for r in records
+                     if r.get("partition") is not None and r.get("offset") is not None})
+    if not wanted:
+        return True
+    params = {"partitions": [p for p, _ in wanted], "offsets": [o for _, o in wanted]}
+
+    def mirrored() -> bool:
+        with connect_in(engine, schema_name) as conn:
+            return conn.execute(text(MIRRORED), params).scalar_one() >= len(wanted)
+    try:
+        return wait_until(mirrored, timeout=timeout, interval=interval, message="")
+    except WaitTimeout:
+        return False
