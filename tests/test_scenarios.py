@@ -52,7 +52,7 @@ EXERCISES = [
     "16_last_batch_redelivered", "17_async_commit_window", "18_dedup_at_a_million_keys",
     "19_your_consumer_graded", "20_rebalance_redelivers_last_batch", "21_check_then_act_repeatable_read",
     "22_set_from_the_clock", "23_expired_offsets_replay_the_retained_log", "24_kafka_transactions_stop_at_kafka",
-    "25_lag_eats_into_an_event_time_ttl",
+    "25_lag_eats_into_an_event_time_ttl", "26_audit_row_beside_a_set",
 ]
 
 
@@ -76,7 +76,7 @@ GUIDED_ELSEWHERE = ("13_external_notification_idempotency_key",  # tests/test_no
                     "17_async_commit_window",                    # below, on the proxied stack
                     "19_your_consumer_graded")                   # tests/byoc: an outside consumer it grades
 # Exercises run headless by a test of their own that also reads the ledger behind the verdict.
-HEADLESS_WITH_LEDGER = ("21_check_then_act_repeatable_read",)
+HEADLESS_WITH_LEDGER = ("21_check_then_act_repeatable_read", "26_audit_row_beside_a_set")
 HEADLESS = [p for p in BUILT_IN
             if p.stem not in AT_BENCHMARK_SCALE + GUIDED_ELSEWHERE + HEADLESS_WITH_LEDGER and p not in GUIDED]
 
@@ -133,6 +133,39 @@ def test_check_then_act_under_repeatable_read_fails_on_the_update_then_its_retry
     assert outcomes.count("applied") == 1, rr
     rc = ledger("rc")
     assert [outcome for _, outcome, _ in rc] == ["applied", "applied"], rc
+    judge_and_drop_run(app_factory, scenario_app, result["lab"])
+
+
+def test_an_audit_row_beside_a_set_doubles_on_a_replay_unless_keyed_on_the_event(app_factory, scenario_app):
+    """Exercise 26, headless, then the rows behind its verdict: in lane audit the replayed status
+    left the account as one application does and added a second audit row for the same event (a new
+    id each time), which the verdict counts and its why explains; lane keyed holds one row, whose id is
+    the event's, and a green verdict."""
+    path = next(p for p in BUILT_IN if p.stem == "26_audit_row_beside_a_set")
+    code, output = run_cli(scenario_app, "run", str(path), "--json")
+    result = json.loads(output)
+    failed = [c for c in result["checks"] if not c["ok"]]
+    assert result["status"] == "passed" and code == 0, f"{result['reason']}\nsteps: {result['steps']}\nfailed: {failed}"
+    run_lab = Lab(result["lab"])
+
+    def audit_rows(lane: str) -> list[tuple[str, str, str]]:
+        with connect(scenario_app.config["DATABASE_URL"], schema=run_lab.lane_schema(lane)) as conn:
+            return conn.execute("SELECT id::text, event_id::text, action FROM audit_events ORDER BY recorded_at, id"
+                                ).fetchall()
+
+    audit, keyed = audit_rows("audit"), audit_rows("keyed")
+    assert len(audit) == 2 and audit[0][1] == audit[1][1] and audit[0][0] != audit[1][0], audit
+    assert all(row[2] == "status PAID" for row in audit), audit
+    assert keyed == [(audit[0][1], audit[0][1], "status PAID")], keyed
+    run_app = app_factory(LAB_NAME=result["lab"], DATABASE_URL=scenario_app.config["DATABASE_URL"],
+                          KAFKA_BOOTSTRAP_SERVERS=scenario_app.config["KAFKA_BOOTSTRAP_SERVERS"])
+    state = run_app.test_client().get("/api/v1/state").get_json()
+    verdicts = {lane["lane"]: lane["verdict"] for lane in state["lanes"]}
+    assert verdicts["audit"]["audit_rows_duplicated"] == 1 and verdicts["audit"]["status"] == "anomalies", verdicts
+    whys = [a["why"] for a in verdicts["audit"]["anomalies"] if a["kind"] == "audit-duplicated"]
+    assert len(whys) == 1 and "has 2 audit rows, 1 more than one per transaction" in whys[0], verdicts["audit"]
+    assert "applied 2 time(s)" in whys[0] and "gen_random_uuid()" in whys[0], whys
+    assert verdicts["keyed"]["audit_rows_duplicated"] == 0 and verdicts["keyed"]["status"] == "exactly-once", verdicts
     judge_and_drop_run(app_factory, scenario_app, result["lab"])
 
 

@@ -16,7 +16,8 @@ from .marks import Checker, LocatedDict, hint
 
 VERDICT_FIELDS = ("transactions", "duplicates_applied", "transactions_applied_twice", "effects_lost",
                   "source_duplicates_absorbed", "source_duplicates", "redeliveries_absorbed", "dead_letters",
-                  "not_yet_applied", "sets_regressed", "sets_changed_by_redelivery")
+                  "not_yet_applied", "sets_regressed", "sets_changed_by_redelivery",
+                  "audit_rows_duplicated")
 # How long one wait step may take (seconds): a scenario's own bound, not an operation's.
 WAIT_SECONDS = (0.5, 120.0)
 DEFAULT_WAIT = 30.0
