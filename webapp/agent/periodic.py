@@ -43,6 +43,9 @@ BEAT_EVERY = 0.5
 REAP_EVERY_BEATS = 3  # the reaper's round every 1.5 s
 PROBE_EVERY = 1.0
 TICK = 1.0
+# Every lab's committed offsets are read again at least this often, consumers or not: the broker
+# moves them too (Apache Kafka deletes an empty group's after offsets.retention.minutes).
+IDLE_SNAPSHOT_SECONDS = 5
 
 
 class Heartbeat:
@@ -308,13 +311,17 @@ class Housekeeping:
         return [Lab.of_schema(name) for (name,) in schemas]
 
     def offsets_may_have_moved(self, lab: Lab) -> bool:
-        """Committed offsets move only by consumers' commits (and by resets, which snapshot
-        themselves): snapshot a lab whose consumers reported lately, or a group never snapshotted."""
+        """Committed offsets move by consumers' commits (and by resets, which snapshot themselves),
+        and, with no consumer at all, by the broker: Apache Kafka deletes an empty group's offsets
+        after offsets.retention.minutes. Snapshot a lab whose consumers reported lately, a group
+        never snapshotted, and any lab's groups at least every IDLE_SNAPSHOT_SECONDS."""
         return self.conn.execute(
             f"SELECT EXISTS (SELECT 1 FROM {CONTROL_SCHEMA}.consumers WHERE lab = %s "
             "AND heartbeat_at > now() - interval '30 seconds')"
             f' OR EXISTS (SELECT 1 FROM "{lab.schema}".consumer_groups g WHERE NOT EXISTS ('
             f'   SELECT 1 FROM "{lab.schema}".group_offsets o WHERE o.group_id = g.group_id))'
+            f' OR EXISTS (SELECT 1 FROM "{lab.schema}".group_offsets WHERE read_at < now() - interval '
+            f"'{IDLE_SNAPSHOT_SECONDS} seconds')"
             # An outside consumer (issue 34) sends the lab no heartbeats: its offsets may move any time.
             f' OR EXISTS (SELECT 1 FROM "{lab.schema}".consumer_groups WHERE strategy = %s)',
             [lab.name, OUTSIDE_STRATEGY]).fetchone()[0]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic, OffsetSpec
 
 from ..domain.vocabulary import OFFSET_RESET_MODES
 from .config import _quiet
@@ -177,3 +177,16 @@ def broker_error(admin: AdminClient, timeout: float = 3.0) -> str | None:
     if not metadata.brokers:
         return "Kafka answered with no brokers"
     return None
+
+
+def set_topic_configs(admin: AdminClient, topic: str, configs: dict[str, str]) -> None:
+    """Set ``configs`` (``retention.ms``, ``segment.ms``…) on ``topic``, each alone (an incremental
+    alter: the topic's other settings stay); KafkaException when the broker refuses."""
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET) for name, value in configs.items()])
+    future = admin.incremental_alter_configs([resource], request_timeout=ADMIN_TIMEOUT)[resource]
+    try:
+        future.result(timeout=ADMIN_TIMEOUT + 5)
+    except FutureTimeout:
+        future.cancel()
+        raise KafkaException(f"the broker did not answer within {ADMIN_TIMEOUT + 5:.0f} s") from None

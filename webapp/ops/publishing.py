@@ -123,6 +123,9 @@ class ProduceRawArgs(Args):
                                            f'values of at most {Limits.RAW_HEADER_VALUE_CHARACTERS}')
     partition: Whole = within(Limits.PARTITION_INDEX, "the partition; empty: chosen from the key")
     idempotent: bool = Field(True, description="enable.idempotence on the producer")
+    transaction: Literal["none", "abort"] = Field(
+        "none", description="abort: write the record inside a Kafka transaction and abort it; the broker keeps "
+                            "it in the log, and a read_committed consumer (the lab's, the log reader) skips it")
 
     @field_validator("headers", mode="before")
     @classmethod

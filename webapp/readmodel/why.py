@@ -398,7 +398,8 @@ def why_lost(ctx: _Context, transaction_id: str) -> dict[str, Any]:
         return item
     if not deliveries:
         item["why"] = (f"{where} ({_describe(first) if first else ''}) was never delivered to this copy: the group's "
-                       "committed offset moved past it (an offset reset skipped it)")
+                       "committed offset moved past it (an offset reset skipped it, or the topic's retention deleted it before "
+                       "this group read it, and the group began at the log's new start)")
         return item
     d = absorbed[0] if absorbed else deliveries[0]
     faults = ctx.happened(None, ("crashed", "killed", "frozen"), d["delivered_at"] - _minutes(30), d["delivered_at"])
