@@ -224,6 +224,41 @@ def test_the_exercises_page_lists_apache_kafka_exercises_with_the_reason_it_cann
     assert "Start</button>" in item[:item.index("</li>")] and "data-cannot-run" not in item[:item.index("</li>")]
 
 
+def test_the_lab_reads_offsets_the_broker_moved_with_no_consumer_running(app, lab):
+    """Exercise 27's wait: with no consumer of the lab running, the agent still reads each group's
+    committed offsets every few seconds, so an offset another client committed, and then none at all
+    (the group's offsets deleted, as Apache Kafka's expiry leaves them), both show in the snapshot
+    a scenario waits on."""
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from webapp.scenarios.observe import observe
+    from webapp.web.db import db
+
+    lab.post("/groups", {"group": "idle", "strategy": "none"})
+    kafka_group_id = lab.lab.group_id("idle")
+    bootstrap = app.config["KAFKA_BOOTSTRAP_SERVERS"]
+    with app.app_context():
+        engine = db.engine
+
+    def committed() -> dict:
+        return observe(engine, lab.lab).committed.get("idle", {})
+
+    wait_until(lambda: committed() and observe(engine, lab.lab).no_committed_offset("idle"), timeout=20,
+               message="the new group's offsets were never read")
+    other_client = Consumer({"bootstrap.servers": bootstrap, "group.id": kafka_group_id, "log_level": 0})
+    try:
+        other_client.commit(offsets=[TopicPartition(lab.lab.topic, 0, 3)], asynchronous=False)
+    finally:
+        other_client.close()
+    wait_until(lambda: committed().get(0) == 3, timeout=20,
+               message="an offset committed with no consumer of the lab running was never read")
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin.delete_consumer_groups([kafka_group_id], request_timeout=10)[kafka_group_id].result(timeout=15)
+    wait_until(lambda: observe(engine, lab.lab).no_committed_offset("idle"), timeout=20,
+               message="the group's deleted offsets still show")
+
+
 def test_a_topic_retention_step_sets_the_topics_configs_and_bad_input_is_named(lab):
     """The operation exercise 29 steps through: an incremental alter of the lab topic's retention.ms
     and segment.ms (the embedded broker accepts it; what Apache Kafka then deletes is the exercise's);
