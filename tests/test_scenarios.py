@@ -259,6 +259,12 @@ def test_the_lab_reads_offsets_the_broker_moved_with_no_consumer_running(app, la
                message="the group's deleted offsets still show")
 
 
+def test_the_raw_record_form_offers_an_aborted_transaction(client):
+    """Exercise 28's produce_raw field on the raw-record form, as the registry declares it."""
+    form = client.get("/controls/raw-template").get_data(as_text=True)
+    assert 'name="transaction"' in form and '<option value="abort">' in form
+
+
 def test_a_topic_retention_step_sets_the_topics_configs_and_bad_input_is_named(lab):
     """The operation exercise 29 steps through: an incremental alter of the lab topic's retention.ms
     and segment.ms (the embedded broker accepts it; what Apache Kafka then deletes is the exercise's);
