@@ -12,7 +12,8 @@ carries out a long command (a group reset waits up to 20 s for the group to empt
   a connection of their own, every ten seconds.
 
 On the main loop, between commands, about once a second: each lab's committed offsets into
-``group_offsets`` (when they may have moved) and the scheduled TTL cleanups.
+``group_offsets`` (when they may have moved, and every few seconds anyway: the broker moves them too)
+and the scheduled TTL cleanups.
 """
 from __future__ import annotations
 
@@ -272,6 +273,7 @@ class Housekeeping:
         self.conn = conn
         self._last_tick = 0.0
         self._ttl_runs: dict[str, float] = {}
+        self._offsets_read: dict[str, float] = {}  # lab -> when its offsets were last read (monotonic)
 
     def due(self) -> bool:
         now = time.monotonic()
@@ -287,13 +289,16 @@ class Housekeeping:
         for lab in self.known_labs():
             try:
                 self.scheduled_ttl(lab)
-                if self.offsets_may_have_moved(lab):
+                if self.offsets_may_have_moved(lab) \
+                        or time.monotonic() - self._offsets_read.get(lab.name, 0.0) >= IDLE_SNAPSHOT_SECONDS:
                     moved.append(lab)
             except psycopg.Error as problem:
                 log.warning("lab %s: %s", lab.name, problem)
                 self._rollback()
         try:
             snapshot_offsets_of(self.conn, admin, moved)
+            now = time.monotonic()
+            self._offsets_read.update((lab.name, now) for lab in moved)
         except KafkaException as problem:  # the broker stopped answering: the probe reports it
             log.warning("committed offsets: %s", problem)
         except psycopg.Error as problem:
@@ -314,14 +319,12 @@ class Housekeeping:
         """Committed offsets move by consumers' commits (and by resets, which snapshot themselves),
         and, with no consumer at all, by the broker: Apache Kafka deletes an empty group's offsets
         after offsets.retention.minutes. Snapshot a lab whose consumers reported lately, a group
-        never snapshotted, and any lab's groups at least every IDLE_SNAPSHOT_SECONDS."""
+        never snapshotted (and, run() adds, any lab's groups at least every IDLE_SNAPSHOT_SECONDS)."""
         return self.conn.execute(
             f"SELECT EXISTS (SELECT 1 FROM {CONTROL_SCHEMA}.consumers WHERE lab = %s "
             "AND heartbeat_at > now() - interval '30 seconds')"
             f' OR EXISTS (SELECT 1 FROM "{lab.schema}".consumer_groups g WHERE NOT EXISTS ('
             f'   SELECT 1 FROM "{lab.schema}".group_offsets o WHERE o.group_id = g.group_id))'
-            f' OR EXISTS (SELECT 1 FROM "{lab.schema}".group_offsets WHERE read_at < now() - interval '
-            f"'{IDLE_SNAPSHOT_SECONDS} seconds')"
             # An outside consumer (issue 34) sends the lab no heartbeats: its offsets may move any time.
             f' OR EXISTS (SELECT 1 FROM "{lab.schema}".consumer_groups WHERE strategy = %s)',
             [lab.name, OUTSIDE_STRATEGY]).fetchone()[0]
@@ -370,6 +373,10 @@ def snapshot_offsets_of(conn: psycopg.Connection, admin, labs: list[Lab], strict
                                            for _, kafka_group_id in rows])
     for lab, rows in groups.items():
         with conn.transaction():
+            # Only what moved is written: an unchanged snapshot writes nothing, so it wakes no live
+            # panel (every write to a lab table announces the lab, store/lab_changes.py).
+            known = {(group_id, partition): committed for group_id, partition, committed in conn.execute(
+                f'SELECT group_id, partition, committed FROM "{lab.schema}".group_offsets')}
             for group_id, kafka_group_id in rows:
                 offsets = answers[(kafka_group_id, lab.topic)]
                 if isinstance(offsets, KafkaException):
@@ -378,6 +385,8 @@ def snapshot_offsets_of(conn: psycopg.Connection, admin, labs: list[Lab], strict
                     log.warning("lab %s, group %s: %s", lab.name, group_id, offsets)
                     continue
                 for partition, committed in offsets.items():
+                    if (group_id, partition) in known and known[(group_id, partition)] == committed:
+                        continue
                     conn.execute(
                         f'INSERT INTO "{lab.schema}".group_offsets (group_id, partition, committed) '
                         "VALUES (%s, %s, %s) ON CONFLICT (group_id, partition) DO UPDATE SET "
