@@ -173,6 +173,11 @@ def test_an_audit_row_beside_a_set_doubles_on_a_replay_unless_keyed_on_the_event
     assert len(whys) == 1 and "has 2 audit rows, 1 more than one per transaction" in whys[0], verdicts["audit"]
     assert "applied 2 time(s)" in whys[0] and "gen_random_uuid()" in whys[0], whys
     assert verdicts["keyed"]["audit_rows_duplicated"] == 0 and verdicts["keyed"]["status"] == "exactly-once", verdicts
+    # The record's drill-down tells the same why for lane audit, and none for lane keyed.
+    drill = run_app.test_client().get("/records/0/0")
+    assert drill.status_code == 200
+    page = drill.get_data(as_text=True)
+    assert page.count("has 2 audit rows, 1 more than one per transaction") == 1, page
     judge_and_drop_run(app_factory, scenario_app, result["lab"])
 
 
