@@ -265,7 +265,7 @@ def assert_every_anomaly_says_why(app) -> None:
         assert len(judged) >= min(bad, 1), f"{copy}: {bad} anomalies counted, none explained: {verdict}"
         for anomaly in verdict["anomalies"]:
             assert re.search(r"P\d+@\d+|transaction", anomaly["why"]) and anomaly["why"].endswith(
-                tuple("abcdefghijklmnopqrstuvwxyz)`")), f"{copy}: {anomaly}"
+                tuple("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ)`")), f"{copy}: {anomaly}"
 
 
 def judge_and_drop_run(app_factory, app, run_lab: str) -> None:

@@ -12,7 +12,6 @@ import io
 import json
 import re
 import threading
-import time
 
 import psycopg
 import pytest

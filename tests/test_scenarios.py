@@ -52,7 +52,8 @@ EXERCISES = [
     "16_last_batch_redelivered", "17_async_commit_window", "18_dedup_at_a_million_keys",
     "19_your_consumer_graded", "20_rebalance_redelivers_last_batch", "21_check_then_act_repeatable_read",
     "22_set_from_the_clock", "23_expired_offsets_replay_the_retained_log", "24_kafka_transactions_stop_at_kafka",
-    "25_lag_eats_into_an_event_time_ttl",
+    "25_lag_eats_into_an_event_time_ttl", "26_audit_row_beside_a_set", "27_offsets_expire_on_apache_kafka",
+    "28_read_committed_skips_an_aborted_transaction", "29_retention_deletes_a_segment",
 ]
 
 
@@ -76,14 +77,20 @@ GUIDED_ELSEWHERE = ("13_external_notification_idempotency_key",  # tests/test_no
                     "17_async_commit_window",                    # below, on the proxied stack
                     "19_your_consumer_graded")                   # tests/byoc: an outside consumer it grades
 # Exercises run headless by a test of their own that also reads the ledger behind the verdict.
-HEADLESS_WITH_LEDGER = ("21_check_then_act_repeatable_read",)
+HEADLESS_WITH_LEDGER = ("21_check_then_act_repeatable_read", "26_audit_row_beside_a_set")
+# Exercises of Apache Kafka's own machinery (offsets retention, transaction markers, log retention):
+# written for the docker compose stack (`requires: [kafka]`); the suite's broker is Tansu, so the
+# suite checks their files and that the lab says why it does not run them here.
+ON_APACHE_KAFKA = ("27_offsets_expire_on_apache_kafka", "28_read_committed_skips_an_aborted_transaction",
+                   "29_retention_deletes_a_segment")
 HEADLESS = [p for p in BUILT_IN
-            if p.stem not in AT_BENCHMARK_SCALE + GUIDED_ELSEWHERE + HEADLESS_WITH_LEDGER and p not in GUIDED]
+            if p.stem not in AT_BENCHMARK_SCALE + GUIDED_ELSEWHERE + HEADLESS_WITH_LEDGER + ON_APACHE_KAFKA
+            and p not in GUIDED]
 
 
 def test_every_exercise_runs_headless_or_guided():
     run = ({p.stem for p in HEADLESS + GUIDED} | set(GUIDED_ELSEWHERE) | set(AT_BENCHMARK_SCALE)
-           | set(HEADLESS_WITH_LEDGER))
+           | set(HEADLESS_WITH_LEDGER) | set(ON_APACHE_KAFKA))
     assert run == set(EXERCISES)
 
 
@@ -150,6 +157,144 @@ def test_exercise_21_passes_guided_at_a_persons_pace(scenario_app, app_factory):
     assert_passed(run)
     assert all(step["status"] == "ok" for step in run.steps)
     judge_and_drop_run(app_factory, scenario_app, run.lab)
+
+
+def test_an_audit_row_beside_a_set_doubles_on_a_replay_unless_keyed_on_the_event(app_factory, scenario_app):
+    """Exercise 26, headless, then the rows behind its verdict: in lane audit the replayed status
+    left the account as one application does and added a second audit row for the same event (a new
+    id each time), which the verdict counts and its why explains; lane keyed holds one row, whose id is
+    the event's, and a green verdict."""
+    path = next(p for p in BUILT_IN if p.stem == "26_audit_row_beside_a_set")
+    code, output = run_cli(scenario_app, "run", str(path), "--json")
+    result = json.loads(output)
+    failed = [c for c in result["checks"] if not c["ok"]]
+    assert result["status"] == "passed" and code == 0, f"{result['reason']}\nsteps: {result['steps']}\nfailed: {failed}"
+    run_lab = Lab(result["lab"])
+
+    def audit_rows(lane: str) -> list[tuple[str, str, str]]:
+        with connect(scenario_app.config["DATABASE_URL"], schema=run_lab.lane_schema(lane)) as conn:
+            return conn.execute("SELECT id::text, event_id::text, action FROM audit_events ORDER BY recorded_at, id"
+                                ).fetchall()
+
+    audit, keyed = audit_rows("audit"), audit_rows("keyed")
+    assert len(audit) == 2 and audit[0][1] == audit[1][1] and audit[0][0] != audit[1][0], audit
+    assert all(row[2] == "status PAID" for row in audit), audit
+    assert keyed == [(audit[0][1], audit[0][1], "status PAID")], keyed
+    run_app = app_factory(LAB_NAME=result["lab"], DATABASE_URL=scenario_app.config["DATABASE_URL"],
+                          KAFKA_BOOTSTRAP_SERVERS=scenario_app.config["KAFKA_BOOTSTRAP_SERVERS"])
+    state = run_app.test_client().get("/api/v1/state").get_json()
+    verdicts = {lane["lane"]: lane["verdict"] for lane in state["lanes"]}
+    assert verdicts["audit"]["audit_rows_duplicated"] == 1 and verdicts["audit"]["status"] == "anomalies", verdicts
+    whys = [a["why"] for a in verdicts["audit"]["anomalies"] if a["kind"] == "audit-duplicated"]
+    assert len(whys) == 1 and "has 2 audit rows, 1 more than one per transaction" in whys[0], verdicts["audit"]
+    assert "applied 2 time(s)" in whys[0] and "gen_random_uuid()" in whys[0], whys
+    assert verdicts["keyed"]["audit_rows_duplicated"] == 0 and verdicts["keyed"]["status"] == "exactly-once", verdicts
+    # The record's drill-down tells the same why for lane audit, and none for lane keyed.
+    drill = run_app.test_client().get("/records/0/0")
+    assert drill.status_code == 200
+    page = drill.get_data(as_text=True)
+    assert page.count("has 2 audit rows, 1 more than one per transaction") == 1, page
+    judge_and_drop_run(app_factory, scenario_app, result["lab"])
+
+
+@pytest.mark.parametrize("name", ON_APACHE_KAFKA)
+def test_an_apache_kafka_exercise_is_checked_and_needs_kafka(name):
+    """Their steps are the lab's operations (or waits) with valid arguments, the loader's checks;
+    each needs Apache Kafka, and the steps that only Apache Kafka makes pass are there."""
+    scenario = load(next(p for p in BUILT_IN if p.stem == name))
+    assert scenario.requires == ["kafka"]
+    assert all(step.action == "wait" or step.action in STEP_OPERATIONS for step in scenario.steps)
+    actions = [step.action for step in scenario.steps]
+    kafka_only = {"27_offsets_expire_on_apache_kafka": "wait", "28_read_committed_skips_an_aborted_transaction":
+                  "produce_raw", "29_retention_deletes_a_segment": "topic_retention"}[name]
+    assert kafka_only in actions
+    if name.startswith("27"):
+        assert any("no_committed_offset" in str(step.args) for step in scenario.steps if step.action == "wait")
+    if name.startswith("28"):
+        assert next(s for s in scenario.steps if s.action == "produce_raw").args["transaction"] == "abort"
+
+
+def test_an_apache_kafka_exercise_on_the_embedded_broker_is_not_run_and_says_why(scenario_app):
+    """On Tansu (the suite's broker, probed by its cluster id) the CLI reports it not run, with the
+    reason, and exits 2; nothing ran."""
+    path = next(p for p in BUILT_IN if p.stem == "28_read_committed_skips_an_aborted_transaction")
+    code, output = run_cli(scenario_app, "run", str(path), "--json")
+    result = json.loads(output)
+    assert code == 2 and result["status"] == "not-run", output
+    assert "Apache Kafka" in result["reason"] and "docker compose" in result["reason"], result["reason"]
+    assert not result["steps"] or all(step["status"] != "ok" for step in result["steps"]), result["steps"]
+
+
+def test_the_exercises_page_lists_apache_kafka_exercises_with_the_reason_it_cannot_run_them(app_factory, lab_name):
+    """On the embedded lab (LAB_BROKER_KIND=tansu, as `make run` sets it) an exercise that needs Apache
+    Kafka shows why instead of a Start button, and starting it anyway is refused; with Apache Kafka
+    it has its Start button."""
+    embedded = app_factory(LAB_NAME=lab_name, LAB_BROKER_KIND="tansu").test_client()
+    page = embedded.get("/scenarios/").get_data(as_text=True)
+    for name in ON_APACHE_KAFKA:
+        item = page[page.index(f'data-scenario="{name}"'):]
+        item = item[:item.index("</li>")]
+        assert "data-cannot-run" in item and "docker compose" in item and "Start</button>" not in item, item
+    ordinary = page[page.index('data-scenario="01_naive_double_credit"'):]
+    assert "Start</button>" in ordinary[:ordinary.index("</li>")]
+    refused = embedded.post(f"/scenarios/{ON_APACHE_KAFKA[0]}/runs")
+    assert refused.status_code == 409 and "Apache Kafka" in refused.get_data(as_text=True)
+    on_kafka = app_factory(LAB_NAME=lab_name, LAB_BROKER_KIND="kafka").test_client().get("/scenarios/")
+    item = on_kafka.get_data(as_text=True)
+    item = item[item.index(f'data-scenario="{ON_APACHE_KAFKA[1]}"'):]
+    assert "Start</button>" in item[:item.index("</li>")] and "data-cannot-run" not in item[:item.index("</li>")]
+
+
+def test_the_lab_reads_offsets_the_broker_moved_with_no_consumer_running(app, lab):
+    """Exercise 27's wait: with no consumer of the lab running, the agent still reads each group's
+    committed offsets every few seconds, so an offset another client committed, and then none at all
+    (the group's offsets deleted, as Apache Kafka's expiry leaves them), both show in the snapshot
+    a scenario waits on."""
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from webapp.scenarios.observe import observe
+    from webapp.web.db import db
+
+    lab.post("/groups", {"group": "idle", "strategy": "none"})
+    kafka_group_id = lab.lab.group_id("idle")
+    bootstrap = app.config["KAFKA_BOOTSTRAP_SERVERS"]
+    with app.app_context():
+        engine = db.engine
+
+    def committed() -> dict:
+        return observe(engine, lab.lab).committed.get("idle", {})
+
+    wait_until(lambda: committed() and observe(engine, lab.lab).no_committed_offset("idle"), timeout=20,
+               message="the new group's offsets were never read")
+    other_client = Consumer({"bootstrap.servers": bootstrap, "group.id": kafka_group_id, "log_level": 0})
+    try:
+        other_client.commit(offsets=[TopicPartition(lab.lab.topic, 0, 3)], asynchronous=False)
+    finally:
+        other_client.close()
+    wait_until(lambda: committed().get(0) == 3, timeout=20,
+               message="an offset committed with no consumer of the lab running was never read")
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin.delete_consumer_groups([kafka_group_id], request_timeout=10)[kafka_group_id].result(timeout=15)
+    wait_until(lambda: observe(engine, lab.lab).no_committed_offset("idle"), timeout=20,
+               message="the group's deleted offsets still show")
+
+
+def test_the_raw_record_form_offers_an_aborted_transaction(client):
+    """Exercise 28's produce_raw field on the raw-record form, as the registry declares it."""
+    form = client.get("/controls/raw-template").get_data(as_text=True)
+    assert 'name="transaction"' in form and '<option value="abort">' in form
+
+
+def test_a_topic_retention_step_sets_the_topics_configs_and_bad_input_is_named(lab):
+    """The operation exercise 29 steps through: an incremental alter of the lab topic's retention.ms
+    and segment.ms (the embedded broker accepts it; what Apache Kafka then deletes is the exercise's);
+    with neither, or one out of bounds, a 4xx naming the field."""
+    answer = lab.post("/topic/retention", {"retention_ms": 604_800_000, "segment_ms": 86_400_000})
+    assert answer["configs"] == {"retention.ms": "604800000", "segment.ms": "86400000"}
+    assert lab.post("/topic/retention", {}, expect=(400, 422))
+    too_short = lab.client.post("/api/v1/topic/retention", json={"retention_ms": 5})
+    assert too_short.status_code in (400, 422) and "retention_ms" in too_short.get_data(as_text=True)
 
 
 # --- record and replay ---------------------------------------------------------------------------

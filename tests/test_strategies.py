@@ -208,6 +208,30 @@ def test_a_set_is_idempotent_only_if_its_values_come_from_the_event(conn, name, 
     assert (second[1] == datetime.fromisoformat(at(0))) is not row_changes
 
 
+@pytest.mark.parametrize("name, audit_rows_after_redelivery", [("natural-audit", 2), ("natural-audit-keyed", 1)])
+def test_an_audit_row_beside_an_idempotent_set_doubles_unless_keyed_on_the_event(conn, name,
+                                                                                  audit_rows_after_redelivery):
+    """Source text 000's "INSERT de um evento de auditoria" (Não) beside `SET status = 'PAID'` (Sim): a
+    redelivery rewrites the same account row under both; natural-audit's audit row takes a new id per
+    execution and is there twice, natural-audit-keyed's is keyed on the event and is there once. The
+    statement that decides is the one the plan's note says decides."""
+    strategy = strategies.get(name)
+    event = events.set_status("acc-4", "PAID", occurred_at=at(0))
+    first = RecordingContext(conn)
+    assert strategy.apply(first, event) == "applied"
+    row = status_row(conn, "acc-4")
+    assert strategy.apply(RecordingContext(conn), event) == "applied"
+    assert status_row(conn, "acc-4") == row == ("PAID", datetime.fromisoformat(at(0)))
+    rows = conn.execute("SELECT id::text, event_id::text, transaction_id, action FROM audit_events").fetchall()
+    assert len(rows) == audit_rows_after_redelivery
+    assert {r[1:] for r in rows} == {(event.event_id, event.transaction_id, "status PAID")}
+    deciding = [step for step in strategy.plan if step.kind == "sql" and step.note.startswith("the line that decides")]
+    assert len(deciding) == 1 and deciding[0].text in first.statements
+    assert deciding[0].text.startswith("INSERT INTO audit_events")
+    assert ("gen_random_uuid()" in deciding[0].text) is (audit_rows_after_redelivery == 2)
+    assert ("ON CONFLICT (id) DO NOTHING" in deciding[0].text) is (audit_rows_after_redelivery == 1)
+
+
 def at(seconds: int) -> str:
     return (datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc) + timedelta(seconds=seconds)).isoformat()
 

@@ -15,7 +15,7 @@ from confluent_kafka import KafkaException
 from ..store import command_channel
 from .. import strategies
 from ..kafka.admin import (OffsetReset, alter_offsets, committed_offsets, create_lane_principal, group_state,
-                           target_offsets)
+                           set_topic_configs, target_offsets)
 from ..kafka.config import producer_config
 from ..kafka import producer
 from ..domain.lab import Lab
@@ -112,6 +112,19 @@ def reset_lab(agent: AgentContext, lab: Lab, args: dict) -> dict:
         return setup.recreate(agent.engine, agent.admin, lab, partitions)
 
 
+def set_topic_retention(agent: AgentContext, lab: Lab, args: dict) -> dict:
+    """The lab's topic's retention.ms and/or segment.ms, as the broker then has them."""
+    configs = {name: str(int(args[key])) for key, name in (("retention_ms", "retention.ms"),
+                                                             ("segment_ms", "segment.ms")) if args.get(key) is not None}
+    try:
+        set_topic_configs(agent.admin, lab.topic, configs)
+    except KafkaException as error:
+        raise CommandRejected(f"the broker refused {', '.join(configs)} on {lab.topic}: {error}") from None
+    agent.say(lab, "lab", f"{lab.topic}: " + ", ".join(f"{name}={value}" for name, value in configs.items())
+              + " (the broker deletes a segment once its newest record is older than retention.ms)", **configs)
+    return {"topic": lab.topic, "configs": configs}
+
+
 def _forget_outside_offsets(agent: AgentContext, lab: Lab) -> None:
     """Before a reset re-creates the topic empty: delete the groups of the lab's outside consumers
     (issue 34), whose committed offsets would otherwise point past the new topic's records. The lab
@@ -166,10 +179,12 @@ def produce_raw(agent: AgentContext, lab: Lab, args: dict) -> dict:
                              client_id=lab.producer_client_id)
     try:
         record = producer.produce_raw(config, lab.topic, args.get("key"), args.get("value"),
-                                      headers=args.get("headers"), partition=args.get("partition"))
+                                      headers=args.get("headers"), partition=args.get("partition"),
+                                      aborted_transaction=args.get("transaction") == "abort")
     except producer.PublishError as error:
         raise CommandRejected(str(error)) from None
-    agent.say(lab, "published", f"raw record to P{record['partition']}@{record['offset']} "
+    aborted = " in a Kafka transaction, then aborted" if record.get("aborted") else ""
+    agent.say(lab, "published", f"raw record to P{record['partition']}@{record['offset']}{aborted} "
               f"(key {args.get('key')!r}, {len(str(args.get('value') or ''))} characters)", records=[record])
     return {"topic": lab.topic, **record}
 
@@ -484,6 +499,7 @@ HANDLERS: dict[str, Handler] = {
     "consumer.restart": restart_consumer,
     "group.reset": reset_group,
     "lab.reset": reset_lab,
+    "topic.retention": set_topic_retention,
     "lab.ensure": ensure_lab,
     "lab.drop": drop_lab,
     "lane.kafka_principal": grant_lane_principal,

@@ -12,7 +12,8 @@ carries out a long command (a group reset waits up to 20 s for the group to empt
   a connection of their own, every ten seconds.
 
 On the main loop, between commands, about once a second: each lab's committed offsets into
-``group_offsets`` (when they may have moved) and the scheduled TTL cleanups.
+``group_offsets`` (when they may have moved, and every few seconds anyway: the broker moves them too)
+and the scheduled TTL cleanups.
 """
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ BEAT_EVERY = 0.5
 REAP_EVERY_BEATS = 3  # the reaper's round every 1.5 s
 PROBE_EVERY = 1.0
 TICK = 1.0
+# Every lab's committed offsets are read again at least this often, consumers or not: the broker
+# moves them too (Apache Kafka deletes an empty group's after offsets.retention.minutes).
+IDLE_SNAPSHOT_SECONDS = 5
 
 
 class Heartbeat:
@@ -269,6 +273,7 @@ class Housekeeping:
         self.conn = conn
         self._last_tick = 0.0
         self._ttl_runs: dict[str, float] = {}
+        self._offsets_read: dict[str, float] = {}  # lab -> when its offsets were last read (monotonic)
 
     def due(self) -> bool:
         now = time.monotonic()
@@ -284,13 +289,16 @@ class Housekeeping:
         for lab in self.known_labs():
             try:
                 self.scheduled_ttl(lab)
-                if self.offsets_may_have_moved(lab):
+                if self.offsets_may_have_moved(lab) \
+                        or time.monotonic() - self._offsets_read.get(lab.name, 0.0) >= IDLE_SNAPSHOT_SECONDS:
                     moved.append(lab)
             except psycopg.Error as problem:
                 log.warning("lab %s: %s", lab.name, problem)
                 self._rollback()
         try:
             snapshot_offsets_of(self.conn, admin, moved)
+            now = time.monotonic()
+            self._offsets_read.update((lab.name, now) for lab in moved)
         except KafkaException as problem:  # the broker stopped answering: the probe reports it
             log.warning("committed offsets: %s", problem)
         except psycopg.Error as problem:
@@ -308,8 +316,10 @@ class Housekeeping:
         return [Lab.of_schema(name) for (name,) in schemas]
 
     def offsets_may_have_moved(self, lab: Lab) -> bool:
-        """Committed offsets move only by consumers' commits (and by resets, which snapshot
-        themselves): snapshot a lab whose consumers reported lately, or a group never snapshotted."""
+        """Committed offsets move by consumers' commits (and by resets, which snapshot themselves),
+        and, with no consumer at all, by the broker: Apache Kafka deletes an empty group's offsets
+        after offsets.retention.minutes. Snapshot a lab whose consumers reported lately, a group
+        never snapshotted (and, run() adds, any lab's groups at least every IDLE_SNAPSHOT_SECONDS)."""
         return self.conn.execute(
             f"SELECT EXISTS (SELECT 1 FROM {CONTROL_SCHEMA}.consumers WHERE lab = %s "
             "AND heartbeat_at > now() - interval '30 seconds')"

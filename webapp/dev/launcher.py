@@ -131,6 +131,10 @@ class Launcher:
         (self.data_dir / RUNNING_FILE).write_text(json.dumps(running))
         self.prepare_lab(stack.database_url, stack.bootstrap_servers, broker_is_fresh=stack.broker is not None)
         env = {}
+        if stack.broker is not None and not self.config.get("LAB_BROKER_KIND"):
+            # The broker it started is the embedded Tansu: the web, which never probes the broker,
+            # lists the exercises that need Apache Kafka with the reason it cannot run them.
+            env["LAB_BROKER_KIND"] = "tansu"
         notify = os.environ.get("LAB_NOTIFY_URL")
         if not notify:
             # The agent keeps the notification service running; the launcher picks its address to print it.

@@ -83,6 +83,7 @@ class Limits:
     BURST = (1, 10_000)
     AMOUNT_CENTS = (1, 100_000_000)          # R$ 1,000,000.00: a lab, not a bank
     TTL_SECONDS = (0, 90 * 24 * 3600)
+    TOPIC_RETENTION_MS = (1000, 90 * 24 * 3600 * 1000)  # a topic's retention.ms and segment.ms
     RESET_BACK = (1, 1_000_000)
     PARTITION_INDEX = (0, 1000)
     OFFSET = (0, 2**62)

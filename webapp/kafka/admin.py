@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, AdminClient, NewTopic,
-                                   OffsetSpec, ResourcePatternType, ResourceType, ScramCredentialInfo, ScramMechanism,
+from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, AdminClient,
+                                   AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic, OffsetSpec,
+                                   ResourcePatternType, ResourceType, ScramCredentialInfo, ScramMechanism,
                                    UserScramCredentialDeletion, UserScramCredentialUpsertion)
 
 from ..domain.vocabulary import OFFSET_RESET_MODES
@@ -239,3 +240,16 @@ def drop_lane_principal(admin: AdminClient, username: str) -> None:
         except KafkaException as error:
             if error.args[0].code() != KafkaError.RESOURCE_NOT_FOUND:  # no credential left: dropped already
                 raise
+
+
+def set_topic_configs(admin: AdminClient, topic: str, configs: dict[str, str]) -> None:
+    """Set ``configs`` (``retention.ms``, ``segment.ms``…) on ``topic``, each alone (an incremental
+    alter: the topic's other settings stay); KafkaException when the broker refuses."""
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET) for name, value in configs.items()])
+    future = admin.incremental_alter_configs([resource], request_timeout=ADMIN_TIMEOUT)[resource]
+    try:
+        future.result(timeout=ADMIN_TIMEOUT + 5)
+    except FutureTimeout:
+        future.cancel()
+        raise KafkaException(f"the broker did not answer within {ADMIN_TIMEOUT + 5:.0f} s") from None

@@ -151,13 +151,19 @@ def _raw_bytes(name: str, value: str | bytes | None) -> bytes | None:
 
 def produce_raw(producer_config: dict[str, Any], topic: str, key: str | bytes | None, value: str | bytes | None,
                 headers: dict[str, str] | list[tuple[str, str | bytes]] | None = None,
-                partition: int | None = None, timeout: float = FLUSH_TIMEOUT) -> dict[str, Any]:
+                partition: int | None = None, timeout: float = FLUSH_TIMEOUT,
+                aborted_transaction: bool = False) -> dict[str, Any]:
     """Produce one record exactly as typed (any text, JSON or not) and wait for its delivery report.
 
     ``producer_config`` is a confluent-kafka config (``kafka.config.producer_config(...)``); ``partition``
     None lets the partitioner choose from the key. Nothing is journaled: the log reader sees this
     record like any other producer's. Returns ``{"partition", "offset"}`` (offset None when the
     broker kept it but the report carried none); raises PublishError naming the field.
+
+    ``aborted_transaction``: the record is written inside a Kafka transaction that is then aborted
+    (``transactional.id`` ``<client.id>.aborting``): the broker has appended it, and the abort
+    marker after it tells a ``read_committed`` consumer to skip it; a ``read_uncommitted`` one
+    still reads it. Its offset is in the delivery report, which comes before the abort.
     """
     key_bytes, value_bytes = _raw_bytes("key", key), _raw_bytes("value", value)
     if value_bytes is not None and len(value_bytes) > RAW_MAX_BYTES:
@@ -178,21 +184,30 @@ def produce_raw(producer_config: dict[str, Any], topic: str, key: str | bytes | 
         outcome["partition"] = message.partition() if message is not None else None
         outcome["offset"] = offset if offset is not None and offset >= 0 else None
 
+    if aborted_transaction:
+        producer_config = {**producer_config, "enable.idempotence": True,
+                           "transactional.id": f"{producer_config.get('client.id', 'lab')}.aborting"}
     producer = Producer(producer_config)
     try:
         extra = {"partition": partition} if partition is not None else {}
         try:
+            if aborted_transaction:
+                producer.init_transactions(timeout)
+                producer.begin_transaction()
             producer.produce(topic, value=value_bytes, key=key_bytes, headers=encoded or None,
                              on_delivery=on_delivery, **extra)
+            if producer.flush(timeout):
+                raise PublishError(f"the record was not acknowledged by Kafka within {timeout:.0f}s")
+            if aborted_transaction:
+                producer.abort_transaction(timeout)
         except KafkaException as error:
             raise PublishError(str(error.args[0].str() if error.args else error)) from None
-        if producer.flush(timeout):
-            raise PublishError(f"the record was not acknowledged by Kafka within {timeout:.0f}s")
     finally:
         producer.flush(0)
     if outcome.get("error"):
         raise PublishError(f"Kafka refused the record: {outcome['error']}")
-    return {"partition": outcome.get("partition"), "offset": outcome.get("offset")}
+    return {"partition": outcome.get("partition"), "offset": outcome.get("offset"),
+            **({"aborted": True} if aborted_transaction else {})}
 
 
 # librdkafka's refusals of an idempotent producer without its terms, by the setting each names.

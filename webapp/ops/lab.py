@@ -48,6 +48,20 @@ class DatabaseSettingsArgs(Args):
         return self
 
 
+class TopicRetentionArgs(Args):
+    retention_ms: Whole = within(Limits.TOPIC_RETENTION_MS, "the topic's retention.ms: Apache Kafka deletes a "
+                                 "segment once its newest record is older than this", "retention_ms", "retention",
+                                 unit=" ms")
+    segment_ms: Whole = within(Limits.TOPIC_RETENTION_MS, "the topic's segment.ms: the active segment is rolled "
+                               "at the first append after it is this old", "segment_ms", "segment", unit=" ms")
+
+    @model_validator(mode="after")
+    def _something_to_set(self) -> "TopicRetentionArgs":
+        if self.retention_ms is None and self.segment_ms is None:
+            raise InvalidRequest("retention_ms", "give retention_ms and/or segment_ms")
+        return self
+
+
 class ResetArgs(Args):
     partitions: Whole = within(Limits.PARTITIONS, "partitions of the new payments topic (default: LAB_PARTITIONS)")
 
@@ -115,6 +129,12 @@ def set_database_settings(ctx: Context, args: DatabaseSettingsArgs) -> dict:
             f"{key.removesuffix('_ms')} {getattr(args, key)} ms" for key in DATABASE_SETTINGS
             if getattr(args, key) is not None))
     return get_database_settings(ctx, NoArgs())
+
+
+@operation("set_topic_retention", path="/topic/retention", step="topic_retention", recorded=True, tags=("lab",),
+           summary="Set the lab's topic's retention.ms and/or segment.ms (Apache Kafka's log retention)")
+def set_topic_retention(ctx: Context, args: TopicRetentionArgs) -> dict:
+    return run_command(ctx, "topic.retention", args.model_dump(exclude_none=True), field="retention_ms")
 
 
 @operation("reset_lab", path="/lab/reset", recorded=True, cli="", tags=("lab",),

@@ -134,6 +134,9 @@ class ProduceRawArgs(Args):
                                            f'values of at most {Limits.RAW_HEADER_VALUE_CHARACTERS}')
     partition: Whole = within(Limits.PARTITION_INDEX, "the partition; empty: chosen from the key")
     idempotent: bool = Field(True, description="enable.idempotence on the producer")
+    transaction: Literal["none", "abort"] = Field(
+        "none", description="abort: write the record inside a Kafka transaction and abort it; the broker keeps "
+                            "it in the log, and a read_committed consumer (the lab's, the log reader) skips it")
 
     @field_validator("headers", mode="before")
     @classmethod
@@ -181,7 +184,9 @@ def produce_raw(ctx: Context, args: ProduceRawArgs) -> dict:
         if args.partition >= partitions:
             raise InvalidRequest("partition", f"{ctx.lab.topic} has {partitions} partition(s): 0 to {partitions - 1}")
     record = run_command(ctx, "produce.raw", args.model_dump(exclude_none=True), field="value")
-    _wait_mirrored(ctx, [record])
+    if not record.get("aborted"):
+        # An aborted record is never mirrored: the log reader reads read_committed, as consumers do.
+        _wait_mirrored(ctx, [record])
     return record
 
 

@@ -145,6 +145,14 @@ SETS_CHANGED_SQL = "WITH " + CHANGED_SETS + """
 SELECT count(*) FROM changed WHERE applications > 1
 """
 
+# Audit rows (audit_events, the natural-audit strategies) beyond one per transaction: exactly-once
+# writes one per transaction, so each extra row is a delivery, a resend or a source duplicate the
+# trail recorded again. Usually an empty table: one index-only aggregate.
+AUDIT_DUPLICATED_SQL = """
+SELECT coalesce(sum(audit_rows - 1), 0) FROM (
+    SELECT count(*) AS audit_rows FROM audit_events GROUP BY transaction_id HAVING count(*) > 1) t
+"""
+
 # Accounts whose balance or status differs from the log's truth.
 MISMATCHES_SQL = """
 SELECT count(*) FILTER (WHERE actual <> expected) AS balances_mismatched,
@@ -178,6 +186,7 @@ class Verdict:
     sets_regressed: int = 0              # sets applied after a newer set of their account: a regression
     reapplied_sets_regressed: int = 0    # of those, sets applied more than once (in sets_reapplied too)
     sets_changed_by_redelivery: int = 0  # sets applied again whose row changed: a value not from the event (now())
+    audit_rows_duplicated: int = 0       # audit rows beyond one per transaction (an INSERT per execution)
     anomalies: tuple = field(default=(), compare=False)  # one dict per anomaly, with its "why"
 
     @property
@@ -194,7 +203,8 @@ class Verdict:
     @property
     def status(self) -> str:
         """``no-events``, ``anomalies`` (red), ``pending`` (neutral) or ``exactly-once`` (green)."""
-        if self.duplicates_applied or self.effects_lost or self.effects_without_record or self.invalid_not_dead_lettered:
+        if self.duplicates_applied or self.effects_lost or self.effects_without_record or self.invalid_not_dead_lettered \
+                or self.audit_rows_duplicated:
             return "anomalies"
         if self.pending or self.not_yet_applied:
             return "pending" if self.records or self.effects_not_yet_mirrored else "no-events"
@@ -240,6 +250,7 @@ def verdict(session: Session, journal_schema: str, explain: bool = True, exact: 
     if values["sets_reapplied"]:
         values["sets_changed_by_redelivery"] = int(session.execute(text(SETS_CHANGED_SQL.format(
             journal=_journal(journal_schema)))).scalar_one())
+    values["audit_rows_duplicated"] = int(session.execute(text(AUDIT_DUPLICATED_SQL)).scalar_one())
     result = Verdict(**values)
     if explain and (result.status == "anomalies" or result.sets_reapplied or result.sets_regressed):
         anomalies = explain_anomalies(session, journal_schema, result, summarized=summarized)

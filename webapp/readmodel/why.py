@@ -24,6 +24,15 @@ from .regressions import CHANGED_SETS, REGRESSED_SETS
 LIMIT = 10
 CLOCK_STRATEGY = "natural-clock"  # writes status_at = now() (strategies/natural_clock.py)
 
+# Transactions with more than one audit row (audit_events, the natural-audit strategies); ``:tx``
+# narrows them to one (the drill-down).
+AUDIT_DUPLICATED_SQL = """
+SELECT transaction_id, count(*) AS audit_rows, count(DISTINCT event_id) AS events, min(account_id) AS account_id,
+       min(action) AS action
+FROM audit_events WHERE CAST(:tx AS text) IS NULL OR transaction_id = :tx
+GROUP BY transaction_id HAVING count(*) > 1 ORDER BY transaction_id LIMIT :limit
+"""
+
 # Transactions whose delta was applied more than once in this copy (payment rows and ledger rows):
 # a scan of every effect, for a lab without running summaries (summary.reads.APPLIED_TWICE_SQL
 # finds them by index lookups).
@@ -389,7 +398,8 @@ def why_lost(ctx: _Context, transaction_id: str) -> dict[str, Any]:
         return item
     if not deliveries:
         item["why"] = (f"{where} ({_describe(first) if first else ''}) was never delivered to this copy: the group's "
-                       "committed offset moved past it (an offset reset skipped it)")
+                       "committed offset moved past it (an offset reset skipped it, or the topic's retention deleted it before "
+                       "this group read it, and the group began at the log's new start)")
         return item
     d = absorbed[0] if absorbed else deliveries[0]
     faults = ctx.happened(None, ("crashed", "killed", "frozen"), d["delivered_at"] - _minutes(30), d["delivered_at"])
@@ -434,6 +444,35 @@ def why_reapplied(ctx: _Context, transaction_id: str, applied: int) -> dict[str,
     return {"kind": "re-applied", "severity": "neutral", "transaction_id": transaction_id,
             "partition": first["partition"] if first else None, "offset": first["offset"] if first else None,
             "why": (f"{where} ({_describe(first) if first else 'a set'}) was applied {applied} times{who}: {outcome}")}
+
+
+def why_audit_duplicated(ctx: _Context, row: dict[str, Any]) -> dict[str, Any]:
+    """A transaction with more than one audit row: each application's INSERT added one (a new id per
+    execution), or its transaction came as several events (keyed on the event, each has its row)."""
+    transaction_id = row["transaction_id"]
+    records, deliveries = ctx.of(transaction_id)
+    first = records[0] if records else None
+    where = _at(first["partition"], first["offset"]) if first else f"transaction {transaction_id}"
+    what = _describe(first) if first else f"{row['action']} on {row['account_id']}"
+    applied = [d for d in deliveries if d["outcome"] == "applied"]
+    who = ", ".join(f"{d['consumer']} (generation {d['generation']}, `{d['strategy']}`)" for d in applied[:4])
+    by = f" by {who}" if who else ""
+    extra = row["audit_rows"] - 1
+    if row["events"] > 1:
+        cause = (f"its transaction came as {row['events']} events with different event_ids (a source duplicate: the "
+                 "same payment published again under a new event_id), and each event got its audit row — a key on "
+                 "the event absorbs a redelivery of one event, not a new event; only a key on transaction_id "
+                 "(business-key) absorbs it")
+    else:
+        cause = ("each application's INSERT INTO audit_events took a new id (gen_random_uuid()), so nothing "
+                 "conflicted and every application of the same event_id added a row, while the set beside it wrote "
+                 "the same account row again. Keyed on the event (id = event_id, ON CONFLICT (id) DO NOTHING, "
+                 "natural-audit-keyed), every application after the first would have added none — an INSERT of "
+                 "an audit event is not idempotent: each execution creates a new row")
+    return {"kind": "audit-duplicated", "severity": "bad", "transaction_id": transaction_id,
+            "partition": first["partition"] if first else None, "offset": first["offset"] if first else None,
+            "why": (f"{where} ({what}) has {row['audit_rows']} audit rows, {extra} more than one per transaction: it was "
+                    f"applied {len(applied)} time(s){by}; {cause}")}
 
 
 def why_changed(row: dict[str, Any]) -> dict[str, Any]:
@@ -483,9 +522,12 @@ def explain(session: Session, journal_schema: str, verdict, summarized: bool = F
         session.execute(text(REAPPLIED_SQL.format(**fmt)), {"limit": LIMIT}).all()
     changed = [] if not verdict.sets_changed_by_redelivery else \
         [dict(r) for r in session.execute(text(CHANGED_SQL.format(**fmt)), {"limit": LIMIT, "tx": None}).mappings()]
-    explained = {r["transaction_id"] for r in regressed} | {r["transaction_id"] for r in changed}
+    audited = [] if not getattr(verdict, "audit_rows_duplicated", 0) else \
+        [dict(r) for r in session.execute(text(AUDIT_DUPLICATED_SQL), {"limit": LIMIT, "tx": None}).mappings()]
+    explained = {r["transaction_id"] for r in regressed} | {r["transaction_id"] for r in changed} \
+        | {r["transaction_id"] for r in audited}
     reapplied = [(tx, n) for tx, n in reapplied if tx not in explained]
-    ids = sorted({t for t, _ in doubled} | set(lost) | {t for t, _ in reapplied})
+    ids = sorted({t for t, _ in doubled} | set(lost) | {t for t, _ in reapplied} | {r["transaction_id"] for r in audited})
     ctx = _Context(session, journal, ids) if ids else None
     result = [why_applied_twice(ctx, tx, n) for tx, n in doubled]
     result += [why_lost(ctx, tx) for tx in lost]
@@ -519,6 +561,7 @@ def explain(session: Session, journal_schema: str, verdict, summarized: bool = F
                                   f"sets {line.expected_status}{cause}"})
     result += [why_regressed(row) for row in regressed]
     result += [why_changed(row) for row in changed]
+    result += [why_audit_duplicated(ctx, row) for row in audited]
     result += [why_reapplied(ctx, tx, n) for tx, n in reapplied]
     return result
 
@@ -538,6 +581,9 @@ def explain_transaction(session: Session, journal_schema: str, transaction_id: s
         return []
     applied = [d for d in deliveries if d["outcome"] == "applied"]
     if records[0]["type"] != "credit":
+        audited = session.execute(text(AUDIT_DUPLICATED_SQL), {"limit": 1, "tx": transaction_id}).mappings().first()
+        if audited:
+            return [why_audit_duplicated(ctx, dict(audited))]
         if len(applied) < 2:
             return []
         fmt, params = {"journal": journal}, {"limit": 1, "tx": transaction_id}

@@ -16,13 +16,14 @@ from .marks import Checker, LocatedDict, hint
 
 VERDICT_FIELDS = ("transactions", "duplicates_applied", "transactions_applied_twice", "effects_lost",
                   "source_duplicates_absorbed", "source_duplicates", "redeliveries_absorbed", "dead_letters",
-                  "not_yet_applied", "sets_regressed", "sets_changed_by_redelivery")
+                  "not_yet_applied", "sets_regressed", "sets_changed_by_redelivery",
+                  "audit_rows_duplicated")
 # How long one wait step may take (seconds): a scenario's own bound, not an operation's.
 WAIT_SECONDS = (0.5, 120.0)
 DEFAULT_WAIT = 30.0
 COMPARISON = re.compile(r"^\s*(>=|<=|==|!=|>|<)?\s*(-?\d+(?:\.\d+)?)\s*$")
 SUBJECTS = {"consumer": ("consumer", "state", "assigned", "step_at", "applied", "absorbed", "commit_failures"),
-            "caught_up": ("caught_up",), "verdict": ("verdict", "lane"),
+            "caught_up": ("caught_up",), "no_committed_offset": ("no_committed_offset",), "verdict": ("verdict", "lane"),
             "account": ("account", "balance", "status", "lane"), "dedup": ("dedup", "rows", "oldest_age", "lane"),
             "log_end": ("log_end",), "all": ("all",)}
 WAIT_KEYS = tuple(dict.fromkeys(key for keys in SUBJECTS.values() for key in keys)) + ("timeout",)
@@ -85,6 +86,9 @@ def describe_condition(c: dict[str, Any]) -> str:
         return f"consumer {c['consumer']} " + " and ".join(parts)
     if "caught_up" in c:
         return f"group {c['caught_up']} has consumed and committed everything published"
+    if "no_committed_offset" in c:
+        return (f"the broker holds no committed offset of group {c['no_committed_offset']} "
+                "(as the lab reads the group's offsets, every few seconds)")
     if "verdict" in c:
         return "verdict " + ", ".join(f"{k} {format_comparison(v)}" for k, v in c["verdict"].items()) + lane
     if "account" in c:
@@ -188,6 +192,8 @@ class ConditionChecker(Checker):
                           "step_at, applied, absorbed or commit_failures)")
         elif subject == "caught_up":
             c["caught_up"] = self.group(body, where, key="caught_up")
+        elif subject == "no_committed_offset":
+            c["no_committed_offset"] = self.group(body, where, key="no_committed_offset")
         elif subject == "verdict":
             c["verdict"] = self.verdict(body["verdict"], body.line_of("verdict"), f"{where}.verdict")
         elif subject == "account":

@@ -42,7 +42,7 @@ LOG = session_log
 # Verdict fields that only grow as consumers work, and the one that only shrinks: a replay that
 # runs faster than the recording may be past the recorded value, never short of it.
 GROWING = ("duplicates_applied", "transactions_applied_twice", "effects_lost", "source_duplicates_absorbed",
-           "redeliveries_absorbed", "dead_letters")
+           "redeliveries_absorbed", "dead_letters", "audit_rows_duplicated")
 SHRINKING = ("not_yet_applied",)
 WAIT_TIMEOUT = 45.0
 

@@ -34,6 +34,9 @@ SEEDS = {"pt": "Idempotência — o pilar do at-least-once (source text 000, in 
 CAPABILITIES = {
     "max-poll-interval-handover": "a member that stalls past max.poll.interval.ms hands its partitions to a "
                                   "new member",
+    # Lessons of Apache Kafka's own machinery (offsets retention, transaction markers, log retention),
+    # written for the docker compose stack's broker.
+    "kafka": "Apache Kafka itself runs (the docker compose stack's broker)",
 }
 # Step name -> the operation it runs: every operation the registry marks as a scenario step.
 STEP_OPERATIONS = {op.step: op for op in ops.OPERATIONS.values() if op.step}

@@ -55,6 +55,12 @@ class Snapshot:
         committed = self.committed.get(group, {})
         return bool(ends) and all((committed.get(p) or 0) >= end for p, end in ends.items() if end)
 
+    def no_committed_offset(self, group: str) -> bool:
+        """The lab's last reading of the group's offsets found none committed on any partition (and
+        it has read them: a group never read is not judged)."""
+        committed = self.committed.get(group, {})
+        return bool(committed) and all(offset is None for offset in committed.values())
+
 
 def observe(engine: Engine, lab: Lab, *, verdicts_only: bool = False) -> Snapshot:
     """Everything a scenario can wait on or expect, read in one transaction; with ``verdicts_only``

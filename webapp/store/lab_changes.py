@@ -24,6 +24,8 @@ web/push.py looks again once a second per lab as well.
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 from .connection import CONTROL_SCHEMA
 from ..domain.lab import Lab
 from ..domain.vocabulary import LAB_CHANGE_CHANNEL
@@ -38,10 +40,11 @@ QUIET_SESSION = f"SET {QUIET_SETTING} = 'reported'"
 ANNOUNCES = f"current_setting('{QUIET_SETTING}', true) IS DISTINCT FROM 'reported'"
 
 
-def lab_trigger_ddl(schema: str) -> list[str]:
-    """The change triggers of one lab (or lane) schema, on every lab table; idempotent. A lane's
-    triggers name its lab: the lab's panels show its lanes. A quiet session (QUIET_SESSION) does
-    not even run the function: the trigger's WHEN is false."""
+def lab_trigger_ddl(schema: str, tables: Iterable[str] | None = None) -> list[str]:
+    """The change triggers of one lab (or lane) schema, on every lab table (or on ``tables``, those
+    of them a migration finds: a revision runs before the later ones create their tables);
+    idempotent. A lane's triggers name its lab: the lab's panels show its lanes. A quiet session
+    (QUIET_SESSION) does not even run the function: the trigger's WHEN is false."""
     from .tables import lab_tables
 
     s = quoted(schema)
@@ -52,6 +55,8 @@ BEGIN
     RETURN NULL;
 END $fn$"""]
     for table in lab_tables():
+        if tables is not None and table.name not in tables:
+            continue
         statements.append(f"DROP TRIGGER IF EXISTS {TRIGGER} ON {s}.{quoted(table.name)}")
         statements.append(f"CREATE TRIGGER {TRIGGER} AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON "
                           f"{s}.{quoted(table.name)} FOR EACH STATEMENT WHEN ({ANNOUNCES}) EXECUTE FUNCTION {s}.{TRIGGER}('{lab_name}')")

@@ -61,6 +61,21 @@ payments = Table(
 )
 
 
+# An audit trail beside a set (the natural-audit strategies): one row per status an application set.
+# Its key is the lesson: natural-audit gives each row a new id (gen_random_uuid(), a row per execution,
+# source text 000's "INSERT de um evento de auditoria"), natural-audit-keyed the event's id (ON CONFLICT
+# DO NOTHING: one row per event, however often it is delivered).
+audit_events = Table(
+    "audit_events", metadata,
+    Column("id", UUID, primary_key=True),
+    Column("event_id", UUID, index=True, nullable=False),
+    Column("transaction_id", String(64), index=True, nullable=False),
+    Column("account_id", String(32), nullable=False),
+    Column("action", Text, nullable=False),
+    Column("recorded_at", DateTime(timezone=True), server_default=func.now(), nullable=False),
+)
+
+
 def dedup_key_table(name: str, key: Column) -> Table:
     """A strategy's key table: the key under a primary key (the unique constraint the strategy's
     INSERT relies on) and when it was processed. processed_at is indexed: the TTL cleanup, the oldest

@@ -3,14 +3,14 @@ May import domain and notify's protocol; nothing of Flask or Kafka."""
 from __future__ import annotations
 
 from . import (business_key, check_then_act, check_then_act_rr, eventid_atomic, eventid_split, insert_first, natural,
-               natural_clock, none, payload_hash)
+               natural_audit, natural_audit_keyed, natural_clock, none, payload_hash)
 from ..domain.vocabulary import ON_UNIQUE_VIOLATION
 from .base import POINTS, Strategy
 
 STRATEGIES: dict[str, Strategy] = {
     module.STRATEGY.name: module.STRATEGY
     for module in (none, check_then_act, check_then_act_rr, insert_first, eventid_atomic, eventid_split, business_key,
-                   payload_hash, natural, natural_clock)
+                   payload_hash, natural, natural_clock, natural_audit, natural_audit_keyed)
 }
 NAMES = tuple(STRATEGIES)
 

@@ -30,7 +30,7 @@ from ..scenarios import ScenarioError, built_in, guided, load
 from ..scenarios.claims import claims_markdown
 from ..scenarios.loader import SEEDS, Scenario
 from ..scenarios.observe import observe
-from ..scenarios.runner import RunState, check_expectations, fresh_lab_name
+from ..scenarios.runner import RunState, broker_kind, check_expectations, fresh_lab_name, preflight
 from . import push
 from .access import (current_lab, guided_run_lab, in_class, is_instructor, readable_labs, require_drivable,
                      require_readable)
@@ -61,6 +61,16 @@ def _catalogue() -> list[tuple[str, Scenario | None, str | None]]:
     return items
 
 
+def cannot_run_here(scenario: Scenario) -> str | None:
+    """Why this lab cannot run ``scenario`` (a broker it needs and does not run), or None. The web
+    never probes the broker: with LAB_BROKER_KIND unset (``make run`` sets it for its embedded
+    broker) the guided run's first step checks, on the agent."""
+    if not scenario.requires:
+        return None
+    broker, _ = broker_kind(current_app.config, probe=False)
+    return None if broker == "unknown" else preflight(scenario, broker)
+
+
 def _scenario(name: str) -> Scenario:
     path = next((p for p in built_in() if p.stem == name), None)
     if path is None:
@@ -82,13 +92,18 @@ def _run_row(run_id: int) -> dict:
 def index():
     with db.engine.connect() as conn:
         runs = scenario_runs.recent(conn, labs=readable_labs())
-    return render_template("scenarios/index.html", catalogue=_catalogue(), runs=runs, claims=claims_table(),
-                           own_lab=guided_run_lab())
+    catalogue = _catalogue()
+    cannot_run = {name: why for name, scenario, _ in catalogue if scenario and (why := cannot_run_here(scenario))}
+    return render_template("scenarios/index.html", catalogue=catalogue, runs=runs, claims=claims_table(),
+                           own_lab=guided_run_lab(), cannot_run=cannot_run)
 
 
 @bp.post("/<name>/runs")
 def start(name: str):
     scenario = _scenario(name)
+    refused = cannot_run_here(scenario)
+    if refused:
+        abort(409, f"this lab cannot run {name}: {refused}")
     lab = guided_run_lab()
     if lab is None and scenario.outside_lane:
         # A grading exercise grades the learner's consumer, which connects to this session's lab

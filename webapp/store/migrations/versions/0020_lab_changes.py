@@ -26,7 +26,10 @@ def upgrade() -> None:
     for statement in control_trigger_ddl():
         conn.exec_driver_sql(statement)
     for schema in all_lab_schemas(conn):
-        for statement in lab_trigger_ddl(schema):
+        # The tables this schema has now: a table a later revision adds gets its trigger there.
+        tables = set(conn.exec_driver_sql("SELECT tablename FROM pg_tables WHERE schemaname = %(s)s",
+                                          {"s": schema}).scalars())
+        for statement in lab_trigger_ddl(schema, tables):
             conn.exec_driver_sql(statement)
 
 
