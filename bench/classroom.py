@@ -78,7 +78,8 @@ class Attendee(threading.Thread):
             token = self.csrf("/join")
             joined = self.http.post(self.url + "/join", data={"name": self.name, "code": CLASS_CODE,
                                                               "csrf_token": token}, timeout=120)
-            if joined.status_code != 200 or "/join" in joined.url:
+            # A new attendee's answer is the page showing their rejoin code, once (the session is bound).
+            if joined.status_code != 200 or "data-rejoin-code" not in joined.text:
                 why = re.search(r"data-join-error>([^<]+)<", joined.text)
                 raise RuntimeError(f"join answered {joined.status_code}: {why.group(1).strip() if why else ''}")
             self.join_seconds = time.monotonic() - started

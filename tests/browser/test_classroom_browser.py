@@ -20,7 +20,7 @@ def submit_join(page, url: str, name: str, code: str, rejoin: str | None = None)
 def sign_in(page, url: str) -> None:
     """The instructor signs in with the class's LAB_TOKEN."""
     from support import CLASS_TOKEN
-    page.goto(f"{url}/sign-in")
+    page.goto(f"{url}/sign-in?next=/class")
     page.fill("input[name=token]", CLASS_TOKEN)
     page.get_by_role("button", name="Sign in").click()
 

@@ -201,6 +201,15 @@ class Hub:
         self.wake.set()
         return viewer
 
+    def refusal(self, browser: str) -> str:
+        """Why :meth:`subscribe` refused this browser a stream: its own cap, or the process's."""
+        browser_cap = int(self.app.config.get("LIVE_STREAMS_PER_BROWSER", 0))
+        if browser_cap and self.browser_streams.get(browser, 0) >= browser_cap:
+            return (f"this browser holds its most live streams ({browser_cap}, LIVE_STREAMS_PER_BROWSER): "
+                    "this page polls once a second instead")
+        return (f"this web process holds its most live streams ({self.app.config.get('LIVE_STREAMS_PER_WORKER')}, "
+                "LIVE_STREAMS_PER_WORKER): this page polls once a second instead")
+
     def keep(self, source: Source, seconds: float = IDLE_SECONDS) -> Source:
         """Look at ``source`` for ``seconds`` more even without viewers; the source this process
         already keeps under its key if there is one (with what it has cached)."""
@@ -393,10 +402,7 @@ def stream_of(sources: list[Source], hello: str) -> Response:
     still_allowed = stream_guard()
     viewer = the_hub.subscribe(sources, browser_id())
     if viewer is None:
-        config = current_app.config
-        return refused(f"this browser holds its most live streams ({config.get('LIVE_STREAMS_PER_BROWSER')}, "
-                       f"LIVE_STREAMS_PER_BROWSER), or this web process its ({config.get('LIVE_STREAMS_PER_WORKER')}, "
-                       "LIVE_STREAMS_PER_WORKER): this page polls once a second instead")
+        return refused(the_hub.refusal(browser_id()))
     lifetime = float(current_app.config.get("LIVE_STREAM_SECONDS") or 300)
 
     def events():
