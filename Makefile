@@ -33,6 +33,7 @@ run: $(STAMP)
 TEST_WORKERS ?= 6
 
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25 $(PYTEST_ARGS)
 
 # After editing pyproject.toml: re-pin, keeping the versions already locked where they still fit.

@@ -1,4 +1,4 @@
-"""The group wedge on the embedded broker, reproduced with no lab code (issue 29).
+"""The group wedge on the embedded broker, reproduced with no lab code.
 
     .venv/bin/python bench/broker_wedge.py [--tries 3] [--gap 0.4]
 

@@ -1,4 +1,4 @@
-"""What an asynchronous offset commit costs after a crash, on the embedded broker (issue 14).
+"""What an asynchronous offset commit costs after a crash, on the embedded broker.
 
     .venv/bin/python bench/commit_modes.py [--trials 10] [--burst 100]
 
@@ -29,8 +29,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from webapp.dev.stack import Stack
-from webapp.kafka.config import GROUP_TIMEOUTS
 from webapp.domain.waits import wait_until
+from webapp.kafka.config import GROUP_TIMEOUTS
 
 TOPIC = "commit-modes"
 

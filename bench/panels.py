@@ -21,12 +21,12 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
 from webapp import create_app
-from webapp.summary.fold import fold_lab
-from webapp.store.connection import connect, sqlalchemy_url
-from webapp.web.db import db
 from webapp.dev.stack import Stack
+from webapp.store.connection import connect, sqlalchemy_url
 from webapp.store.labs import Lab, create_database_state, ensure_control_schema
+from webapp.summary.fold import fold_lab
 from webapp.web.dashboard import PANELS
+from webapp.web.db import db
 
 LAB = Lab("bench")
 GROUP = LAB.group_id("payments")

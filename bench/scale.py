@@ -1,4 +1,4 @@
-"""The lab at scale (issue 14): dedup key inserts and TTL at millions of keys, and the dashboard
+"""The lab at scale: dedup key inserts and TTL at millions of keys, and the dashboard
 with millions of records in the log.
 
 Starts a private embedded PostgreSQL in a temp dir (no broker: nothing here needs one) and
@@ -45,11 +45,10 @@ from pathlib import Path
 
 import psycopg
 
-from webapp.strategies import dedup_layout
-from webapp.store.connection import psycopg_conninfo
 from webapp.dev.stack import Stack
-from webapp.strategies import eventid_atomic, partitioned
 from webapp.domain.waits import wait_until
+from webapp.store.connection import psycopg_conninfo
+from webapp.strategies import dedup_layout, eventid_atomic, partitioned
 
 BENCH_SCHEMA = "scale_keys"
 
@@ -138,6 +137,7 @@ def bench_keys(url: str, sizes: list[int], days: int, probes: int) -> None:
 def bench_panels(url: str, tmp: str, sizes: list[int], requests: int, one_load: bool = True,
                  load_rate: int = 2000) -> None:
     import panels  # bench/panels.py: the fill and the measurement
+
     from webapp.web.dashboard import PANELS
 
     print(f"\n3. dashboard: p50 / p95 ms after a change (no panel cache), {requests} requests each")
@@ -227,6 +227,7 @@ def bench_under_load(url: str, tmp: str, paths: list[str], requests: int, filled
     import multiprocessing
 
     import panels
+
     from webapp.agent.periodic import SummaryFolder
     from webapp.web.db import db
 
@@ -272,6 +273,7 @@ def bench_under_load(url: str, tmp: str, paths: list[str], requests: int, filled
 def measure_one_load(url: str, tmp: str, paths: list[str], requests: int) -> None:
     """Each path with the panel cache off: what one load costs, as right after a change."""
     import panels
+
     from webapp.web.db import db
 
     app = panels.make_app(url, tmp, cache=False)
@@ -294,8 +296,9 @@ def bench_live(url: str, tmp: str, paths: list[str], rounds: int) -> None:
     import re
 
     import panels
-    from webapp.web.db import db
+
     from webapp.web.dashboard import PANELS
+    from webapp.web.db import db
 
     app = panels.make_app(url, tmp, cache=True)
     print(f"   as a viewer sees them (stale after {app.config['LIVE_STALE_AFTER_SECONDS']:g} s), {rounds} changes each:"

@@ -1,4 +1,4 @@
-"""The soak (issue 15): events under chaos and a PostgreSQL restart, then the truth read independently.
+"""The soak: events under chaos and a PostgreSQL restart, then the truth read independently.
 
 A private stack in a temp dir: embedded PostgreSQL, the Tansu broker advertising a fault proxy (so
 every Kafka client, consumers included, talks through it and chaos can cut their connections), the

@@ -1,4 +1,4 @@
-"""The running summaries' price and payoff (issue 14, webapp/summary/), in one run.
+"""The running summaries' price and payoff (webapp/summary/), in one run.
 
     .venv/bin/python bench/summary.py [--events 5000] [--rounds 4] [--records 100000,1000000]
 
@@ -29,14 +29,14 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from webapp.readmodel import verdict
-from webapp.summary.fold import fold_lab
-from webapp.store.connection import psycopg_conninfo, sqlalchemy_url
 from webapp.dev.stack import Stack
+from webapp.readmodel import verdict
+from webapp.store.connection import psycopg_conninfo, sqlalchemy_url
 from webapp.store.labs import Lab, create_database_state, ensure_control_schema
 from webapp.strategies.base import CREDIT_BALANCE, INSERT_PAYMENT, RECORD_DELIVERY
 from webapp.strategies.batching import CREDIT_BATCH, INSERT_PAYMENTS_BATCH, RECORD_DELIVERIES_BATCH
 from webapp.strategies.eventid_atomic import BATCH_CLAIM, CLAIM
+from webapp.summary.fold import fold_lab
 
 WRITE_LAB = Lab("summarywrites")
 TABLES = ("log_records", "deliveries", "payments", "ledger")

@@ -37,29 +37,28 @@ import sys
 import tempfile
 import time
 import uuid
-from statistics import median
 from itertools import count
 from pathlib import Path
+from statistics import median
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
-from webapp.domain import events
 from webapp import strategies
 from webapp.agent.setup import ensure_lab
-from webapp.store.connection import CONTROL_SCHEMA, connect, sqlalchemy_url
-from webapp.store.lab_changes import QUIET_SESSION
-from webapp.domain.lab import Lab
 from webapp.dev.embedded import stop_process
 from webapp.dev.stack import Stack as Services
+from webapp.domain import events
+from webapp.domain.lab import Lab
+from webapp.domain.waits import wait_until
 from webapp.kafka.admin import admin_client, committed_offsets
 from webapp.kafka.config import consumer_config, producer_config
+from webapp.store.connection import CONTROL_SCHEMA, connect, sqlalchemy_url
+from webapp.store.lab_changes import QUIET_SESSION
 from webapp.strategies.base import CREDIT_BALANCE, INSERT_PAYMENT, RECORD_DELIVERY, params
-from webapp.strategies.batching import (CREDIT_BATCH, INSERT_PAYMENTS_BATCH, RECORD_DELIVERIES_BATCH,
-                                        Item, columns)
+from webapp.strategies.batching import CREDIT_BATCH, INSERT_PAYMENTS_BATCH, RECORD_DELIVERIES_BATCH, Item, columns
 from webapp.strategies.eventid_atomic import BATCH_CLAIM, CLAIM
-from webapp.domain.waits import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent  # this checkout
 _labs = count(1)

@@ -1,4 +1,4 @@
-"""Load held (issues 15, 32): viewers (a projector and a class) watch one lab while events flow.
+"""Load held: viewers (a projector and a class) watch one lab while events flow.
 
 A private stack in a temp dir: embedded PostgreSQL, the Tansu broker, a lab agent and the web app
 under gunicorn with the image's config (gthread workers), each a process of its own. The lab's
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 import sys
 import tempfile
 import threading
@@ -50,7 +49,7 @@ PROBE_SHOWN = re.compile(r"<b>lock_timeout</b> (\d+) ms")  # the SQL panel's ses
 # Values below the consumers' bound (a quarter of max.poll.interval.ms, 7,500 ms by default): the
 # panel shows the effective lock_timeout, which a larger value would not move.
 PROBE_BASE_MS = 1_000
-GOAL_P95_MS = 1000.0  # freshness p95 (issue 32)
+GOAL_P95_MS = 1000.0  # freshness p95
 
 
 class Run:

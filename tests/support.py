@@ -15,12 +15,13 @@ from sqlalchemy import text
 from werkzeug.serving import make_server
 
 from webapp.dev.embedded import EmbeddedBroker, stop_process  # noqa: F401  (tests import it from here)
+
 # The stack's bring-up and its helpers live in webapp/dev/stack.py (the launcher and the benches
 # share them); tests import them from here. Services: what the `services` fixture yields.
 from webapp.dev.stack import Stack, service_env, start_logged, wait_for_agent  # noqa: F401
-from webapp.store.labs import Lab
 from webapp.domain.waits import free_port, wait_until
 from webapp.settings import DEFAULTS
+from webapp.store.labs import Lab
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -139,9 +140,9 @@ def run_guided(app, exercise: Path, after_prepare: Callable[[], None] | None = N
     ``after_prepare`` is called once the first click (the lab's preparation) is done: a learner
     starts their own consumer then. ``pause``: seconds between a click's end and the next click,
     a person reading the page (bench/guided_pace.py runs every exercise so)."""
-    from webapp.web.db import db
     from webapp.scenarios import load
     from webapp.scenarios.runner import RunState
+    from webapp.web.db import db
 
     client = app.test_client()
     run_page = client.post(f"/scenarios/{exercise.stem}/runs").headers["Location"]

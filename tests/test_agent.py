@@ -25,12 +25,12 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
 from support import ROOT, service_env, stop_process
+from webapp.domain.vocabulary import AGENT_FRESH_SECONDS
+from webapp.domain.waits import wait_until
 from webapp.store import command_channel
 from webapp.store import commands as command_rows
 from webapp.store.connection import sqlalchemy_url
 from webapp.web.db import lab_session
-from webapp.domain.vocabulary import AGENT_FRESH_SECONDS
-from webapp.domain.waits import wait_until
 
 
 def start(lab, name="c1", **body) -> int:

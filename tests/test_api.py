@@ -120,6 +120,7 @@ def test_no_agent_is_503(app_factory, services, lab_name):
     """A database no lab agent serves: controls answer 503 with the reason, not a hang."""
     from sqlalchemy import create_engine, text
     from sqlalchemy.pool import NullPool
+
     from webapp.store.connection import sqlalchemy_url
     from webapp.store.labs import ensure_control_schema
 

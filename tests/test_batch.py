@@ -1,4 +1,4 @@
-"""Batch mode, commit mode and static membership (issue 14): real consumer processes, a real
+"""Batch mode, commit mode and static membership: real consumer processes, a real
 crash at the batch's crash point, real Kafka and PostgreSQL."""
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ import pytest
 import yaml
 from sqlalchemy import text
 
-from webapp.web.db import db, lab_session
 from webapp.domain.chaos import ACTIONS, ChaosPlan, plan
 from webapp.domain.waits import wait_until
 from webapp.scenarios import journal
+from webapp.web.db import db, lab_session
 
 
 def start(lab, name: str, group: str = "payments", **body) -> int:

@@ -14,17 +14,16 @@ import re
 import threading
 
 import pytest
-
-import support
 from sqlalchemy import text
 
-from webapp.store import classroom, command_channel
+import support
 from webapp import ops
-from webapp.kafka.admin import admin_client
-from webapp.web.db import db
+from webapp.cli.housekeeping import LabInfo, parse_duration, prunable
 from webapp.domain.lab import Lab
-from webapp.cli.housekeeping import parse_duration, prunable, LabInfo
 from webapp.domain.waits import wait_until
+from webapp.kafka.admin import admin_client
+from webapp.store import classroom, command_channel
+from webapp.web.db import db
 
 TOKEN = "instructor-token"
 EXERCISE = "01_naive_double_credit"

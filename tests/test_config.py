@@ -10,11 +10,18 @@ import pytest
 from annotated_types import Ge, Gt, Le
 
 from webapp import create_app, ops
-from webapp.settings import (DEFAULTS, ConfigError, LabSettings, database_url, is_loopback, load_config,
-                             reference_markdown)
+from webapp.domain.vocabulary import AGENT_PID, HOLD_ACK_FD
+from webapp.settings import (
+    DEFAULTS,
+    ConfigError,
+    LabSettings,
+    database_url,
+    is_loopback,
+    load_config,
+    reference_markdown,
+)
 from webapp.settings.model import classroom_default, value_type
 from webapp.store.labs import Lab
-from webapp.domain.vocabulary import AGENT_PID, HOLD_ACK_FD
 
 WEBAPP = Path(__file__).resolve().parent.parent / "webapp"
 # A setting's name, wherever the code names it: `app.config["X"]`, `config.get("X")`, and the keys

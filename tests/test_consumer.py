@@ -11,13 +11,13 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from sqlalchemy import text
 
-from webapp.domain import events
 from webapp.consumer.loop import BACKOFF_SECONDS, MAX_ATTEMPTS
+from webapp.domain import events
+from webapp.domain.group_health import SESSION_TIMEOUT_MS
+from webapp.domain.vocabulary import DEDUP_TABLES
+from webapp.domain.waits import wait_until
 from webapp.store.connection import connect
 from webapp.web.db import lab_session
-from webapp.domain.vocabulary import DEDUP_TABLES
-from webapp.domain.group_health import SESSION_TIMEOUT_MS
-from webapp.domain.waits import wait_until
 
 
 def use_strategy(lab, strategy: str) -> None:
@@ -438,7 +438,7 @@ def test_a_lost_database_session_is_retried_not_dead_lettered_and_the_consumer_c
     assert len(errors) == 1 and "attempt 1 failed: AdminShutdown" in errors[0][0]
 
 
-# --- the poll interval (issue 29): nothing a consumer does between two polls takes that long ---------
+# --- the poll interval: nothing a consumer does between two polls takes that long ---------
 
 def set_poll_interval(services, lab, milliseconds: int) -> None:
     """The lab's max.poll.interval.ms (domain/group_health.py), read by a consumer when it starts:

@@ -2,8 +2,8 @@
 import pytest
 from sqlalchemy import text
 
-from webapp.web.db import lab_session
 from webapp.domain.waits import wait_until
+from webapp.web.db import lab_session
 
 
 def test_page_renders_accounts_from_the_database(app, client, lab):
@@ -104,8 +104,7 @@ def test_viewers_polling_at_once_share_one_fingerprint_computation_and_one_panel
     changed panel is loaded once for all of them (the others wait for that load), on real PostgreSQL."""
     import threading
 
-    from webapp.readmodel import state
-    from webapp.readmodel import fingerprints
+    from webapp.readmodel import fingerprints, state
     from webapp.web import dashboard
 
     lab.credit("acc-1", 100)

@@ -10,8 +10,8 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
-from webapp.web.db import db, lab_session
 from webapp.domain.waits import wait_until
+from webapp.web.db import db, lab_session
 
 
 def query(app, lab, sql: str, **params):
@@ -179,8 +179,9 @@ SCALED_DOWN = {"keys: 1000000": "keys: 20000", "keys: 500000": "keys: 10000", "r
 def test_exercise_18_runs_headless_scaled_down(app_factory, agent, lab_name, tmp_path):
     import json
 
-    from support import ROOT
     from test_scenarios import run_cli
+
+    from support import ROOT
 
     source = (ROOT / "scenarios" / "18_dedup_at_a_million_keys.yaml").read_text()
     for old, new in SCALED_DOWN.items():
@@ -206,8 +207,8 @@ def test_each_partitioned_variant_claims_event_id_and_event_time_and_repeats_not
     crash points are the plain strategy's."""
     from test_strategies import RecordingContext, in_plan_order
 
-    from webapp.domain import events
     from webapp import strategies
+    from webapp.domain import events
     from webapp.store.connection import connect
 
     lab.post("/dedup/layout", {"layout": "partitioned-by-day"})

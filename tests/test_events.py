@@ -5,7 +5,8 @@ import uuid
 from datetime import timezone
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from webapp.domain import events
 

@@ -1,6 +1,6 @@
 """The lost-ack fault proxy, on real frames: a real librdkafka producer through it to a Tansu broker
 that advertises the proxy, then exercise 7 end to end (agent, consumers, PostgreSQL), and two labs
-whose faults are each their own (issue 28).
+whose faults are each their own.
 
 The session broker does not advertise a proxy: the in-process tests have a broker of their own,
 and the integration tests run on the session's proxied stack (its own PostgreSQL, broker, fault
@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from typing import Callable
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Callable
 
-import pytest
 import psutil
+import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from sqlalchemy import Engine, create_engine, text
@@ -25,23 +25,22 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from support import LabDriver, in_process_fault_proxy
-from webapp.store import command_channel
 from webapp import ops
-from webapp.kafka.admin import admin_client, committed_offsets
-from webapp.logreader.reader import LOG_READER_CLIENT_ID
-from webapp.readmodel import partitions as partitions_readmodel
-from webapp.readmodel.partitions import Cell
-from webapp.store.connection import sqlalchemy_url
-from webapp.web.db import lab_session
 from webapp.dev.embedded import EmbeddedBroker
 from webapp.domain.vocabulary import FAULT_PROXY_FRESH_SECONDS
+from webapp.domain.waits import wait_until
 from webapp.faultproxy.control import CHANNEL, DEFAULT_NAME
 from webapp.faultproxy.faults import Faults
 from webapp.faultproxy.protocol import OFFSET_COMMIT, PRODUCE, RequestHeader
 from webapp.faultproxy.proxy import FaultProxy
-from webapp.store import faultproxies
+from webapp.kafka.admin import admin_client, committed_offsets
+from webapp.logreader.reader import LOG_READER_CLIENT_ID
+from webapp.readmodel import partitions as partitions_readmodel
+from webapp.readmodel.partitions import Cell
+from webapp.store import command_channel, faultproxies
+from webapp.store.connection import sqlalchemy_url
 from webapp.store.labs import Lab, create_database_state, ensure_control_schema
-from webapp.domain.waits import wait_until
+from webapp.web.db import lab_session
 
 API_VERSIONS, METADATA = 18, 3
 CREDIT = 1000  # cents of the event whose ack is lost
@@ -559,7 +558,7 @@ def test_idempotent_producer_does_not_stop_consumer_side_duplicates(proxied_lab,
 
 
 def test_chaos_cuts_the_broker_connections_of_a_consumer_and_the_producer_and_both_reconnect(proxied_lab):
-    """Chaos's cut-connections (issue 15): the proxy closes the connections whose requests carry the
+    """Chaos's cut-connections: the proxy closes the connections whose requests carry the
     consumer's and the lab producer's client ids; librdkafka reconnects and nothing is lost."""
     consumer_id = proxied_lab.start_consumer_here("none")
     proxied_lab.wait_assigned(consumer_id)
@@ -585,7 +584,7 @@ def test_chaos_cuts_the_broker_connections_of_a_consumer_and_the_producer_and_bo
     assert proxied_lab.consumer(consumer_id)["state"] == "running"
 
 
-# --- two labs at once: every lab's faults are its own (issue 28) ---------------------------------
+# --- two labs at once: every lab's faults are its own ---------------------------------
 
 # Long enough that a publish it held cannot pass for a prompt one on a busy machine.
 HELD_MS = 5000

@@ -22,8 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
-from confluent_kafka import (ConsumerGroupTopicPartitions, Consumer, KafkaError, KafkaException, Producer,
-                             TopicPartition)
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool

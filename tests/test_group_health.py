@@ -1,4 +1,4 @@
-"""Group health and recovery (issue 29), on the session's real broker, PostgreSQL, agent and consumers.
+"""Group health and recovery, on the session's real broker, PostgreSQL, agent and consumers.
 
 The stall is reached on purpose the cheapest real way: a Kafka member that keeps heartbeating
 without polling (a plain confluent-kafka consumer of the test's own) holds the group's partitions

@@ -1,4 +1,4 @@
-"""The external side effect (issue 13): the notification service as a real process, and real
+"""The external side effect: the notification service as a real process, and real
 consumer processes calling it before or after their database commit, crashing around the call.
 
 The service's tests start their own ``python -m webapp.notify``; the consumers call the one the
@@ -21,11 +21,11 @@ from sqlalchemy.pool import NullPool
 
 from support import ROOT, assert_passed, judge_and_drop_run, run_guided, service_env, stop_process
 from webapp import strategies
-from webapp.store.connection import sqlalchemy_url
 from webapp.domain.vocabulary import CRASH_POINTS
-from webapp.notify.protocol import KEY_HEADER, REPLAYED_HEADER, message_text
-from webapp.strategies.notification import NotifySettings, strategy_with
 from webapp.domain.waits import free_port, port_open, wait_until
+from webapp.notify.protocol import KEY_HEADER, REPLAYED_HEADER, message_text
+from webapp.store.connection import sqlalchemy_url
+from webapp.strategies.notification import NotifySettings, strategy_with
 from webapp.web.dashboard import plan_blocks
 
 

@@ -1,4 +1,4 @@
-"""Producer ordering (issue 13): the per-producer sequence number in the event, the log mirror's
+"""Producer ordering: the per-producer sequence number in the event, the log mirror's
 out-of-order mark, what the broker does with a lost ack and several requests in flight, and
 exercise 15 on the embedded broker.
 
@@ -20,13 +20,13 @@ from sqlalchemy.pool import NullPool
 
 from support import ROOT, assert_passed, in_process_fault_proxy, judge_and_drop_run, run_guided
 from webapp.domain import events
+from webapp.domain.lab import Lab
+from webapp.domain.waits import wait_until
+from webapp.kafka.producer import Publisher
+from webapp.readmodel import ordering
 from webapp.readmodel.partitions import partitions
 from webapp.store.connection import sqlalchemy_url
 from webapp.web.db import lab_session
-from webapp.domain.lab import Lab
-from webapp.kafka.producer import Publisher
-from webapp.readmodel import ordering
-from webapp.domain.waits import wait_until
 
 EXERCISE = ROOT / "scenarios" / "15_producer_ordering.yaml"
 

@@ -18,10 +18,10 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
 from support import LabDriver
-from webapp.web.db import db
+from webapp.domain.waits import wait_until
 from webapp.store import outbox as store
 from webapp.store import schema
-from webapp.domain.waits import wait_until
+from webapp.web.db import db
 
 CREDIT = 10_000  # cents: R$ 100.00
 

@@ -1,4 +1,4 @@
-"""The live panels' push (web/push.py, issue 32) without a browser: in classroom mode each
+"""The live panels' push (web/push.py) without a browser: in classroom mode each
 attendee's stream carries its own lab only, whatever it asks for.
 
 Real parts only: the web app's test client (its stream read by a thread, as a browser would), the
@@ -12,12 +12,10 @@ import re
 import threading
 
 import pytest
-
-import support
-
-from webapp.domain.waits import wait_until
 from sqlalchemy import text
 
+import support
+from webapp.domain.waits import wait_until
 from webapp.web.db import db
 from webapp.web.push import hub, stop_hub
 

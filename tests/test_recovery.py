@@ -1,4 +1,4 @@
-"""Recovery (issue 15): PostgreSQL restarted under a running lab, and the lab agent SIGKILLed.
+"""Recovery: PostgreSQL restarted under a running lab, and the lab agent SIGKILLed.
 
 A stack of this module's own (its PostgreSQL is stopped and started again on the same data
 directory and port; its agent is killed), so the session's services never go away under other
@@ -18,15 +18,15 @@ from sqlalchemy.pool import NullPool
 
 import support
 from support import ROOT, LabDriver, service_env, stop_process, wait_for_agent
-from webapp.store import command_channel
 from webapp import create_app
-from webapp.store.connection import psycopg_conninfo, sqlalchemy_url
-from webapp.web.db import db
-from webapp.domain.vocabulary import AGENT_FRESH_SECONDS
 from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres
+from webapp.domain.vocabulary import AGENT_FRESH_SECONDS
+from webapp.domain.waits import wait_until
+from webapp.store import command_channel
+from webapp.store.connection import psycopg_conninfo, sqlalchemy_url
 from webapp.store.labs import Lab
 from webapp.store.migrations import upgrade
-from webapp.domain.waits import wait_until
+from webapp.web.db import db
 
 
 class Stack:
@@ -146,7 +146,7 @@ def test_a_postgresql_restart_under_a_running_lab(stack, recovery_lab):
         assert "database does not answer" in response.get_data(as_text=True) or path == "/", path
     body = lab.client.get("/api/v1/state").get_json()
     assert "recovers by itself" in body["error"]
-    # The status bar still answers, saying so (issue 29); /live names it so an open page asks for it.
+    # The status bar still answers, saying so; /live names it so an open page asks for it.
     assert body["services"][0]["part"] == "postgres" and body["services"][0]["up"] is False, body
     assert lab.client.get("/live").get_json()["fingerprints"] == {"status": "database-unreachable"}
     bar = lab.client.get("/panels/status")
@@ -187,7 +187,7 @@ def test_a_sigkilled_agent_its_consumers_go_and_the_dashboard_says_so(stack, rec
     dead_pid = lab.consumer(consumer_id)["pid"]
     dead.send_signal(signal.SIGKILL)
     dead.wait(timeout=10)
-    # Within 5 s of its death, the state API and the status bar say the agent is down (issue 29).
+    # Within 5 s of its death, the state API and the status bar say the agent is down.
     wait_until(lambda: next(p for p in lab.state()["services"] if p["part"] == "agent")["up"] is False
                and 'data-agent="down"' in lab.client.get("/panels/status").get_data(as_text=True),
                timeout=5, interval=0.25, message="the agent SIGKILLed, not shown down within 5 s")

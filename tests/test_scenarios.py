@@ -19,10 +19,10 @@ from markupsafe import escape
 from support import assert_passed, judge_and_drop_run, run_guided
 from webapp import ops
 from webapp.domain.lab import Lab
+from webapp.domain.waits import wait_until
 from webapp.scenarios import ScenarioError, built_in, find, guided, journal, load
 from webapp.scenarios.loader import STEP_OPERATIONS, loads
 from webapp.scenarios.runner import RunState, broker_kind
-from webapp.domain.waits import wait_until
 from webapp.store.connection import connect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -327,8 +327,8 @@ def test_a_session_driven_through_the_api_replays_to_the_same_verdict(scenario_a
     assert code == 0 and result["status"] == "passed", output
     assert result["lab"] != lab.lab.name
     with scenario_app.app_context():
-        from webapp.web.db import db
         from webapp.scenarios.observe import observe
+        from webapp.web.db import db
         replayed = observe(db.engine, Lab(result["lab"])).verdicts[None]
     # The counts, not the ids: the replay publishes new events (anomalies name their transactions).
     counts = {k: v for k, v in recorded.items() if isinstance(v, int) and not isinstance(v, bool)}

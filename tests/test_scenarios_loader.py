@@ -10,15 +10,15 @@ import re
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from support import ROOT
 from webapp import strategies as dedup_strategies
 from webapp.domain.vocabulary import CONSUMER_STATES, CRASH_POINTS
 from webapp.scenarios import ScenarioError, built_in
 from webapp.scenarios.loader import ACTIONS, SETUP_KEYS, TOP_KEYS, Scenario, loads
 from webapp.scenarios.marks import MAX_DEPTH
-
-from support import ROOT
 
 SOURCE = "fuzz.yaml"
 # The same examples on every run (no example database in the checkout); a few seconds in all.

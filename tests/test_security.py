@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from webapp.web.ratelimit import FailureLimiter
 from webapp.domain.waits import wait_until
 from webapp.web.headers import SECURITY_HEADERS
+from webapp.web.ratelimit import FailureLimiter
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 TOKEN = "s3cret-token-of-the-lab"

@@ -1,4 +1,4 @@
-"""The parts a lab depends on are shown down within 5 s of going down, and back when back (issue 29).
+"""The parts a lab depends on are shown down within 5 s of going down, and back when back.
 
 Real processes, real signals, by PID: the session's lab agent and its two sidecars (the log reader,
 the notification service) are frozen with SIGSTOP and thawed with SIGCONT, so the session's
@@ -24,7 +24,7 @@ from webapp.domain.waits import wait_until
 from webapp.store.connection import sqlalchemy_url
 from webapp.store.service_heartbeats import LOG_READER, NOTIFICATION_SERVICE
 
-DOWN_WITHIN = 5.0  # issue 29: shown down within 5 s of going down
+DOWN_WITHIN = 5.0  # a service is shown down within 5 s of going down
 BACK_WITHIN = 5.0
 
 

@@ -12,8 +12,8 @@ import pytest
 from confluent_kafka import Producer
 
 from webapp.domain import events
-from webapp.store.connection import CONTROL_SCHEMA, connect
 from webapp.domain.waits import wait_until
+from webapp.store.connection import CONTROL_SCHEMA, connect
 
 
 def start(lab, name="c1") -> int:

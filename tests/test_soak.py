@@ -34,7 +34,7 @@ def test_the_short_soak_loses_nothing_applies_nothing_twice_and_the_verdict_agre
     assert rows["business-key"]["source_duplicates_twice"] == 0, rows["business-key"]
     assert all(row["verdict_agrees"] for row in rows.values()), rows
     # Every group consumed the whole log: a group the lab showed stalled was recovered through the
-    # lab's own recover_group (listed with its time), and none stayed stalled (issue 29).
+    # lab's own recover_group (listed with its time), and none stayed stalled.
     assert report["wedged"] == [], report["recoveries"]
     assert all(row["not_consumed"] == 0 for row in rows.values()), rows
     assert all(r["steps"] != ["the recovery did not answer"] for r in report["recoveries"]), report["recoveries"]

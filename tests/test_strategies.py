@@ -8,8 +8,8 @@ from typing import Any, Callable
 import psycopg
 import pytest
 
-from webapp.domain import events
 from webapp import strategies
+from webapp.domain import events
 from webapp.store.connection import connect
 from webapp.strategies import check_then_act, check_then_act_rr, insert_first
 from webapp.strategies.base import CREDIT_BALANCE, INSERT_PAYMENT, POINTS, RECORD_DELIVERY

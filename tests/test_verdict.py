@@ -9,8 +9,8 @@ import threading
 import uuid
 
 import pytest
-from markupsafe import escape
 from confluent_kafka import Producer
+from markupsafe import escape
 
 from webapp.logreader import LogReader
 
@@ -276,9 +276,9 @@ def test_why_a_zombie_applies_again_under_check_then_act(lab, log_reader):
 
 
 def test_a_consumer_blocked_by_a_frozen_zombies_lock_says_so(app, lab, log_reader):
+    from webapp.domain.waits import wait_until
     from webapp.readmodel.consumers import consumers
     from webapp.web.db import lab_session
-    from webapp.domain.waits import wait_until
 
     use_strategy(lab, "eventid-atomic")
     zombie = start(lab, "z1")

@@ -18,18 +18,17 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
-from webapp.readmodel import verdict
+from webapp.agent.periodic import SummaryFolder
+from webapp.domain.lab import Lab
+from webapp.domain.waits import wait_until
+from webapp.readmodel import verdict, why
 from webapp.readmodel.chart import chart_series
 from webapp.readmodel.lanes import lanes
 from webapp.readmodel.producer_duplicates import producer_duplicates
-from webapp.summary import fold, reads, triggers
-from webapp.agent.periodic import SummaryFolder
-from webapp.domain.lab import Lab
 from webapp.store.connection import connect, sqlalchemy_url
 from webapp.store.labs import ensure_schema, seed_accounts
-from webapp.readmodel import why
 from webapp.store.schema import enter
-from webapp.domain.waits import wait_until
+from webapp.summary import fold, reads, triggers
 
 ACCOUNTS = ["acc-1", "acc-2", "acc-3"]
 PARTITIONS = 2

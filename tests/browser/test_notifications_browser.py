@@ -6,7 +6,6 @@ PostgreSQL, broker and lab agent (and its notification service sidecar), CSRF on
 from __future__ import annotations
 
 import pytest
-
 from test_dashboard_browser import SETTLE, publish, screenshot, start_consumer
 
 pytestmark = pytest.mark.browser

@@ -1,4 +1,4 @@
-"""Pushed panels in a real browser (issue 32): two pages of one lab see a publish without polling,
+"""Pushed panels in a real browser: two pages of one lab see a publish without polling,
 a page whose stream ends reconnects and stays pushed, and a page refused a stream polls and says so.
 
 Headless Chromium against a real web server thread over the session's PostgreSQL, broker and agent.

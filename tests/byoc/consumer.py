@@ -1,4 +1,4 @@
-"""An outside consumer for the tests of issue 34 ("your consumer"): a learner's own code, written
+"""An outside consumer for the tests of "your consumer": a learner's own code, written
 with another client library than the lab's (kafka-python), run as its own OS process. It imports
 nothing of the lab.
 
@@ -18,8 +18,7 @@ import sys
 import time
 
 import psycopg
-from kafka import KafkaConsumer, TopicPartition
-from kafka import errors
+from kafka import KafkaConsumer, TopicPartition, errors
 from kafka.coordinator import base
 from kafka.structs import OffsetAndMetadata
 

@@ -30,15 +30,14 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..store import command_channel
 from ..domain import chaos as plan
 from ..domain.lab import Lab
-from ..domain.waits import WaitTimeout
 from ..domain.vocabulary import FAULT_PROXY_FRESH_SECONDS
+from ..domain.waits import WaitTimeout
 from ..faultproxy.control import DEFAULT_NAME as FAULT_PROXY
 from ..store import chaos as sessions
+from ..store import command_channel, faultproxies, labdata, schema
 from ..store import consumers as consumer_rows
-from ..store import faultproxies, labdata, schema
 from .context import AgentContext
 
 log = logging.getLogger("idempotency_lab.agent")

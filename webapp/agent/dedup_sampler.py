@@ -25,12 +25,11 @@ from typing import Callable
 
 import psycopg
 
-from ..strategies import dedup_layout
-from ..store.connection import CONTROL_SCHEMA, connect
 from ..domain.lab import Lab
 from ..domain.vocabulary import DEDUP_TABLES, EXACT_COUNT_BELOW
 from ..store import schema
-from ..strategies import eventid_atomic, partitioned
+from ..store.connection import CONTROL_SCHEMA, connect
+from ..strategies import dedup_layout, eventid_atomic, partitioned
 
 log = logging.getLogger("idempotency_lab.agent.dedup")
 

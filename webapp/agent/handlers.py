@@ -12,28 +12,41 @@ from typing import Any, Callable
 
 from confluent_kafka import KafkaException
 
-from ..store import command_channel
 from .. import strategies
-from ..kafka.admin import (OffsetReset, alter_offsets, committed_offsets, create_lane_principal, group_state,
-                           set_topic_configs, target_offsets)
-from ..kafka.config import producer_config
-from ..kafka import producer
-from ..domain.lab import Lab
-from ..domain.vocabulary import (CRASH_POINTS, DEFAULT_GROUP, DEFAULT_STRATEGY, FAULT_ACTIONS, OUTSIDE_STRATEGY,
-                                  SCRAM_LEARNERS)
-from ..settings import load_config
-from ..store import outside
-from ..domain.waits import WaitTimeout, wait_until
-from ..store import consumers as consumer_rows
-from ..store import group_health
 from ..domain.group_health import SESSION_TIMEOUT_MS
+from ..domain.lab import Lab
+from ..domain.vocabulary import (
+    CRASH_POINTS,
+    DEFAULT_GROUP,
+    DEFAULT_STRATEGY,
+    FAULT_ACTIONS,
+    OUTSIDE_STRATEGY,
+    SCRAM_LEARNERS,
+)
+from ..domain.waits import WaitTimeout, wait_until
+from ..kafka import producer
+from ..kafka.admin import (
+    OffsetReset,
+    alter_offsets,
+    committed_offsets,
+    create_lane_principal,
+    group_state,
+    set_topic_configs,
+    target_offsets,
+)
+from ..kafka.config import producer_config
+from ..settings import load_config
+from ..store import command_channel, group_health, outside
+from ..store import consumers as consumer_rows
 from . import chaos, setup
-from .load import RUNS as LOAD_RUNS, start_load
-from .warmup import RUNS as WARMUP_RUNS, start_warmup
-from .periodic import snapshot_offsets
-from .prune import delete_groups, drop
-from .processes import STOP_TIMEOUT, NotRunning
 from .context import AgentContext
+from .load import RUNS as LOAD_RUNS
+from .load import start_load
+from .periodic import snapshot_offsets
+from .processes import STOP_TIMEOUT, NotRunning
+from .prune import delete_groups, drop
+from .warmup import RUNS as WARMUP_RUNS
+from .warmup import start_warmup
 
 DEFAULT_PARTITIONS = 3
 GROUP_EMPTY_TIMEOUT = 20.0
@@ -126,8 +139,8 @@ def set_topic_retention(agent: AgentContext, lab: Lab, args: dict) -> dict:
 
 
 def _forget_outside_offsets(agent: AgentContext, lab: Lab) -> None:
-    """Before a reset re-creates the topic empty: delete the groups of the lab's outside consumers
-    (issue 34), whose committed offsets would otherwise point past the new topic's records. The lab
+    """Before a reset re-creates the topic empty: delete the groups of the lab's outside consumers,
+    whose committed offsets would otherwise point past the new topic's records. The lab
     cannot stop code it does not run: a group that still has members refuses the reset."""
     with agent.in_lab(lab):
         exists = agent.conn.execute("SELECT to_regclass('consumer_groups')").fetchone()[0]

@@ -23,10 +23,9 @@ from typing import Any
 import psycopg
 from confluent_kafka import Producer
 
-from ..store import heavy_jobs, timeline
 from ..domain.lab import Lab
 from ..kafka.config import producer_config
-from ..store import schema
+from ..store import heavy_jobs, schema, timeline
 from .heavy import HeavyRun, HeavyRuns
 
 REPORT_EVERY = 0.5          # seconds between progress rows (and cancel checks)

@@ -21,28 +21,27 @@ from confluent_kafka import KafkaException
 from sqlalchemy import create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..store import command_channel, timeline
-from ..kafka.admin import admin_client
-from ..kafka import producer
-from ..settings import auto_recover_groups, load_config
-from ..store.connection import connect, sqlalchemy_url
 from ..domain.lab import Lab
-from ..store.labs import ensure_control_schema
-from ..store import commands as command_rows
-from ..store.commands import CHANNEL, Claimed
-from ..store import schema
 from ..domain.waits import WaitTimeout
+from ..kafka import producer
+from ..kafka.admin import admin_client
+from ..settings import auto_recover_groups, load_config
+from ..store import command_channel, group_health, schema, timeline
+from ..store import commands as command_rows
 from ..store import consumers as consumer_rows
-from ..store import group_health
+from ..store.commands import CHANNEL, Claimed
+from ..store.connection import connect, sqlalchemy_url
+from ..store.labs import ensure_control_schema
 from . import chaos, queue
-from .handlers import HANDLERS, CommandRejected, Handler
 from .dedup_sampler import DedupSampler
+from .handlers import HANDLERS, CommandRejected, Handler
 from .load import RUNS as LOAD_RUNS
-from .warmup import RUNS as WARMUP_RUNS
+from .notify_service import URL_VARIABLE as NOTIFY_URL
+from .notify_service import notification_service
 from .periodic import Heartbeat, Housekeeping, SummaryFolder
-from .notify_service import URL_VARIABLE as NOTIFY_URL, notification_service
 from .processes import Pool, Sidecar
 from .relays import RelayKeeper
+from .warmup import RUNS as WARMUP_RUNS
 
 log = logging.getLogger("idempotency_lab.agent")
 
@@ -76,7 +75,7 @@ class Agent:
         self.heartbeat = Heartbeat(database_url, bootstrap_servers, self.id, self.host, self.pid)
         self.housekeeping = Housekeeping(self.conn)
         self.auto_recover = auto_recover  # LAB_AUTO_RECOVER_GROUPS: recover stalled groups without being asked
-        # Dedup tables at scale (issue 14): sizes and probe insert latency, on a thread of its own.
+        # Dedup tables at scale: sizes and probe insert latency, on a thread of its own.
         self.dedup_sampler = DedupSampler(database_url, loading=LOAD_RUNS.labs)
         # The verdict's running summaries (webapp/summary/fold.py), folded on a thread of their own.
         self.summary_folder = SummaryFolder(database_url)
@@ -211,7 +210,7 @@ class Agent:
                     for _ in self.conn.notifies(timeout=0.25, stop_after=1):
                         pass
                 except (psycopg.OperationalError, SQLAlchemyError) as error:
-                    # PostgreSQL restarting: the agent waits for it and carries on (issue 15).
+                    # PostgreSQL restarting: the agent waits for it and carries on.
                     self.reconnect(error)
         finally:
             self.shutdown()

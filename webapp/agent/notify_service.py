@@ -1,4 +1,4 @@
-"""The notification service as the agent's sidecar (issue 13), unless one runs elsewhere.
+"""The notification service as the agent's sidecar, unless one runs elsewhere.
 
 With ``LAB_NOTIFY_URL`` set (docker compose: the ``notify`` service), the agent starts nothing and
 its consumers call that URL. Otherwise the agent keeps ``python -m webapp.notify`` running on a

@@ -26,16 +26,18 @@ from confluent_kafka import KafkaException
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from ..domain.lab import Lab
+from ..domain.vocabulary import (
+    DEFAULT_TTL_SECONDS,
+    LANE_IDLE_IN_TRANSACTION_SECONDS,
+    LANE_STATEMENT_SECONDS,
+    OUTSIDE_STRATEGY,
+)
 from ..kafka.admin import admin_client, broker_error, committed_offsets_of
-from ..store import timeline
+from ..store import agents, commands, labdata, outside, schema, timeline
+from ..store.connection import CONTROL_SCHEMA, connect, sqlalchemy_url
 from ..strategies import ttl
 from ..summary import fold
-from ..store.connection import CONTROL_SCHEMA, connect, sqlalchemy_url
-from ..domain.lab import Lab
-from ..domain.vocabulary import (DEFAULT_TTL_SECONDS, LANE_IDLE_IN_TRANSACTION_SECONDS, LANE_STATEMENT_SECONDS,
-                                  OUTSIDE_STRATEGY)
-from ..store import agents, commands, labdata, outside
-from ..store import schema
 from .queue import LEASE_SECONDS, Reaper
 
 log = logging.getLogger("idempotency_lab.agent")
@@ -325,7 +327,7 @@ class Housekeeping:
             "AND heartbeat_at > now() - interval '30 seconds')"
             f' OR EXISTS (SELECT 1 FROM "{lab.schema}".consumer_groups g WHERE NOT EXISTS ('
             f'   SELECT 1 FROM "{lab.schema}".group_offsets o WHERE o.group_id = g.group_id))'
-            # An outside consumer (issue 34) sends the lab no heartbeats: its offsets may move any time.
+            # An outside consumer sends the lab no heartbeats: its offsets may move any time.
             f' OR EXISTS (SELECT 1 FROM "{lab.schema}".consumer_groups WHERE strategy = %s)',
             [lab.name, OUTSIDE_STRATEGY]).fetchone()[0]
 

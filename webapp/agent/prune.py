@@ -12,11 +12,11 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine, text
 
-from ..store import classroom, outside
+from ..domain.lab import Lab
 from ..domain.vocabulary import SCRAM_LEARNERS
 from ..kafka.admin import ADMIN_TIMEOUT, delete_topics, drop_lane_principal
 from ..settings import load_config
-from ..domain.lab import Lab
+from ..store import classroom, outside
 from ..store.labs import drop_database_state, lab_schemas, retrying_deadlocks
 
 

@@ -26,13 +26,12 @@ from pathlib import Path
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..store import timeline
 from ..domain.lab import Lab
 from ..domain.vocabulary import AGENT_FRESH_SECONDS
-from ..store import agents, commands
+from ..store import agents, commands, timeline
+from ..store import consumers as consumer_rows
 from ..store.commands import Claimed
 from ..store.schema import enter
-from ..store import consumers as consumer_rows
 
 log = logging.getLogger("idempotency_lab.agent")
 

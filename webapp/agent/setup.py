@@ -15,13 +15,13 @@ from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
+from ..domain.lab import Lab
+from ..domain.waits import wait_until
 from ..kafka.admin import ADMIN_TIMEOUT, admin_client, delete_topics, ensure_topics, partition_count
 from ..store import timeline
 from ..store.connection import sqlalchemy_url
-from ..domain.lab import Lab
 from ..store.labs import create_database_state, drop_database_state, ensure_control_schema, retrying_deadlocks
 from ..store.schema import begin_in
-from ..domain.waits import wait_until
 
 
 @contextmanager

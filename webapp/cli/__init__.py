@@ -17,11 +17,11 @@ import click
 from flask import Flask, current_app
 from flask.cli import AppGroup, with_appcontext
 
-from ..store import command_channel
 from .. import ops
-from ..web.db import db
 from ..domain.vocabulary import Limits
+from ..store import command_channel
 from ..store.labs import Lab
+from ..web.db import db
 
 lab_cli = AppGroup("lab", help="Drive the Idempotency Lab.")
 

@@ -17,11 +17,10 @@ from flask import current_app
 from flask.cli import with_appcontext
 from sqlalchemy import Connection, text
 
-from ..store import classroom, command_channel
-from ..store import scenario_runs
-from ..web.db import db
 from ..domain.lab import Lab
+from ..store import classroom, command_channel, scenario_runs
 from ..store.labs import lab_schemas
+from ..web.db import db
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*$")
 UNITS = {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
@@ -89,8 +88,8 @@ def drop_lab(lab: Lab) -> dict[str, Any]:
         return command_channel.run(db.engine, lab.name, "lab.drop", {}, timeout=DROP_TIMEOUT)
     if not config.get("KAFKA_BOOTSTRAP_SERVERS"):
         raise click.UsageError("KAFKA_BOOTSTRAP_SERVERS is not set and no lab agent runs: the topics cannot be deleted")
-    from ..kafka.admin import admin_client
     from ..agent.prune import drop
+    from ..kafka.admin import admin_client
     return drop(db.engine, admin_client(config["KAFKA_BOOTSTRAP_SERVERS"]), lab)
 
 

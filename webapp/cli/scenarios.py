@@ -15,12 +15,12 @@ import click
 from flask import current_app
 from flask.cli import AppGroup
 
-from ..store import command_channel
-from ..store.classroom import lab_count_limit_reached
 from ..domain.lab import Lab
 from ..scenarios import built_in, find, journal
 from ..scenarios.loader import ScenarioError, load
-from ..scenarios.runner import RunState, Runner, broker_kind, fresh_lab_name
+from ..scenarios.runner import Runner, RunState, broker_kind, fresh_lab_name
+from ..store import command_channel
+from ..store.classroom import lab_count_limit_reached
 
 scenario_cli = AppGroup("scenario", help="Run the lab's exercises and replay recorded sessions.")
 
@@ -68,7 +68,7 @@ def verdict_table(run: RunState) -> str:
 
 
 def graded(run: RunState) -> str:
-    """The grading exercise's one line (issue 34): what the learner's lane got, and why."""
+    """The grading exercise's one line: what the learner's lane got, and why."""
     verdict = run.graded or {}
     line = (f"graded: {verdict.get('duplicates_applied', '?')} duplicates applied, "
             f"{verdict.get('effects_lost', '?')} lost, {verdict.get('source_duplicates', '?')} source duplicates "

@@ -12,8 +12,8 @@ import time
 
 import psycopg
 
-from ..store.connection import CONTROL_SCHEMA, connect
 from ..domain.lab import Lab
+from ..store.connection import CONTROL_SCHEMA, connect
 from .loop import ConsumerProcess, _signals
 
 log = logging.getLogger("idempotency_lab.consumer")

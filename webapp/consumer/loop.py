@@ -61,19 +61,26 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from ..domain import events
-from ..domain.group_health import lock_timeout_ms as bounded_lock_timeout, statement_timeout_ms
 from .. import strategies
-from ..store import timeline
+from ..domain import events
+from ..domain.group_health import lock_timeout_ms as bounded_lock_timeout
+from ..domain.group_health import statement_timeout_ms
+from ..domain.lab import Lab
 from ..domain.vocabulary import AGENT_PID, KAFKA_DEBUG, SETTINGS_CHANNEL
-from ..store import schema
-from ..store.connection import connect
-from ..store.lab_changes import QUIET_SESSION
 from ..kafka.config import consumer_config, producer_config
 from ..kafka.group import group_generation
-from ..domain.lab import Lab
-from ..strategies.base import (ABSORBED, APPLIED, DEAD_LETTERED, FAILED, RECORD_DELIVERY, SESSION_SETTINGS,
-                              UNIQUE_VIOLATION_REASON)
+from ..store import schema, timeline
+from ..store.connection import connect
+from ..store.lab_changes import QUIET_SESSION
+from ..strategies.base import (
+    ABSORBED,
+    APPLIED,
+    DEAD_LETTERED,
+    FAILED,
+    RECORD_DELIVERY,
+    SESSION_SETTINGS,
+    UNIQUE_VIOLATION_REASON,
+)
 from . import settings as group_settings
 from .batch import BatchLoop
 from .control import ControlRow, Report
@@ -507,7 +514,7 @@ class ConsumerProcess:
     def _process_until_done(self, message: Message) -> None:
         """Process the message; when the control connection is lost on the way (PostgreSQL
         restarted), reconnect and process the same message again: its offset is not committed,
-        and skipping it would lose it (issue 15)."""
+        and skipping it would lose it."""
         while True:
             try:
                 self.process(message)

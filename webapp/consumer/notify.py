@@ -1,4 +1,4 @@
-"""The consumer's call to the notification service (the external side effect, issue 13).
+"""The consumer's call to the notification service (the external side effect).
 
 The group's setting (``consumer_groups.notify``, ``notify_idempotency_key``) is read with the
 group's other per-message settings. For an applied credit the consumer calls the service at the
@@ -22,10 +22,10 @@ import urllib.request
 from typing import Any
 
 from ..domain import events
+from ..notify.protocol import CALL_TIMEOUT, KEY_HEADER, PATH, REPLAYED_HEADER, message_text
 from ..store import schema
 from ..strategies.base import APPLIED
 from ..strategies.notification import AFTER_COMMIT, BEFORE_COMMIT, NotifySettings
-from ..notify.protocol import CALL_TIMEOUT, KEY_HEADER, PATH, REPLAYED_HEADER, message_text
 
 URL_VARIABLE = "LAB_NOTIFY_URL"
 BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)

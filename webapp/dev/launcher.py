@@ -18,11 +18,11 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
+from ..domain.waits import free_port, port_open, wait_until
 from ..settings import RUNNING_FILE, ConfigError, database_url, load_config, running_services
+from ..store.labs import Lab
 from .embedded import LOOPBACK
 from .stack import ROOT, Stack
-from ..store.labs import Lab
-from ..domain.waits import free_port, port_open, wait_until
 
 
 def say(what: str, where: str) -> None:

@@ -13,8 +13,8 @@ from ..cli import lab_cli
 from ..cli.scenarios import scenario_cli
 from ..scenarios import built_in, load
 from ..scenarios.claims import claims_markdown
-from ..scenarios.takeaways import takeaways
 from ..scenarios.loader import REFERENCES, SEEDS, STEP_OPERATIONS, Scenario
+from ..scenarios.takeaways import takeaways
 from ..settings.model import LabSettings
 from ..settings.reference import reference_markdown
 

@@ -1,6 +1,6 @@
 """A consumer group's time bounds and its health, as pure functions of what the lab records.
 
-The bounds (issue 29): librdkafka runs the group's heartbeats on a thread of its own, so a member
+The bounds: librdkafka runs the group's heartbeats on a thread of its own, so a member
 stuck in application code keeps its place in the group while it cannot rejoin a rebalance. The
 broker waits up to the rebalance timeout for it (librdkafka sends max.poll.interval.ms as the
 rebalance timeout), and on the embedded Tansu such a rebalance never completes, fresh members

@@ -85,7 +85,7 @@ class Lab:
         return f"{self.schema}{LANE_SEPARATOR}{lane}"
 
     def lane_role(self, lane: str) -> str:
-        """The PostgreSQL role of an outside consumer's lane (issue 34): named as the lane's schema,
+        """The PostgreSQL role of an outside consumer's lane: named as the lane's schema,
         so the name says whose it is, and no two labs' lanes share one."""
         return self.lane_schema(lane)
 

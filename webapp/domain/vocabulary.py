@@ -104,13 +104,13 @@ class Limits:
     PRODUCER_RETRIES = (0, 10)             # the producer's retries (0: librdkafka refuses idempotence)
     BATCH_SIZE = (1, 5000)                 # records per batch; 1 is per-message mode
     BATCH_MAX_WAIT_MS = (1, 3000)          # how long consume(n) waits to fill a batch (under the 5 s freshness)
-    LOAD_EVENTS = (1, 10_000_000)          # the load generator (issue 14)
+    LOAD_EVENTS = (1, 10_000_000)          # the load generator
     LOAD_ACCOUNTS = (1, 10_000)
     LOAD_RATE = (0, 1_000_000)             # events per second; 0: as fast as possible
     LOAD_SEED = (0, 2**31 - 1)
     WARMUP_KEYS = (1, 10_000_000)          # synthetic dedup keys (the dedup-at-scale exercise)
     WARMUP_DAYS = (1, 60)
-    CHAOS_SEED = (0, 2**31 - 1)             # chaos mode (issue 15)
+    CHAOS_SEED = (0, 2**31 - 1)             # chaos mode
     CHAOS_EVERY_SECONDS = (0.2, 3600.0)     # the mean wait between two chaos actions
     CHAOS_DOWN_SECONDS = (0.1, 600.0)       # how long a frozen or killed consumer stays down
     CHAOS_ACTIONS = (1, 1_000_000)          # stop after this many actions
@@ -128,7 +128,7 @@ EXACT_COUNT_BELOW = 100_000
 
 DEFAULT_GROUP = "payments"
 DEFAULT_STRATEGY = "none"
-# "Your consumer" (issue 34): a group whose consumer is the learner's own code, outside the lab. Its
+# "Your consumer": a group whose consumer is the learner's own code, outside the lab. Its
 # row in consumer_groups carries this marker instead of a strategy: no lab consumer may join it.
 OUTSIDE_STRATEGY = "yours"
 DEFAULT_OUTSIDE_LANE = "mine"

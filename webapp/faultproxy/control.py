@@ -20,10 +20,10 @@ import time
 import psycopg
 from psycopg.types.json import Jsonb
 
-from ..store import timeline
-from ..store.connection import CONTROL_SCHEMA, psycopg_conninfo
 from ..domain.lab import Lab
 from ..domain.vocabulary import FAULT_PROXY_CHANNEL
+from ..store import timeline
+from ..store.connection import CONTROL_SCHEMA, psycopg_conninfo
 from ..store.schema import enter_psycopg
 from .faults import Faults, lab_of
 from .protocol import RequestHeader

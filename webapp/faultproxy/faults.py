@@ -16,7 +16,7 @@ never sees the commit; fetches, on the client's other connection, flow. Commit m
 a synchronous commit says so and the consumer waits; an asynchronous one has already returned.
 Disarmed, it is a plain pass-through.
 
-Every fault is one lab's (issue 28): armed for a lab, it acts only on requests whose Kafka client
+Every fault is one lab's: armed for a lab, it acts only on requests whose Kafka client
 id names that lab (``Lab.of_client_id``: ``lab-<lab>-<consumer>``, ``lab-<lab>.producer``); any
 other client's requests pass untouched, whatever any lab armed.
 """
@@ -83,7 +83,7 @@ class Faults:
         self.commits_blocked = 0
         self.connections = 0  # client connections open now
         self.connections_cut = 0
-        # Chaos (issue 15): set by the proxy, closes the connections of the given client ids; the count.
+        # Chaos: set by the proxy, closes the connections of the given client ids; the count.
         self.cut_clients: Callable[[list[str]], int] | None = None
         # Set by the proxy: the client id of each connection it carries now (one entry per connection).
         self.connected_clients: Callable[[], list[str]] = list

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .wire import Array, NullableArray, field as f
+from .wire import Array, NullableArray
+from .wire import field as f
 
 # --- error codes --------------------------------------------------------------------------------
 NONE = 0

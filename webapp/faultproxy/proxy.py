@@ -23,8 +23,15 @@ from .control import DEFAULT_NAME, ControlledFaults, ensure_control_table
 from .faults import DROP_HOLD_SECONDS, Faults
 from .gateway import Authenticate, LearnerSession
 from .principals import DatabasePrincipals
-from .protocol import (OFFSET_COMMIT, PRODUCE, ProtocolError, RequestHeader, parse_request_header,
-                       parse_response_correlation_id, read_frame)
+from .protocol import (
+    OFFSET_COMMIT,
+    PRODUCE,
+    ProtocolError,
+    RequestHeader,
+    parse_request_header,
+    parse_response_correlation_id,
+    read_frame,
+)
 
 log = logging.getLogger("idempotency_lab.faultproxy")
 

@@ -20,10 +20,10 @@ import psycopg
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from ..domain import events
-from ..store import timeline
 from ..domain.vocabulary import PRODUCER_ACKS, Limits
-from .config import producer_config
+from ..store import timeline
 from ..store.labs import Lab
+from .config import producer_config
 
 MODES = ("normal", "burst", "resend", "source-duplicate", "poison")
 MAX_BURST = 10_000

@@ -33,13 +33,20 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Iterator
 
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, \
-    Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from ..domain import events
+from ..domain.lab import Lab
 from ..domain.waits import WaitTimeout, wait_until
 from ..store.connection import connect
-from ..domain.lab import Lab
 from ..store.schema import quoted
 
 log = logging.getLogger("idempotency_lab.logreader")

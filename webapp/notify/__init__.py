@@ -1,4 +1,4 @@
-"""The notification service: the lab's external side effect (issue 13), a process of its own.
+"""The notification service: the lab's external side effect, a process of its own.
 May import store and domain; strategies and consumers import its protocol.
 
 A payment provider's "payment received" message to the customer, over HTTP on loopback:

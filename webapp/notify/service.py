@@ -15,10 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from ..store.connection import sqlalchemy_url
+from ..domain.events import ACCOUNT_ID
 from ..domain.lab import NAME, Lab
 from ..domain.vocabulary import Limits
-from ..domain.events import ACCOUNT_ID
+from ..store.connection import sqlalchemy_url
 from ..store.schema import enter
 from .protocol import KEY_HEADER, KEY_LENGTH, PATH, REPLAYED_HEADER, TEXT_LENGTH
 

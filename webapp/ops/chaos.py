@@ -13,13 +13,13 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from sqlalchemy import select
 
-from ..store.command_channel import live_agents
 from ..domain.chaos import ACTIONS, DEFAULT_ACTIONS
 from ..domain.vocabulary import DEFAULT_GROUP, Limits
+from ..domain.waits import WaitTimeout, wait_until
 from ..store import chaos as store
 from ..store import schema
+from ..store.command_channel import live_agents
 from ..store.labdata import groups_table
-from ..domain.waits import WaitTimeout, wait_until
 from .agent_commands import run_command
 from .faults import NoArgs
 from .fields import Number, Whole, named, within

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from ..store import command_channel
 from ..domain.vocabulary import FAULT_PROXY_FRESH_SECONDS, Limits
-from ..faultproxy.control import CHANNEL, DEFAULT_NAME
-from ..store import faultproxies as store
-from ..store import schema
-from ..store.labdata import say
 from ..domain.waits import WaitTimeout, wait_until
+from ..faultproxy.control import CHANNEL, DEFAULT_NAME
+from ..store import command_channel, schema
+from ..store import faultproxies as store
+from ..store.labdata import say
 from .consumers import ConsumerRef, consumer_row
 from .fields import Whole, within
 from .registry import Args, Context, InvalidRequest, operation

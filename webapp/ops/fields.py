@@ -12,9 +12,9 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, AliasChoices, BeforeValidator, Field
 
+from ..domain.events import ACCOUNT_ID, TRANSACTION_ID
 from ..domain.lab import NAME, NAME_RULE
 from ..domain.vocabulary import Limits
-from ..domain.events import ACCOUNT_ID, TRANSACTION_ID
 
 # The sentence a person reads when a value does not match a field's pattern.
 PATTERN_RULES = {

@@ -10,8 +10,8 @@ from pydantic import Field, field_validator, model_validator
 
 from .. import strategies
 from ..domain.vocabulary import DEFAULT_STRATEGY, OFFSET_RESET_MODES, OUTSIDE_STRATEGY, Limits
-from ..store.labs import ensure_schema, seed_accounts
 from ..store import labdata, schema
+from ..store.labs import ensure_schema, seed_accounts
 from .agent_commands import run_command
 from .fields import Whole, named, within
 from .registry import Args, Context, InvalidRequest, NotFound, operation

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
-from ..strategies import ttl
-from ..domain.group_health import (MAX_POLL_INTERVAL_SETTING, lock_timeout_ms, max_poll_interval_ms,
-                                   statement_timeout_ms)
+from ..domain.group_health import MAX_POLL_INTERVAL_SETTING, lock_timeout_ms, max_poll_interval_ms, statement_timeout_ms
 from ..domain.vocabulary import DEFAULT_TTL_SECONDS, Limits
-from ..store.labs import lab_schemas
 from ..store import labdata, schema
+from ..store.labs import lab_schemas
+from ..strategies import ttl
 from .agent_commands import run_command
 from .faults import NoArgs
 from .fields import Number, Whole, within

@@ -1,4 +1,4 @@
-"""The external side effect (issue 13): a group's notification setting, and what was sent and
+"""The external side effect: a group's notification setting, and what was sent and
 received per account (the Notifications panel's data, as JSON)."""
 from __future__ import annotations
 

@@ -23,7 +23,6 @@ from .fields import Amount, Whole, account, transaction, within
 from .registry import Args, Context, InvalidRequest, operation
 
 
-
 class OutboxPublishArgs(Args):
     """A credit the payments service records and hands to its outbox."""
     account_id: str = account()

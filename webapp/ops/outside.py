@@ -1,4 +1,4 @@
-"""Your consumer (issue 34): a lane whose consumer is the learner's own code, outside the lab.
+"""Your consumer: a lane whose consumer is the learner's own code, outside the lab.
 
 The lab creates the lane (its copy of the accounts and a ``payments`` table), a consumer group for
 it and a PostgreSQL role that may touch that lane's tables only; it shows where to connect, judges
@@ -12,16 +12,22 @@ from __future__ import annotations
 from pydantic import Field
 from sqlalchemy.engine import make_url
 
-from ..domain.lab import InvalidLabName, NAME_RULE
-from ..domain.vocabulary import DEFAULT_OUTSIDE_LANE, FAULT_PROXY_FRESH_SECONDS, OUTSIDE_STRATEGY, SCRAM_LEARNERS, Limits
-from ..faultproxy.control import DEFAULT_NAME
+from ..domain.lab import NAME_RULE, InvalidLabName
+from ..domain.vocabulary import (
+    DEFAULT_OUTSIDE_LANE,
+    FAULT_PROXY_FRESH_SECONDS,
+    OUTSIDE_STRATEGY,
+    SCRAM_LEARNERS,
+    Limits,
+)
 from ..domain.waits import WaitTimeout
+from ..faultproxy.control import DEFAULT_NAME
 from ..store import faultproxies, labdata, outside, schema
 from ..store.connection import sqlalchemy_url
 from ..store.labs import ensure_schema, seed_accounts
+from .agent_commands import run_command
 from .faults import NO_PROXY_RUNNING, NoFaultProxy, _set_commit_block
 from .fields import Whole, named, within
-from .agent_commands import run_command
 from .limits import check_lanes
 from .registry import Args, Context, InvalidRequest, NotFound, operation
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from uuid import UUID
 from decimal import Decimal
 from typing import Any, Literal
+from uuid import UUID
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 

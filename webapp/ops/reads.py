@@ -4,15 +4,14 @@ from __future__ import annotations
 from pydantic import Field
 
 from ..readmodel import state
+from ..readmodel import verdict as verdict_module
 from ..readmodel.consumers import consumers
 from ..readmodel.group_health import group_health
 from ..readmodel.groups import effects_schemas, groups_list
 from ..readmodel.partitions import partitions
 from ..readmodel.producer_duplicates import producer_duplicates
 from ..readmodel.service_health import service_health
-from ..readmodel import verdict as verdict_module
-from ..store.schema import enter
-from ..store.schema import session_in
+from ..store.schema import enter, session_in
 from .faults import NoArgs
 from .lab import get_ttl
 from .registry import Args, Context, operation

@@ -22,11 +22,11 @@ from typing import Literal
 from pydantic import Field, model_validator
 from sqlalchemy import text
 
-from ..strategies import dedup_layout
-from ..store.connection import CONTROL_SCHEMA
 from ..domain.vocabulary import LIVE_STATES, Limits
-from ..store.labs import lab_schemas
 from ..store import heavy_jobs, labdata, schema
+from ..store.connection import CONTROL_SCHEMA
+from ..store.labs import lab_schemas
+from ..strategies import dedup_layout
 from . import limits
 from .agent_commands import run_command
 from .faults import NoArgs

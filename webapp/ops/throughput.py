@@ -1,4 +1,4 @@
-"""A group's throughput settings (issue 14): batch mode, commit mode, static membership.
+"""A group's throughput settings: batch mode, commit mode, static membership.
 
 Per-message mode (batch_size 1) is the teaching default. Batch mode consumes up to batch_size
 records (waiting at most batch_max_wait_ms), applies them in one transaction with set-based SQL
@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 from ..domain.vocabulary import COMMIT_MODES, Limits
 from .fields import Whole, within
 from .groups import GroupRef, _group_settings, _update_group
-from .registry import InvalidRequest, Context, operation
+from .registry import Context, InvalidRequest, operation
 
 SETTINGS = ("batch_size", "batch_max_wait_ms", "commit_mode", "static_membership")
 

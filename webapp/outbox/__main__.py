@@ -13,8 +13,8 @@ import signal
 import sys
 import threading
 
-from ..settings import load_config
 from ..domain.lab import Lab
+from ..settings import load_config
 from .relay import Relay
 
 

@@ -29,11 +29,11 @@ from typing import Any
 import psycopg
 from confluent_kafka import KafkaError, Producer
 
-from ..store import timeline
-from ..store.connection import connect
 from ..domain.lab import Lab
 from ..kafka.config import producer_config
 from ..store import outbox as sql
+from ..store import timeline
+from ..store.connection import connect
 from ..store.schema import enter_psycopg
 
 log = logging.getLogger("idempotency_lab.outbox")

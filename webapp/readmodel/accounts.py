@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ..summary import reads as summary
 from ..store.schema import quoted
+from ..summary import reads as summary
 
 EXPECTED = """
 latest_set AS (

@@ -8,9 +8,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from . import verdict as verdict_module
 from ..domain.lab import Lab
 from ..store.schema import enter
+from . import verdict as verdict_module
 
 RECENT_SQL = """
 SELECT at, summary, detail->>'action' AS action, detail->>'outcome' AS outcome

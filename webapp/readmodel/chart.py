@@ -9,11 +9,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ..summary import reads as summary
-from .groups import effects_schemas
 from ..store.labs import Lab
 from ..store.schema import quoted
-
+from ..summary import reads as summary
+from .groups import effects_schemas
 
 CHART_BUCKETS = 240
 

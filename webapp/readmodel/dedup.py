@@ -10,7 +10,6 @@ from sqlalchemy.orm import Session
 
 from ..domain.vocabulary import DEDUP_TABLES, EXACT_COUNT_BELOW
 
-
 # A dedup table's size, with its partitions' (a partitioned processed_events keeps its rows in them;
 # a plain table has no partition tree): the catalog's row estimate, the bytes of tables and indexes.
 DEDUP_SIZE_SQL = """

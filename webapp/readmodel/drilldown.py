@@ -9,10 +9,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from . import why as why_module
-from .groups import effects_schemas
 from ..store.labs import Lab
 from ..store.schema import enter, quoted
+from . import why as why_module
+from .groups import effects_schemas
 
 
 def event_drilldown(session: Session, lab: Lab, event_id: str | None = None,

@@ -8,19 +8,19 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from ..domain.vocabulary import DEDUP_TABLES
+from ..store.connection import CONTROL_SCHEMA
+from ..store.consumers import LIVE_STATES
+from ..store.labs import Lab
+from ..store.schema import quoted
 from . import group_health as group_health_readmodel
-from . import outbox as outbox_readmodel
 from . import notifications as notifications_readmodel
+from . import outbox as outbox_readmodel
 from . import scale as scale_readmodel
 from . import service_health as service_health_readmodel
 from .consumers import commit_blocks
 from .groups import effects_schemas
 from .health import AGENT_STALE_SECONDS, agent_health
-from ..store.connection import CONTROL_SCHEMA
-from ..domain.vocabulary import DEDUP_TABLES
-from ..store.labs import Lab
-from ..store.consumers import LIVE_STATES
-from ..store.schema import quoted
 
 C = CONTROL_SCHEMA
 

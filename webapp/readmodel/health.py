@@ -8,8 +8,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ..store.connection import CONTROL_SCHEMA
 from ..domain.vocabulary import AGENT_FRESH_SECONDS
+from ..store.connection import CONTROL_SCHEMA
 
 C = CONTROL_SCHEMA
 
@@ -27,6 +27,6 @@ def agent_health(session: Session) -> dict[str, Any]:
 
 # The agent beats every 0.5 s (agent/periodic.py): six beats missed is no slow beat on a busy
 # machine but an agent gone or frozen, and the status bar (polled once a second) says so within
-# about four seconds (issue 29: within 5 s). Its commands' leases and its consumers' freshness keep
+# about four seconds (within 5 s). Its commands' leases and its consumers' freshness keep
 # AGENT_FRESH_SECONDS: a status shown a little early costs nothing, a command failed early does.
 AGENT_STALE_SECONDS = 3.0

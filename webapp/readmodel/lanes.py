@@ -9,10 +9,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ..summary import reads as summary
-from .groups import effects_schemas, groups_list
 from ..store.labs import Lab
 from ..store.schema import enter, quoted
+from ..summary import reads as summary
+from .groups import effects_schemas, groups_list
 
 
 @dataclass

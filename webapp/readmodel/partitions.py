@@ -11,11 +11,11 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from ..store.connection import CONTROL_SCHEMA
+from ..store.consumers import LIVE_STATES
+from ..store.labs import Lab
 from . import ordering
 from .groups import groups_list
-from ..store.connection import CONTROL_SCHEMA
-from ..store.labs import Lab
-from ..store.consumers import LIVE_STATES
 
 STRIP_LENGTH = 24
 C = CONTROL_SCHEMA

@@ -9,9 +9,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ..summary import reads as summary
 from ..store.labs import Lab
-
+from ..summary import reads as summary
 
 # Records in the log whose event id is at more than one offset, as the log reader saw them. The
 # journal knows each record the lab's producer got a delivery report for: an event at several

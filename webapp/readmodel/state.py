@@ -17,8 +17,8 @@ from datetime import datetime, timezone
 
 from sqlalchemy.orm import Session
 
-from . import verdict as verdict_module
 from ..store.labs import Lab
+from . import verdict as verdict_module
 
 
 def accounts(session: Session, lab: Lab, exact: bool = False) -> list[verdict_module.AccountLine]:

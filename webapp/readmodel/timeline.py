@@ -8,7 +8,6 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-
 TIMELINE_SQL = """
 SELECT at, kind, summary FROM (
     SELECT at, kind, summary FROM timeline

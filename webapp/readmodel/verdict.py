@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ..summary import reads as summary
 from ..store.schema import quoted
+from ..summary import reads as summary
 from .accounts import AccountLine, accounts, accounts_sql  # noqa: F401  (AccountLine, accounts: re-exported)
 from .regressions import CHANGED_SETS, REGRESSED_SETS
 from .why import explain as explain_anomalies

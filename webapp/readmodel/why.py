@@ -15,10 +15,10 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from ..domain.vocabulary import OUTSIDE_STRATEGY
+from ..store.schema import quoted
 from ..summary.reads import APPLIED_TWICE_SQL
 from .accounts import accounts
 from .outbox import republish_origin
-from ..store.schema import quoted
 from .regressions import CHANGED_SETS, REGRESSED_SETS
 
 LIMIT = 10

@@ -15,11 +15,10 @@ from typing import Any, Mapping
 from sqlalchemy import Engine
 
 from ..settings import load_config
-from ..store import command_channel
-from ..store import scenario_runs
+from ..store import command_channel, scenario_runs
 from . import built_in, journal
 from .loader import Scenario, load
-from .runner import OPERATION_ERRORS, RunState, Runner, broker_kind
+from .runner import OPERATION_ERRORS, Runner, RunState, broker_kind
 from .takeaways import takeaways  # noqa: F401 - the guided page's, re-exported
 
 log = logging.getLogger("idempotency_lab.scenarios")

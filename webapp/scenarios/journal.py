@@ -31,8 +31,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from .. import ops
 from ..domain.lab import Lab
 from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY
-from ..store.tables import session_log
 from ..store.schema import begin_in
+from ..store.tables import session_log
 from .conditions import VERDICT_FIELDS
 from .observe import Snapshot, observe
 

@@ -24,8 +24,15 @@ from pydantic import ValidationError
 from .. import ops, strategies
 from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY, OUTSIDE_STRATEGY, Limits
 from ..ops.registry import describe_error
-from .conditions import (VERDICT_FIELDS, ConditionChecker, Expectation, Group, compare,  # noqa: F401  (re-exported)
-                         describe_condition, format_comparison)
+from .conditions import (  # noqa: F401  (re-exported)
+    VERDICT_FIELDS,
+    ConditionChecker,
+    Expectation,
+    Group,
+    compare,
+    describe_condition,
+    format_comparison,
+)
 from .marks import LocatedDict, ScenarioError, hint, kind, located, parse_yaml
 
 SEEDS = {"pt": "Idempotência — o pilar do at-least-once (source text 000, in Portuguese)",
@@ -92,7 +99,7 @@ class Scenario:
 
     @property
     def outside_lane(self) -> str | None:
-        """The lane of the learner's own consumer (issue 34), when the scenario grades one."""
+        """The lane of the learner's own consumer, when the scenario grades one."""
         return next((g.lane for g in self.groups if g.strategy == OUTSIDE_STRATEGY), None)
 
 

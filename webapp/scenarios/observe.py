@@ -12,13 +12,13 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from ..readmodel import verdict as verdict_module
-from ..readmodel.dedup import dedup_counts
-from ..readmodel import partitions as partitions_readmodel
-from ..store.connection import CONTROL_SCHEMA
 from ..domain.lab import Lab
 from ..readmodel import notifications as notifications_readmodel
 from ..readmodel import ordering
+from ..readmodel import partitions as partitions_readmodel
+from ..readmodel import verdict as verdict_module
+from ..readmodel.dedup import dedup_counts
+from ..store.connection import CONTROL_SCHEMA
 from ..store.schema import enter
 
 C = CONTROL_SCHEMA

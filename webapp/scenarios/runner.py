@@ -18,15 +18,15 @@ from typing import Any, Callable, Mapping
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..store import command_channel
 from .. import ops
+from ..domain.group_health import REBALANCING, RECOVERING, STALLED
 from ..domain.lab import Lab
 from ..domain.vocabulary import LIVE_STATES, OUTSIDE_STRATEGY
+from ..domain.waits import WaitTimeout, wait_until
+from ..store import command_channel
+from ..store.group_health import health_of_groups
 from ..store.labdata import say
 from ..store.schema import begin_in
-from ..domain.waits import WaitTimeout, wait_until
-from ..domain.group_health import REBALANCING, RECOVERING, STALLED
-from ..store.group_health import health_of_groups
 from .conditions import Expectation, compare, describe_condition, format_comparison
 from .loader import CAPABILITIES, Scenario, Step
 from .observe import Snapshot, observe
@@ -74,7 +74,7 @@ class RunState:
     events: dict[str, str] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)
-    # The graded lane's verdict (its anomalies and their why), for a grading exercise (issue 34).
+    # The graded lane's verdict (its anomalies and their why), for a grading exercise.
     graded: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     seconds: float = 0.0

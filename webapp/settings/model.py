@@ -14,7 +14,6 @@ from typing import Annotated, Any, Literal, Mapping
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from annotated_types import Ge, Le
-
 from pydantic import Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict

@@ -16,7 +16,6 @@ from ..domain.vocabulary import AGENT_FRESH_SECONDS
 from .tables import agents as T
 
 
-
 def _ago(seconds: float):
     return func.now() - literal(timedelta(seconds=seconds))
 

@@ -7,7 +7,6 @@ from sqlalchemy import Connection, func, insert, select, update
 
 from .tables import chaos_sessions as sessions
 
-
 RUNNING = "running"
 STOPPING = "stopping"
 STOPPED = "stopped"

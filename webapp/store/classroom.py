@@ -26,9 +26,9 @@ from typing import Any, Mapping
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import IntegrityError, InternalError, OperationalError, ProgrammingError
 
-from .connection import CONTROL_SCHEMA
 from ..domain.lab import NAME, Lab
 from ..domain.vocabulary import LIVE_STATES
+from .connection import CONTROL_SCHEMA
 from .schema import all_lab_schemas, quoted
 
 C = CONTROL_SCHEMA

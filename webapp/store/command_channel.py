@@ -17,7 +17,6 @@ import psycopg
 from sqlalchemy import Engine
 
 from ..domain.waits import WaitTimeout, wait_until
-
 from . import agents as agent_rows
 from . import commands as command_rows
 from .connection import connect

@@ -12,7 +12,8 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, literal, or_, select, update
 
-from .tables import agents as AGENTS, commands as T
+from .tables import agents as AGENTS
+from .tables import commands as T
 
 CHANNEL = "lab_commands"
 # NOTIFYed with a command's id when it is done or failed, on commit: whoever waits for it wakes then.

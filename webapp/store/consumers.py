@@ -12,10 +12,10 @@ from typing import Any
 from sqlalchemy import Connection, func, select, text, update
 
 from ..domain.lab import Lab
-from ..domain.vocabulary import LIVE_STATES as _LIVE, ConsumerState, Outcome
+from ..domain.vocabulary import LIVE_STATES as _LIVE
+from ..domain.vocabulary import ConsumerState, Outcome
 from .schema import quoted
 from .tables import consumers
-
 
 
 def find(conn: Connection, lab: str, consumer_id: int) -> dict[str, Any] | None:

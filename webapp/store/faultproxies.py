@@ -14,8 +14,8 @@ from sqlalchemy.dialects.postgresql import insert
 
 from ..domain.vocabulary import FAULT_PROXY_CHANNEL
 from ..domain.waits import wait_until
-from .tables import fault_proxies as proxies, fault_proxy_labs as lab_faults
-
+from .tables import fault_proxies as proxies
+from .tables import fault_proxy_labs as lab_faults
 
 # What a lab reads of its own row when it has none yet: nothing armed, nothing counted.
 UNARMED = {"drop_produce_responses": 0, "delay_ms": 0, "connections": 0, "produce_requests": 0,

@@ -11,8 +11,18 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..domain.group_health import (MAX_POLL_INTERVAL_SETTING, RECOVERING, STABLE, STALLED, GroupFacts, Health,
-                                   Member, classify, max_poll_interval_ms, stall_after_seconds)
+from ..domain.group_health import (
+    MAX_POLL_INTERVAL_SETTING,
+    RECOVERING,
+    STABLE,
+    STALLED,
+    GroupFacts,
+    Health,
+    Member,
+    classify,
+    max_poll_interval_ms,
+    stall_after_seconds,
+)
 from ..domain.lab import Lab
 from ..domain.vocabulary import CONSUMER_FRESH_SECONDS, LIVE_STATES
 from . import timeline

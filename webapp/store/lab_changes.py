@@ -1,4 +1,4 @@
-"""The change feed of the live panels (issue 32): whatever changes a lab's data says so.
+"""The change feed of the live panels: whatever changes a lab's data says so.
 
 Statement triggers on every table of a lab (and lane) schema, and row triggers on the control
 tables whose rows name a lab (the consumers, the guided runs, the attendees), run ``pg_notify('lab_change', <lab name>)`` in the writer's own
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .connection import CONTROL_SCHEMA
 from ..domain.lab import Lab
 from ..domain.vocabulary import LAB_CHANGE_CHANNEL
+from .connection import CONTROL_SCHEMA
 from .schema import notify_lab_function, quoted
 
 CHANNEL = LAB_CHANGE_CHANNEL

@@ -9,8 +9,8 @@ from sqlalchemy import Connection, select, update
 from sqlalchemy.dialects.postgresql import insert
 
 from . import timeline
-from .tables import consumer_groups as groups_table, settings as settings_table
-
+from .tables import consumer_groups as groups_table
+from .tables import settings as settings_table
 
 
 def settings(conn: Connection, prefix: str = "") -> dict[str, Any]:

@@ -12,10 +12,10 @@ import psycopg
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from .connection import CONTROL_SCHEMA
 from ..domain.lab import Lab
-from .migrations import create_lab_schema, upgrade_connection
 from . import faultproxies, outside
+from .connection import CONTROL_SCHEMA
+from .migrations import create_lab_schema, upgrade_connection
 from .schema import enter
 
 log = logging.getLogger(__name__)

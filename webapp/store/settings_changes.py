@@ -1,4 +1,4 @@
-"""What a consumer applies, told to it when it changes instead of read before every record (issue 14).
+"""What a consumer applies, told to it when it changes instead of read before every record.
 
 A consumer applies its control row (armed fault, step mode) and its group's settings (strategy,
 database settings, batch and commit mode, notification), and a change made before a record was
@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, text
 
-from .connection import CONTROL_SCHEMA
 from ..domain.lab import Lab
 from ..domain.vocabulary import SETTINGS_CHANNEL
 from ..domain.waits import WaitTimeout, wait_until
+from .connection import CONTROL_SCHEMA
 from .schema import notify_lab_function, quoted
 
 CHANNEL = SETTINGS_CHANNEL

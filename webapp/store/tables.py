@@ -7,8 +7,22 @@ consumers and the agent import it, and a declarative mapping cost every process 
 """
 from __future__ import annotations
 
-from sqlalchemy import (BigInteger, Boolean, Column, DateTime, Double, ForeignKey, Index, Integer, MetaData, String,
-                        Table, Text, func, text)
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    func,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 from .connection import CONTROL_SCHEMA
@@ -246,12 +260,12 @@ consumer_groups = Table(
     Column("batch_max_wait_ms", Integer, default=100, server_default="100", nullable=False),
     Column("commit_mode", String(16), default="sync", server_default="sync", nullable=False),
     Column("static_membership", Boolean(), default=False, server_default="false", nullable=False),
-    # The external side effect (issue 13): whether the group's consumers notify the notification
+    # The external side effect: whether the group's consumers notify the notification
     # service of an applied credit, where (vocabulary.NOTIFY_MODES), and with `Idempotency-Key: <event_id>`.
     Column("notify", String(16), default="off", server_default="off", nullable=False),
     Column("notify_idempotency_key", Boolean(), default=False, server_default="false", nullable=False),
     Column("created_at", DateTime(), server_default=func.now(), nullable=False),
-    # Health and recovery (revision 0015, issue 29): the Kafka group id the members join (NULL: the
+    # Health and recovery (revision 0015): the Kafka group id the members join (NULL: the
     # group's own; a recovery that had to move the group gives it a fresh one, Lab.kafka_group_id),
     # when the last recovery started, and the last health transition written to the timeline.
     Column("kafka_group_id", String(160)),
@@ -719,7 +733,7 @@ fault_proxies = Table(
 )
 
 
-# One lab's faults at one fault proxy (issue 28): they act only on requests whose Kafka client
+# One lab's faults at one fault proxy: they act only on requests whose Kafka client
 # id names that lab (``Lab.of_client_id``), and only that lab reads or changes them.
 #
 # Written by the lab's operations (arm_fault_proxy, block_commits, chaos's cuts); the proxy
@@ -732,10 +746,10 @@ fault_proxy_labs = Table(
     Column("drop_produce_responses", Integer(), default=0, server_default="0", nullable=False),  # left to drop
     Column("delay_ms", Integer(), default=0, server_default="0", nullable=False),
     Column("armed_at", DateTime()),
-    # Commit mode (issue 14): {Kafka client id of one of the lab's consumers: until when, epoch
+    # Commit mode: {Kafka client id of one of the lab's consumers: until when, epoch
     # seconds}; the proxy closes any connection of such a client that carries an OffsetCommit.
     Column("blocked_commits", JSONB, default=dict, server_default="{}", nullable=False),
-    # Chaos (issue 15): cut the broker connections of these client ids of the lab once per bump of cut_version.
+    # Chaos: cut the broker connections of these client ids of the lab once per bump of cut_version.
     Column("cut_version", BigInteger, default=0, server_default="0", nullable=False),
     Column("cut_client_ids", JSONB, default=list, server_default="[]", nullable=False),
     # Reported by the proxy: the lab's clients only.
@@ -748,7 +762,7 @@ fault_proxy_labs = Table(
 )
 
 
-# A chaos session on one group (issue 15): seeded random kills, freezes, restarts, session
+# A chaos session on one group: seeded random kills, freezes, restarts, session
 # terminations and broker connection cuts, carried out by the agent that runs it. Each action
 # goes to the lab's timeline (kind ``chaos``) with the seed and its index.
 chaos_sessions = Table(

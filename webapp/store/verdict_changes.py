@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from .schema import quoted
 
-
 # --- the triggers: every changed row's keys into verdict_changes, in the writer's transaction ---
 
 # What each table's changed rows say: the key of the transaction (or invalid record) they belong

@@ -2,9 +2,21 @@
 May import domain and notify's protocol; nothing of Flask or Kafka."""
 from __future__ import annotations
 
-from . import (business_key, check_then_act, check_then_act_rr, eventid_atomic, eventid_split, insert_first, natural,
-               natural_audit, natural_audit_keyed, natural_clock, none, payload_hash)
 from ..domain.vocabulary import ON_UNIQUE_VIOLATION
+from . import (
+    business_key,
+    check_then_act,
+    check_then_act_rr,
+    eventid_atomic,
+    eventid_split,
+    insert_first,
+    natural,
+    natural_audit,
+    natural_audit_keyed,
+    natural_clock,
+    none,
+    payload_hash,
+)
 from .base import POINTS, Strategy
 
 STRATEGIES: dict[str, Strategy] = {

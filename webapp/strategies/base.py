@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from ..domain.events import InvalidEvent, PaymentEvent
 from ..domain.vocabulary import CRASH_POINTS as POINTS  # noqa: F401  (re-exported: the strategies' name)
 from ..domain.vocabulary import Outcome
-from ..domain.events import InvalidEvent, PaymentEvent
 
 CREDIT_BALANCE = "UPDATE accounts SET balance = balance + %(amount_cents)s WHERE id = %(account_id)s"
 INSERT_PAYMENT = ("INSERT INTO payments (event_id, transaction_id, account_id, amount_cents)\n"

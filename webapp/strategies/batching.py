@@ -26,8 +26,20 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from ..domain.events import PaymentEvent
-from .base import (ABSORBED, APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Step, apply_effect, effect_steps, note,
-                   point, sql)
+from .base import (
+    ABSORBED,
+    APPLIED,
+    BEGIN,
+    COMMIT,
+    RECORD_STEP,
+    Context,
+    Step,
+    apply_effect,
+    effect_steps,
+    note,
+    point,
+    sql,
+)
 
 CREDIT_BATCH = ("UPDATE accounts SET balance = accounts.balance + credits.total\n"
                 "FROM (SELECT account_id, sum(amount_cents) AS total\n"

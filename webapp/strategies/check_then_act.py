@@ -12,8 +12,22 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..domain.events import PaymentEvent
-from .base import (ABSORBED, APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Strategy, apply_effect, ddl,
-                   effect_steps, note, params, point, sql)
+from .base import (
+    ABSORBED,
+    APPLIED,
+    BEGIN,
+    COMMIT,
+    RECORD_STEP,
+    Context,
+    Strategy,
+    apply_effect,
+    ddl,
+    effect_steps,
+    note,
+    params,
+    point,
+    sql,
+)
 from .batching import looped, looped_plan
 
 KEY_TABLE = "seen_events"

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..domain.events import PaymentEvent
-from .base import COMMIT, BEGIN, RECORD_STEP, Context, Strategy, ddl, effect_steps, note, point, sql
+from .base import BEGIN, COMMIT, RECORD_STEP, Context, Strategy, ddl, effect_steps, note, point, sql
 from .batching import looped, looped_plan
 from .check_then_act import CHECK, KEY_TABLE_DDL, REMEMBER, check_and_act
 

@@ -10,8 +10,20 @@ import uuid
 from typing import Callable
 
 from ..domain.events import PaymentEvent
-from .base import (ABSORBED, APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Strategy, apply_effect,
-                   effect_steps, params, point, sql)
+from .base import (
+    ABSORBED,
+    APPLIED,
+    BEGIN,
+    COMMIT,
+    RECORD_STEP,
+    Context,
+    Strategy,
+    apply_effect,
+    effect_steps,
+    params,
+    point,
+    sql,
+)
 from .batching import BatchContext, Item, apply_effects, batch_ends, effect_batch_steps, first_claims
 
 CLAIM = ("INSERT INTO processed_events (event_id, processed_at) VALUES (%(event_id)s, now())\n"

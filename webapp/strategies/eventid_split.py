@@ -6,10 +6,21 @@ redelivery is skipped and the credit is lost.
 from __future__ import annotations
 
 from ..domain.events import PaymentEvent
-from .base import (ABSORBED, APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Strategy, apply_effect,
-                   effect_steps, params, point, sql)
-from .batching import (RECORD_BATCH_STEP, BatchContext, Item, apply_effects, batch_ends, effect_batch_steps,
-                       first_claims)
+from .base import (
+    ABSORBED,
+    APPLIED,
+    BEGIN,
+    COMMIT,
+    RECORD_STEP,
+    Context,
+    Strategy,
+    apply_effect,
+    effect_steps,
+    params,
+    point,
+    sql,
+)
+from .batching import RECORD_BATCH_STEP, BatchContext, Item, apply_effects, batch_ends, effect_batch_steps, first_claims
 from .eventid_atomic import BATCH_CLAIM, CLAIM, event_key
 
 

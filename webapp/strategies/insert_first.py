@@ -11,8 +11,20 @@ the offset; with ``retry`` it treats it as a generic error (backoff, the partiti
 from __future__ import annotations
 
 from ..domain.events import PaymentEvent
-from .base import (APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Strategy, apply_effect, effect_steps, note,
-                   params, point, sql)
+from .base import (
+    APPLIED,
+    BEGIN,
+    COMMIT,
+    RECORD_STEP,
+    Context,
+    Strategy,
+    apply_effect,
+    effect_steps,
+    note,
+    params,
+    point,
+    sql,
+)
 from .batching import BatchContext, Item, apply_effects, batch_ends, effect_batch_steps
 
 CLAIM = "INSERT INTO processed_events (event_id, processed_at) VALUES (%(event_id)s, now())"

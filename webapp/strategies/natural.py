@@ -17,8 +17,23 @@ from dataclasses import replace
 from typing import Callable
 
 from ..domain.events import PaymentEvent
-from .base import (ABSORBED, ACCOUNT_EXISTS, APPLIED, BEGIN, COMMIT, CREDIT_BALANCE, INSERT_PAYMENT, RECORD_STEP,
-                   Context, Strategy, no_account, note, params, point, sql)
+from .base import (
+    ABSORBED,
+    ACCOUNT_EXISTS,
+    APPLIED,
+    BEGIN,
+    COMMIT,
+    CREDIT_BALANCE,
+    INSERT_PAYMENT,
+    RECORD_STEP,
+    Context,
+    Strategy,
+    no_account,
+    note,
+    params,
+    point,
+    sql,
+)
 from .batching import looped, looped_plan
 
 GUARDED_SET_STATUS = ("UPDATE accounts SET status = %(status)s, status_at = %(occurred_at)s\n"

@@ -13,8 +13,23 @@ from dataclasses import replace
 from typing import Callable
 
 from ..domain.events import PaymentEvent
-from .base import (ABSORBED, ACCOUNT_EXISTS, APPLIED, BEGIN, COMMIT, CREDIT_BALANCE, INSERT_PAYMENT, RECORD_STEP,
-                   Context, Strategy, no_account, note, params, point, sql)
+from .base import (
+    ABSORBED,
+    ACCOUNT_EXISTS,
+    APPLIED,
+    BEGIN,
+    COMMIT,
+    CREDIT_BALANCE,
+    INSERT_PAYMENT,
+    RECORD_STEP,
+    Context,
+    Strategy,
+    no_account,
+    note,
+    params,
+    point,
+    sql,
+)
 from .batching import looped, looped_plan
 from .natural import GUARDED_SET_BALANCE, GUARDED_SET_STATUS, GUARDED_SETS, GUARDED_UPSERT_SCORE, WHAT
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .natural import GUARDED_SET_BALANCE, GUARDED_SETS, GUARDED_UPSERT_SCORE, applying
 from .base import ACCOUNT_EXISTS, BEGIN, COMMIT, CREDIT_BALANCE, INSERT_PAYMENT, RECORD_STEP, Strategy, note, point, sql
 from .batching import looped, looped_plan
+from .natural import GUARDED_SET_BALANCE, GUARDED_SETS, GUARDED_UPSERT_SCORE, applying
 
 CLOCK_SET_STATUS = "UPDATE accounts SET status = %(status)s, status_at = now()\nWHERE id = %(account_id)s"
 

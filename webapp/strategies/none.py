@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..domain.events import PaymentEvent
-from .base import (APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Strategy, apply_effect, effect_steps, point)
+from .base import APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Strategy, apply_effect, effect_steps, point
 from .batching import BatchContext, Item, apply_effects, plain_batch_plan
 
 

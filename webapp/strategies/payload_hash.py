@@ -22,12 +22,25 @@ reason recorded in the delivery ledger.
 from __future__ import annotations
 
 from dataclasses import replace
-
 from typing import Any
 
 from ..domain.events import PaymentEvent
-from .base import (ABSORBED, APPLIED, BEGIN, COMMIT, RECORD_STEP, Context, Strategy, apply_effect, ddl,
-                   effect_steps, note, params, point, sql)
+from .base import (
+    ABSORBED,
+    APPLIED,
+    BEGIN,
+    COMMIT,
+    RECORD_STEP,
+    Context,
+    Strategy,
+    apply_effect,
+    ddl,
+    effect_steps,
+    note,
+    params,
+    point,
+    sql,
+)
 from .batching import looped, looped_plan
 
 KEY_TABLE_DDL = ("CREATE TABLE processed_payloads (\n"

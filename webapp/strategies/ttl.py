@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from . import dedup_layout
 from ..domain.vocabulary import DEDUP_TABLES, Limits
+from . import dedup_layout
 
 # Every key table with processed_at: the unique ones and check-then-act's seen_events (no constraint).
 CLEANUP_SQL = {table: f"DELETE FROM {table} WHERE processed_at < now() - make_interval(secs => %(seconds)s)"

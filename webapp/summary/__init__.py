@@ -1,4 +1,4 @@
-"""The running summaries of the verdict and of the accounts' expected balances (issue 14): what the
+"""The running summaries of the verdict and of the accounts' expected balances: what the
 triggers queue (triggers.py; their DDL: store/verdict_changes.py), the per-key facts (facts.py), the
 fold and its upkeep (fold.py), the exact reads (reads.py). May import store and domain only.
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from .triggers import RECORD_KEY
 
-
 # --- the facts of keys: VERDICT_SQL's per_transaction, per key ---------------------------------
 
 # The key a ledger row counts under: the transaction of its event's first record in the log.

@@ -7,10 +7,18 @@ from __future__ import annotations
 import psycopg
 
 from ..store.schema import quoted
-from .facts import (CONTRIBUTION, FACTS, KEY_COLUMNS, OUTCOMES, RECORDS_OF_ALL, RECORDS_OF_DIRTY, TOTALS,
-                    _contribution, _queued_outcomes)
+from .facts import (
+    CONTRIBUTION,
+    FACTS,
+    KEY_COLUMNS,
+    OUTCOMES,
+    RECORDS_OF_ALL,
+    RECORDS_OF_DIRTY,
+    TOTALS,
+    _contribution,
+    _queued_outcomes,
+)
 from .triggers import CHANGES, COMMITTED, DIRTY
-
 
 FOLD_LOCK_SQL = "SELECT pg_try_advisory_lock(hashtextextended('verdict summary ' || %s, 0))"
 FOLD_UNLOCK_SQL = "SELECT pg_advisory_unlock(hashtextextended('verdict summary ' || %s, 0))"

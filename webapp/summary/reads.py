@@ -12,10 +12,18 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from ..store.schema import quoted
-from .facts import (CONTRIBUTION, FACTS, LEDGER_KEY, OUTCOMES, RECORDS_OF_ALL, RECORDS_OF_DIRTY, TOTALS,
-                    _contribution, _queued_outcomes)
+from .facts import (
+    CONTRIBUTION,
+    FACTS,
+    LEDGER_KEY,
+    OUTCOMES,
+    RECORDS_OF_ALL,
+    RECORDS_OF_DIRTY,
+    TOTALS,
+    _contribution,
+    _queued_outcomes,
+)
 from .triggers import CHANGES, COMMITTED, DIRTY
-
 
 # One statement, one snapshot: the folded totals, plus what the queue changes (the fresh rows of
 # its keys minus their folded rows). No row when this schema has no totals.

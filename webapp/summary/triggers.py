@@ -8,7 +8,6 @@ The triggers themselves are the store's DDL: a lab schema is created with them
 """
 from __future__ import annotations
 
-
 # --- what changed since the last fold: keys -------------------------------------------------
 
 # The queue as one schema sees it: its own effects' changes and the journal's log changes (every

@@ -67,9 +67,8 @@ def register_error_pages(app: Flask) -> None:
 
 def database_trouble(error: Exception) -> str:
     """Why the lab's database cannot serve this request, in one sentence (the answer is a 503)."""
-    from sqlalchemy.exc import OperationalError, ProgrammingError
-
     import psycopg
+    from sqlalchemy.exc import OperationalError, ProgrammingError
 
     current_app.logger.warning("database error: %s", error)
     cause = getattr(error, "orig", None)

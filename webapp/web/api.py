@@ -14,8 +14,8 @@ from flask import Blueprint, current_app, jsonify, render_template, request
 from markupsafe import Markup, escape
 
 from .. import ops
-from .db import db
 from .access import current_lab
+from .db import db
 from .openapi import openapi_document
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, redirect, render_template, request, session, url_for
 
-from .security import (client_address, sign_in_session, token_guesses, token_matches, too_many_guesses)
+from .security import client_address, sign_in_session, token_guesses, token_matches, too_many_guesses
 
 bp = Blueprint("auth", __name__)
 

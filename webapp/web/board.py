@@ -3,7 +3,7 @@
 A card has cheap parts, read for the whole class in three queries at every look (who joined, their
 newest guided run, how many consumers run), and a costly one, read in the attendee's lab: the
 verdict (the graded lane's for a grading exercise), the stalled groups, the lab's last activity.
-Thirty labs' verdicts on every request made the board the slowest page of a class (issue 28), so
+Thirty labs' verdicts on every request made the board the slowest page of a class, so
 the costly part is kept per lab and read again only when it may have changed:
 
 - the lab was announced on the change feed since it was read (web/push.py's stamps: every writer
@@ -105,7 +105,7 @@ def read_lab_part(lab: Lab, graded_lane: str | None) -> LabPart:
             # The board must never hold up (or deadlock with) a lab being reset or dropped: a
             # lock it cannot get at once makes the card say "unavailable" until the next look.
             session_.execute(text(f"SET LOCAL lock_timeout = '{BOARD_LOCK_TIMEOUT}'"))
-            stalled_groups = group_health_readmodel.stalled(session_, lab)  # issue 29
+            stalled_groups = group_health_readmodel.stalled(session_, lab)
             if graded_lane:
                 enter(session_.connection(), lab.lane_schema(graded_lane))
             verdict = state.verdict(session_, lab, explain=False)  # a card shows counts, not the whys

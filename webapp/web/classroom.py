@@ -10,21 +10,48 @@ import io
 import time
 from typing import Any
 
-from flask import (Blueprint, Flask, Response, abort, current_app, has_request_context, jsonify, make_response,
-                   redirect, render_template, request, session, url_for)
+from flask import (
+    Blueprint,
+    Flask,
+    Response,
+    abort,
+    current_app,
+    has_request_context,
+    jsonify,
+    make_response,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..store import classroom, command_channel
-from ..store import scenario_runs
 from .. import ops
-from .db import db
 from ..domain.lab import Lab
 from ..scenarios.runner import RunState
+from ..store import classroom, command_channel, scenario_runs
 from . import dashboard, push
-from .board import cards_html as board_cards_html, class_board, exercise, exercises
-from .access import (ATTENDEE_GENERATION, ATTENDEE_LAB, ATTENDEE_NAME, VIEWING, current_lab, end_attendee_session,
-                     home_lab, in_class, is_instructor, may_view, named_lab, own_lab, require_instructor,
-                     session_was_revoked, viewing)
+from .access import (
+    ATTENDEE_GENERATION,
+    ATTENDEE_LAB,
+    ATTENDEE_NAME,
+    VIEWING,
+    current_lab,
+    end_attendee_session,
+    home_lab,
+    in_class,
+    is_instructor,
+    may_view,
+    named_lab,
+    own_lab,
+    require_instructor,
+    session_was_revoked,
+    viewing,
+)
+from .board import cards_html as board_cards_html
+from .board import class_board, exercise, exercises
+from .db import db
 from .markdown import markdown
 from .security import client_address, code_guesses, token_matches
 

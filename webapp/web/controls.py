@@ -19,11 +19,11 @@ from flask import Blueprint, abort, g, render_template, request
 from jinja2 import TemplateNotFound
 from werkzeug.exceptions import HTTPException
 
-from ..domain import events
 from .. import ops, strategies
-from ..readmodel import state
+from ..domain import events
 from ..domain.vocabulary import Limits
 from ..ops.publishing import template_event
+from ..readmodel import state
 from . import dashboard
 from .access import current_lab, home_lab, lab_db
 from .api import ops_context

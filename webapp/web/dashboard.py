@@ -26,26 +26,26 @@ from flask import Blueprint, abort, current_app, g, jsonify, render_template, re
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from .. import ops, strategies
-from ..readmodel import state
-from ..readmodel.chart import chart_series
+from ..domain.group_health import SESSION_TIMEOUT_MS
+from ..domain.vocabulary import DEFAULT_OUTSIDE_LANE, EXACT_COUNT_BELOW
 from ..readmodel import consumers as consumers_readmodel
-from ..readmodel.dedup import dedup_tables
-from ..readmodel.drilldown import event_drilldown
 from ..readmodel import fingerprints as fingerprints_readmodel
 from ..readmodel import group_health as group_health_readmodel
+from ..readmodel import notifications as notifications_readmodel
 from ..readmodel import service_health as service_health_readmodel
+from ..readmodel import state
+from ..readmodel.chart import chart_series
+from ..readmodel.dedup import dedup_tables
+from ..readmodel.drilldown import event_drilldown
 from ..readmodel.groups import groups_kafka_settings, groups_list
 from ..readmodel.lanes import lanes
 from ..readmodel.partitions import partitions
 from ..readmodel.timeline import timeline
 from ..store.consumers import LIVE_STATES
-from .db import db, lab_session
-from ..domain.vocabulary import DEFAULT_OUTSIDE_LANE, EXACT_COUNT_BELOW
-from ..domain.group_health import SESSION_TIMEOUT_MS
-from ..readmodel import notifications as notifications_readmodel
 from ..strategies.base import SESSION_SETTINGS
 from ..strategies.notification import strategy_with
 from .access import current_lab, lab_db, own_lab, viewing
+from .db import db, lab_session
 from .security import signed_in
 from .singleflight import SingleFlight
 
@@ -186,7 +186,7 @@ def sql_panel(lab, session, args) -> dict[str, Any]:
     if chosen not in strategies.STRATEGIES:
         chosen = groups[0]["strategy"] if groups else "none"
     # A group that notifies runs the plan with the call and the crash points around it.
-    # A partitioned processed_events (issue 14) has its own claim: the plan shows the one that runs.
+    # A partitioned processed_events has its own claim: the plan shows the one that runs.
     from ..readmodel.scale import layout_of
     partitioned = layout_of(session) == "partitioned-by-day"
     strategy = strategy_with(strategies.get(chosen, partitioned=partitioned),
@@ -230,7 +230,7 @@ def status_without_database(error: OperationalError):
 
 @panel("chaos", depends=("timeline", "journal", "effects", "offsets", "groups", "agent"))
 def chaos_panel(lab, session, args) -> dict[str, Any]:
-    """Chaos mode (issue 15): the sessions, the actions so far, and whether the verdict holds."""
+    """Chaos mode: the sessions, the actions so far, and whether the verdict holds."""
     from ..readmodel.chaos import panel_data
     sessions = ops.call("get_chaos", ops.Context(db.engine, lab), {})["sessions"]
     return panel_data(session, lab, sessions)
@@ -246,8 +246,8 @@ def notifications_panel(lab, session, args) -> dict[str, Any]:
 
 @panel("load", depends=("load",))
 def load_panel(lab, session, args) -> dict[str, Any]:
-    """The lab's heavy jobs: the load generator's newest runs (progress, rate, ratios, state, issue
-    14) and the dedup warm-up's (keys inserted, rate, state, issue 28)."""
+    """The lab's heavy jobs: the load generator's newest runs (progress, rate, ratios, state) and
+    the dedup warm-up's (keys inserted, rate, state)."""
     from ..readmodel.scale import load_runs, warmup_runs
     return {"runs": load_runs(session), "warmups": warmup_runs(session)}
 
@@ -525,7 +525,7 @@ def record_view(partition: int, offset: int):
 
 @bp.get("/yours")
 def yours():
-    """Your consumer (issue 34): where your own code connects, a starter to copy, the faults."""
+    """Your consumer: where your own code connects, a starter to copy, the faults."""
     lab = current_lab()
     lane = request.args.get("lane") or DEFAULT_OUTSIDE_LANE
     try:

@@ -9,8 +9,8 @@ from flask import Blueprint, jsonify
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..readmodel.health import agent_health
 from ..domain.vocabulary import AGENT_FRESH_SECONDS
+from ..readmodel.health import agent_health
 from .db import db
 
 bp = Blueprint("health", __name__)

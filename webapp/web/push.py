@@ -1,4 +1,4 @@
-"""Live panels pushed over server-sent events (issue 32): one stream per open page.
+"""Live panels pushed over server-sent events: one stream per open page.
 
 Polling cost viewers × changes: every page asked each second and fetched each changed panel.
 Pushing costs changes: per web process,

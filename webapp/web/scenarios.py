@@ -20,20 +20,26 @@ from markdown_it import MarkdownIt
 from markupsafe import Markup
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..store import command_channel
-from ..store import scenario_runs
-from ..readmodel.timeline import timeline
-from ..store.classroom import lab_count_limit_reached
-from .db import db, lab_session
 from ..domain.lab import Lab
+from ..readmodel.timeline import timeline
 from ..scenarios import ScenarioError, built_in, guided, load
 from ..scenarios.claims import claims_markdown
 from ..scenarios.loader import SEEDS, Scenario
 from ..scenarios.observe import observe
 from ..scenarios.runner import RunState, broker_kind, check_expectations, fresh_lab_name, preflight
+from ..store import command_channel, scenario_runs
+from ..store.classroom import lab_count_limit_reached
 from . import push
-from .access import (current_lab, guided_run_lab, in_class, is_instructor, readable_labs, require_drivable,
-                     require_readable)
+from .access import (
+    current_lab,
+    guided_run_lab,
+    in_class,
+    is_instructor,
+    readable_labs,
+    require_drivable,
+    require_readable,
+)
+from .db import db, lab_session
 from .markdown import markdown
 
 log = logging.getLogger("idempotency_lab.web")

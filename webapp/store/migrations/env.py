@@ -9,8 +9,8 @@ from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
 from webapp.store.connection import CONTROL_SCHEMA, sqlalchemy_url
-from webapp.store.tables import metadata
 from webapp.store.migrations import VERSION_TABLE
+from webapp.store.tables import metadata
 
 config = context.config
 

@@ -1,4 +1,4 @@
-"""Revision 4: the notification service's tables and the group's notify settings (issue 13).
+"""Revision 4: the notification service's tables and the group's notify settings.
 
 Revision ID: 0004
 Revises: 0003

@@ -1,4 +1,4 @@
-"""Revision 5: the payments service's outbox and the relay's state (issue 13).
+"""Revision 5: the payments service's outbox and the relay's state.
 
 Revision ID: 0005
 Revises: 0004

@@ -1,4 +1,4 @@
-"""Revision 6: the producer-ordering lesson's columns on the log mirror (issue 13).
+"""Revision 6: the producer-ordering lesson's columns on the log mirror.
 
 Revision ID: 0006
 Revises: 0005

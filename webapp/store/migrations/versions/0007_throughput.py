@@ -1,4 +1,4 @@
-"""Revision 7: batch mode, commit mode and static membership settings (issue 14).
+"""Revision 7: batch mode, commit mode and static membership settings.
 
 Revision ID: 0007
 Revises: 0006

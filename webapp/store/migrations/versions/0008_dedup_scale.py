@@ -1,4 +1,4 @@
-"""Revision 8: the load generator and dedup tables at scale (issue 14).
+"""Revision 8: the load generator and dedup tables at scale.
 
 Revision ID: 0008
 Revises: 0007

@@ -1,4 +1,4 @@
-"""Revision 9: chaos sessions (issue 15).
+"""Revision 9: chaos sessions.
 
 Revision ID: 0009
 Revises: 0008

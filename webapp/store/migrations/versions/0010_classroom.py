@@ -1,4 +1,4 @@
-"""Revision 10: attendees and classes (issue 16).
+"""Revision 10: attendees and classes.
 
 Revision ID: 0010
 Revises: 0009

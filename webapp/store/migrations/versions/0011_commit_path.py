@@ -1,4 +1,4 @@
-"""Revision 11: offset commits that do not reach the broker (issue 14, commit mode).
+"""Revision 11: offset commits that do not reach the broker (commit mode).
 
 Revision ID: 0011
 Revises: 0010

@@ -1,4 +1,4 @@
-"""Revision 12: the running summaries of the verdict (issue 14, webapp/summary/).
+"""Revision 12: the running summaries of the verdict (webapp/summary/).
 
 Revision ID: 0012
 Revises: 0011

@@ -1,4 +1,4 @@
-"""Revision 13: when each key of the verdict's summary first went wrong (issue 14).
+"""Revision 13: when each key of the verdict's summary first went wrong.
 
 Revision ID: 0013
 Revises: 0012

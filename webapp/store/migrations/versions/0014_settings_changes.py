@@ -1,4 +1,4 @@
-"""Revision 14: changes of what a consumer applies are notified, and acknowledged (issue 14).
+"""Revision 14: changes of what a consumer applies are notified, and acknowledged.
 
 Revision ID: 0014
 Revises: 0013

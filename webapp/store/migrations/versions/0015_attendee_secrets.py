@@ -1,4 +1,4 @@
-"""Revision 15: an attendee is a secret, not a name (issue 28).
+"""Revision 15: an attendee is a secret, not a name.
 
 Revision ID: 0015
 Revises: 0014

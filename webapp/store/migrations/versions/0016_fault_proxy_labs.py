@@ -1,4 +1,4 @@
-"""Revision 16: every lab's faults are its own (issue 28).
+"""Revision 16: every lab's faults are its own.
 
 Revision ID: 0016
 Revises: 0014

@@ -1,4 +1,4 @@
-"""Revision 17: the dedup warm-up runs on a lab agent, with progress (issue 28).
+"""Revision 17: the dedup warm-up runs on a lab agent, with progress.
 
 Revision ID: 0017
 Revises: 0014

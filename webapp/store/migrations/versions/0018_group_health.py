@@ -1,4 +1,4 @@
-"""Revision 18: group health and recovery (issue 29).
+"""Revision 18: group health and recovery.
 
 Revision ID: 0018
 Revises: 0014

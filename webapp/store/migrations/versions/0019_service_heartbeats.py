@@ -1,4 +1,4 @@
-"""Revision 19: the heartbeats of the log reader and the notification service (issue 29).
+"""Revision 19: the heartbeats of the log reader and the notification service.
 
 Revision ID: 0019
 Revises: 0018

@@ -1,4 +1,4 @@
-"""Revision 20: the live panels' change feed (issue 32).
+"""Revision 20: the live panels' change feed.
 
 Revision ID: 0020
 Revises: 0019

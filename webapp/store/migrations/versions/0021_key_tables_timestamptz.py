@@ -1,4 +1,4 @@
-"""Revision 21: the key tables' processed_at is TIMESTAMPTZ, as in the source text's DDL (issue 30).
+"""Revision 21: the key tables' processed_at is TIMESTAMPTZ, as in the source text's DDL.
 
 Revision ID: 0021
 Revises: 0020

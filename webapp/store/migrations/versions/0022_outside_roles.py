@@ -1,4 +1,4 @@
-"""Revision 22: the roles of learners' own consumers and their passwords (issue 34).
+"""Revision 22: the roles of learners' own consumers and their passwords.
 
 Revision ID: 0022
 Revises: 0021

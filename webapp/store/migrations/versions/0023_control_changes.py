@@ -1,4 +1,4 @@
-"""Revision 23: the change feed covers the guided runs and the attendees (issue 32).
+"""Revision 23: the change feed covers the guided runs and the attendees.
 
 Revision ID: 0023
 Revises: 0022

@@ -1,4 +1,4 @@
-"""Revision 24: a third commit mode, ``transactional`` (issue 30: Kafka's transactions stop at the
+"""Revision 24: a third commit mode, ``transactional`` (Kafka's transactions stop at the
 Kafka boundary).
 
 Revision ID: 0024

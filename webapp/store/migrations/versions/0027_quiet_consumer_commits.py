@@ -1,4 +1,4 @@
-"""Revision 27: a lab consumer's effect transactions do not announce their lab (issue 44).
+"""Revision 27: a lab consumer's effect transactions do not announce their lab.
 
 Revision ID: 0027
 Revises: 0026
