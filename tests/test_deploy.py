@@ -101,9 +101,15 @@ def compose(environ: dict[str, str] | None = None) -> dict:
     return interpolate(compose_raw(), {} if environ is None else environ)
 
 
+SHARED_SECRET_KEY = "the-class-secret-key-0123456789abcdef"
+
+
 def with_secrets(env: dict[str, str], directory: Path, **contents: str) -> dict[str, str]:
     """A service's environment as its container sees it: each ``/run/secrets/<name>`` a file in
-    ``directory`` holding ``contents[name]`` (a secret not given: no file, as when ./secrets lacks it)."""
+    ``directory`` holding ``contents[name]`` (a secret not given: no file, as when ./secrets lacks it;
+    the shared ``secret_key`` is there unless given as None)."""
+    contents.setdefault("secret_key", SHARED_SECRET_KEY)
+    contents = {name: content for name, content in contents.items() if content is not None}
     directory.mkdir(parents=True, exist_ok=True)
     for name, content in contents.items():
         (directory / name).write_text(content + "\n")
@@ -465,7 +471,7 @@ def test_the_secrets_come_from_files_never_from_the_environment(tmp_path):
     document = compose(TLS_ENVIRON)
     declared = document["secrets"]
     assert declared == {"postgres_password": {"file": "./secrets/postgres_password"},
-                        "lab_token": {"file": "./secrets/lab_token"}}
+                        "lab_token": {"file": "./secrets/lab_token"}, "secret_key": {"file": "./secrets/secret_key"}}
     used = set()
     for name, service in document["services"].items():
         env = environment(service)
@@ -475,23 +481,25 @@ def test_the_secrets_come_from_files_never_from_the_environment(tmp_path):
         for key, value in env.items():
             if value.startswith(SECRETS_DIR):
                 assert key.endswith("_FILE") and value.removeprefix(SECRETS_DIR) in mounted, f"{name}: {key}"
-        assert not {"LAB_TOKEN", "POSTGRES_PASSWORD", "SECRET_KEY_FILE"} & set(env), name
+        assert not {"LAB_TOKEN", "POSTGRES_PASSWORD", "SECRET_KEY"} & set(env), name
         assert not re.search(r"postgresql://[^@/]*:[^@/]*@", env.get("DATABASE_URL", "")), f"{name}: a password in the URL"
     assert used == set(declared)
     assert environment(document["services"]["postgres"])["POSTGRES_PASSWORD_FILE"] == f"{SECRETS_DIR}postgres_password"
-    assert all("postgres_password" in document["services"][name]["secrets"] for name in LAB_SERVICES)
-    assert document["services"]["web"]["secrets"] == ["postgres_password", "lab_token"]
+    assert all({"postgres_password", "secret_key"} <= set(document["services"][name]["secrets"])
+               for name in LAB_SERVICES), "every lab process shares the database password and SECRET_KEY"
+    assert document["services"]["web"]["secrets"] == ["postgres_password", "lab_token", "secret_key"]
     assert "secrets/" in (ROOT / ".gitignore").read_text().split()
 
     # The compose page's commands make them; its token passes the lab's length rule.
     section = compose_page()
-    for path in ("secrets/lab_token", "secrets/postgres_password"):
+    for path in ("secrets/lab_token", "secrets/postgres_password", "secrets/secret_key"):
         assert path in section, path
     assert "token_urlsafe(24)" in section
     import secrets as secrets_module
     made = secrets_module.token_urlsafe(24)
     mounted = with_secrets({**environment(document["services"]["web"]), "LAB_DATA_DIR": str(tmp_path)},
-                           tmp_path / "secrets", lab_token=made, postgres_password=secrets_module.token_urlsafe(24))
+                           tmp_path / "secrets", lab_token=made, postgres_password=secrets_module.token_urlsafe(24),
+                           secret_key=secrets_module.token_hex(32))
     assert lab_config.load_config(environ=mounted, env_file=None)["LAB_TOKEN"] == made
 
 
@@ -582,10 +590,11 @@ def named_mounts(service: dict) -> dict[str, str]:
     return mounts
 
 
-def test_the_lab_data_dir_is_a_named_volume_so_the_secret_key_survives_a_re_create(tmp_path):
-    """The web's SECRET_KEY, unless set, is generated once into LAB_DATA_DIR: that directory is a
-    named volume, so a re-created container (`up --build`) signs with the same key and browsers
-    stay signed in with working CSRF tokens."""
+def test_every_lab_process_shares_one_secret_key_from_a_file_and_the_data_dir_is_a_named_volume(tmp_path):
+    """SECRET_KEY comes from the `secret_key` secret, the same file for every lab process: the web
+    signs sessions with it, and the web and the agents keep each lane's passwords encrypted under it
+    (an agent running a grading exercise makes a lane the web then shows). The web's data dir is a
+    named volume, so a re-created container keeps it."""
     raw = compose_raw()
     data_dir = dockerfile_env()["LAB_DATA_DIR"]
     web = compose()["services"]["web"]
@@ -598,19 +607,14 @@ def test_the_lab_data_dir_is_a_named_volume_so_the_secret_key_survives_a_re_crea
     assert useradd[useradd.index("--home-dir") + 1] == data_dir and "--create-home" in useradd
     assert "VOLUME" not in [k for k, _ in dockerfile_instructions()], "no anonymous volume in every role"
 
-    # Optional: empty means "generate and keep in the data dir"; a key set by the user wins.
-    assert defaults_in(environment(raw["services"]["web"])["SECRET_KEY"]) == {"SECRET_KEY": ""}
-    environ = with_secrets({**environment(web), "LAB_DATA_DIR": str(tmp_path / "volume")}, tmp_path / "secrets",
-                           lab_token=TOKEN, postgres_password="pw")
-    first = lab_config.load_config(environ=environ, env_file=None)["SECRET_KEY"]
-    recreated = lab_config.load_config(environ=dict(environ), env_file=None)["SECRET_KEY"]
-    assert first and recreated == first, "the same volume, the same key"
-    without_volume = lab_config.load_config(environ={**environ, "LAB_DATA_DIR": str(tmp_path / "fresh")},
-                                            env_file=None)["SECRET_KEY"]
-    assert without_volume != first, "a fresh data dir generates another key: the volume is what keeps it"
-    chosen = environment(compose({"SECRET_KEY": "chosen-key"})["services"]["web"])
-    assert lab_config.load_config(environ=with_secrets({**chosen, "LAB_DATA_DIR": str(tmp_path / "volume")},
-                                                       tmp_path / "secrets"), env_file=None)["SECRET_KEY"] == "chosen-key"
+    services = compose()["services"]
+    keys = set()
+    for name in LAB_SERVICES:
+        env = {**environment(services[name]), "LAB_DATA_DIR": str(tmp_path / name)}
+        assert "SECRET_KEY" not in env and env["SECRET_KEY_FILE"] == f"{SECRETS_DIR}secret_key", name
+        mounted = with_secrets(env, tmp_path / "secrets", lab_token=TOKEN, postgres_password="pw")
+        keys.add(lab_config.load_config(environ=mounted, env_file=None)["SECRET_KEY"])
+    assert keys == {SHARED_SECRET_KEY}, "every lab process reads the one key, whatever its data dir"
 
 
 def test_consumer_logs_go_to_the_agents_standard_output():
