@@ -48,7 +48,7 @@ def fill(bootstrap: str, records: int) -> None:
 def read_commit_then_die(bootstrap: str, group: str, burst: int, asynchronous: bool, work_ms: float) -> None:
     """In the child: read ``burst`` records, committing each after ``work_ms`` of stand-in work (the
     lab's per-message transaction takes about 1 ms), then SIGKILL at the last commit's return."""
-    # The lab's group timeouts: the first join waits about half the session timeout (BROKER.md).
+    # The lab's group timeouts: the first join waits about half the session timeout (docs/concepts/broker.md).
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
                          "auto.offset.reset": "earliest", **GROUP_TIMEOUTS})
     consumer.subscribe([TOPIC])

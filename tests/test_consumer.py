@@ -235,7 +235,7 @@ def test_offsets_do_not_expire_while_the_group_has_a_member_the_lab_cannot_stop(
     """Kafka expires only an empty group's offsets. A member the lab does not run (a plain client in
     the group) keeps the expiry waiting, refused once GROUP_EMPTY_TIMEOUT passes, the group unmoved."""
     lab.credit("acc-1", 1000)
-    # The lab's session timeout: the broker's first assignment waits about half of it (BROKER.md).
+    # The lab's session timeout: the broker's first assignment waits about half of it (docs/concepts/broker.md).
     outsider = Consumer({"bootstrap.servers": services.bootstrap_servers, "group.id": lab.lab.group_id("payments"),
                          "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 3,
                          "session.timeout.ms": SESSION_TIMEOUT_MS, "heartbeat.interval.ms": 1000})
@@ -476,7 +476,7 @@ def test_a_consumer_blocked_on_a_row_lock_gives_the_statement_up_and_stays_in_it
 def test_a_consumer_held_at_a_step_keeps_polling_so_a_new_member_is_assigned(services, lab, batch):
     """Step mode holds a record for as long as a class discusses it. The held consumer polls with its
     partitions paused, so a member joining meanwhile completes the rebalance and is assigned (on
-    Tansu a member that does not poll wedges the group for good: BROKER.md)."""
+    Tansu a member that does not poll wedges the group for good: docs/concepts/broker.md)."""
     use_strategy(lab, "eventid-atomic")
     if batch:
         lab.post("/groups/payments/throughput", {"batch_size": 10})

@@ -3,7 +3,7 @@
 The stall is reached on purpose the cheapest real way: a Kafka member that keeps heartbeating
 without polling (a plain confluent-kafka consumer of the test's own) holds the group's partitions
 when a lab consumer joins. The rebalance waits for it (on Tansu it never completes, fresh members
-included: BROKER.md), so the lab's member is alive with no partition: stalled past the threshold,
+included: docs/concepts/broker.md), so the lab's member is alive with no partition: stalled past the threshold,
 which a short max.poll.interval.ms makes 12 s here (domain/group_health.py).
 """
 from __future__ import annotations
@@ -75,7 +75,7 @@ def test_a_group_wedged_by_a_member_that_heartbeats_without_polling_is_shown_sta
     result = lab.post("/groups/payments/recover")
     assert result["assigned"], result
     assert result["steps"][0] == "restarted 1 member(s): c1", result
-    # Tansu keeps refusing the group after the restart (BROKER.md): it moved, with its committed offsets.
+    # Tansu keeps refusing the group after the restart (docs/concepts/broker.md): it moved, with its committed offsets.
     assert result["moved"] and result["kafka_group_id"] == f"{lab.lab.group_id('payments')}.r1", result
     assert "committed offsets carried over" in result["steps"][1]
     assert group_health(lab)["kafka_group_id"] == result["kafka_group_id"]

@@ -170,7 +170,7 @@ def landed_out_of_order(numbers: list[int]) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("idempotent", [True, False], ids=["idempotent-producer", "plain-producer"])
 def test_a_dropped_response_with_five_requests_in_flight(proxied_broker, idempotent):
     """With idempotence order holds and every number is written once; without, the retried batch
-    lands behind records sent after it (measured: 10 runs of 10 on Tansu, BROKER.md)."""
+    lands behind records sent after it (measured: 10 runs of 10 on Tansu, docs/concepts/broker.md)."""
     address, faults = proxied_broker
     topic = f"ordering-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": address, "log_level": 2})

@@ -28,7 +28,7 @@ from webapp.store.connection import connect
 ROOT = Path(__file__).resolve().parent.parent
 BUILT_IN = built_in()
 # The only reason a built-in scenario may be reported not-run: a documented limit of the broker
-# (BROKER.md). The lost-ack exercise runs on a stack with a fault proxy: not run there is a failure.
+# (docs/concepts/broker.md). The lost-ack exercise runs on a stack with a fault proxy: not run there is a failure.
 DOCUMENTED_NOT_RUN = ("max.poll.interval.ms",)
 
 

@@ -119,7 +119,7 @@ def reset_lab(agent: AgentContext, lab: Lab, args: dict) -> dict:
     partitions = _partitions(args)
     _forget_outside_offsets(agent, lab)
     quiesce(agent, lab)
-    # librdkafka crashes a consumer whose assigned topic is deleted (BROKER.md): the log reader is
+    # librdkafka crashes a consumer whose assigned topic is deleted (docs/concepts/broker.md): the log reader is
     # held off Kafka (its consumer closed) around the topics' re-creation, rather than left to crash.
     with agent.log_mirror.held():
         return setup.recreate(agent.engine, agent.admin, lab, partitions)
@@ -156,7 +156,7 @@ def _forget_outside_offsets(agent: AgentContext, lab: Lab) -> None:
 def drop_lab(agent: AgentContext, lab: Lab, args: dict) -> dict:
     """The agent's ``lab.drop``: stop the lab's consumers and load, hold the log reader off, drop it."""
     quiesce(agent, lab)
-    # librdkafka crashes a reader whose assigned topic is deleted (BROKER.md): hold it off meanwhile.
+    # librdkafka crashes a reader whose assigned topic is deleted (docs/concepts/broker.md): hold it off meanwhile.
     with agent.log_mirror.held():
         return drop(agent.engine, agent.admin, lab)
 
@@ -411,7 +411,7 @@ def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
 
 # How long recovery waits for the broker to assign the restarted members before it moves the group:
 # fresh members that all poll are assigned within a session timeout on a working broker (the first
-# join on Tansu waits about half of it, BROKER.md); twice that leaves room for one more rebalance.
+# join on Tansu waits about half of it, docs/concepts/broker.md); twice that leaves room for one more rebalance.
 RECOVERY_ASSIGNMENT_WAIT = 2 * SESSION_TIMEOUT_MS / 1000
 
 
@@ -470,7 +470,7 @@ def recover_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
         steps.append(f"the broker assigned every partition within {RECOVERY_ASSIGNMENT_WAIT:g} s")
         agent.say(lab, "recovery", f"{group_id} recovered by the restart: {steps[-1]}", group=group_id)
         return {"group_id": group_id, "kafka_group_id": old_id, "moved": False, "steps": steps, "assigned": True}
-    # The broker keeps the group in a rebalance it does not finish (Tansu, BROKER.md): leave it behind.
+    # The broker keeps the group in a rebalance it does not finish (Tansu, docs/concepts/broker.md): leave it behind.
     with agent.engine.connect() as conn:
         members = consumer_rows.live(conn, lab.name, group_id)
     for row in members:

@@ -33,7 +33,7 @@ BATCH = 1000                # records produced between rate and cancel checks
 RECENT = 10_000             # events a resend or a source duplicate is drawn from
 MAX_AMOUNT_CENTS = 10_000
 # Batched for throughput: the log mirror reads every record whatever its batch, and the log end
-# comes from the mirror, never from the broker's high watermark (BROKER.md).
+# comes from the mirror, never from the broker's high watermark (docs/concepts/broker.md).
 LOAD_PRODUCER = {"linger.ms": 20, "batch.num.messages": 10_000, "queue.buffering.max.messages": 200_000,
                  "message.timeout.ms": 60_000}
 

@@ -4,7 +4,7 @@ The bounds: librdkafka runs the group's heartbeats on a thread of its own, so a 
 stuck in application code keeps its place in the group while it cannot rejoin a rebalance. The
 broker waits up to the rebalance timeout for it (librdkafka sends max.poll.interval.ms as the
 rebalance timeout), and on the embedded Tansu such a rebalance never completes, fresh members
-included (BROKER.md). So nothing a consumer does between two polls may take as long as
+included (docs/concepts/broker.md). So nothing a consumer does between two polls may take as long as
 ``max.poll.interval.ms``: every statement on its effects connection ends by ``statement_timeout``
 and every lock wait by ``lock_timeout``, both well below it, and every wait (step mode, a backoff,
 a retried commit, a notification retried) keeps calling ``poll()`` with its partitions paused.

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..domain.group_health import DEFAULT_MAX_POLL_INTERVAL_MS, SESSION_TIMEOUT_MS
 
 # Short group timeouts: on Tansu the first join waits about half the session timeout, and they
-# make the hand-over after a kill or a freeze visible within seconds (BROKER.md).
+# make the hand-over after a kill or a freeze visible within seconds (docs/concepts/broker.md).
 GROUP_TIMEOUTS = {"session.timeout.ms": SESSION_TIMEOUT_MS, "heartbeat.interval.ms": 1000}
 
 
@@ -33,7 +33,7 @@ def producer_config(bootstrap_servers: str, idempotent: bool, max_in_flight: int
         "enable.idempotence": idempotent,
         "acks": acks,
         # Each publish is its own batch: Tansu reports a wrong high watermark for batches of
-        # several records (BROKER.md), and a class reads offsets one by one anyway.
+        # several records (docs/concepts/broker.md), and a class reads offsets one by one anyway.
         "linger.ms": 0,
         "retry.backoff.ms": 200,
         "message.timeout.ms": 15000,

@@ -13,7 +13,7 @@ An event the lab's producer stamped (``producer_id``, ``producer_seq``) gets
 partition, when above its own (webapp/readmodel/ordering.py says what that means).
 
 The reader never trusts the broker's high watermark (wrong on Tansu for multi-record batches,
-BROKER.md): the log end is the last offset it actually fetched.
+docs/concepts/broker.md): the log end is the last offset it actually fetched.
 
 A lab that is reset (its schema dropped and created again, its topic deleted and created
 again) gets a new schema oid: the reader notices, forgets its positions for that lab and reads

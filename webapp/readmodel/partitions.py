@@ -1,5 +1,5 @@
 """The partitions panel: each partition's log end (the log reader's, never the broker's high
-watermark: wrong on Tansu for multi-record batches, BROKER.md), committed offset per group, the
+watermark: wrong on Tansu for multi-record batches, docs/concepts/broker.md), committed offset per group, the
 consumers' positions, and the strip of its newest offsets, each with what the group did with it and
 what the lab's journal (``published_events``, "what the lab asked to publish") knows of it.
 """

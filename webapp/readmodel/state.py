@@ -3,7 +3,7 @@
 Kafka facts arrive here through the lab agent (committed offsets in ``group_offsets``), the
 consumers (positions in their control rows) and the log reader (``log_records``: every record of
 the topic, whoever wrote it). The log-end offset is the log reader's: the last record it fetched,
-never the broker's high watermark (wrong on Tansu for multi-record batches, BROKER.md). The
+never the broker's high watermark (wrong on Tansu for multi-record batches, docs/concepts/broker.md). The
 journal (``published_events``) is shown beside the log as "what the lab asked to publish".
 
 This module holds the lab's accounts and verdict (by ``Lab``); each panel has a module of its own:

@@ -37,7 +37,7 @@ from .marks import LocatedDict, ScenarioError, hint, kind, located, parse_yaml
 
 SEEDS = {"pt": "Idempotência — o pilar do at-least-once (source text 000, in Portuguese)",
          "en": "Idempotency, Part IV — Reliability (source text 001)"}
-# What a scenario may require of the broker, and why (../shared/BROKER.md).
+# What a scenario may require of the broker, and why (docs/concepts/broker.md).
 CAPABILITIES = {
     "max-poll-interval-handover": "a member that stalls past max.poll.interval.ms hands its partitions to a "
                                   "new member",

@@ -37,17 +37,17 @@ WARMUP_TIMEOUT = 300.0
 # What makes a step an error (not a failed wait): the operation refused, or named nothing.
 OPERATION_ERRORS = (ops.InvalidRequest, ops.NotFound, command_channel.CommandError)
 
-# Which broker can do what a scenario may require (../shared/BROKER.md, measured).
+# Which broker can do what a scenario may require (docs/concepts/broker.md, measured).
 SUPPORT = {"max-poll-interval-handover": {"tansu": False, "kafka": True}, "kafka": {"tansu": False, "kafka": True}}
 NOT_SUPPORTED_WHY = {
     ("max-poll-interval-handover", "tansu"):
         "on the embedded Tansu broker a new member loops in JoinGroup/SyncGroup and is never assigned while a "
-        "member stalls past max.poll.interval.ms (BROKER.md): this hand-over does not complete on Tansu",
+        "member stalls past max.poll.interval.ms (docs/concepts/broker.md): this hand-over does not complete on Tansu",
     ("kafka", "tansu"):
         "it shows Apache Kafka's own machinery (offsets retention, transaction markers or log retention, as its "
         "narrative says), and this lab runs the embedded Tansu broker, which was measured to differ (it delivered "
-        "an aborted transaction's record to a read_committed consumer) or was not measured there (BROKER.md): run "
-        "it on the docker compose stack, whose broker is Apache Kafka",
+        "an aborted transaction's record to a read_committed consumer) or was not measured there (the docs' "
+        "page on the embedded broker): run it on the docker compose stack, whose broker is Apache Kafka",
 }
 NO_FAULT_PROXY = ("it needs the fault proxy between the lab's Kafka clients and the broker, and this stack has "
                   "none (`make run` starts one with the embedded broker; with docker compose, the faultproxy service)")

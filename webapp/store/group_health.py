@@ -38,7 +38,7 @@ SETTINGS_SQL = (f"SELECT (SELECT value FROM \"{{schema}}\".settings WHERE key = 
 MEMBERS_SQL = (f"SELECT group_id, name, state, heartbeat_at > now() - make_interval(secs => %(fresh)s), "
                f"assigned, assigned_at, progressed_at FROM {CONTROL_SCHEMA}.consumers WHERE lab = %(lab)s ORDER BY id")
 # Records past each group's committed offset, by the log reader's log end (never the broker's high
-# watermark, BROKER.md); a partition never committed counts from offset 0.
+# watermark, docs/concepts/broker.md); a partition never committed counts from offset 0.
 PENDING_SQL = """
 SELECT g.group_id, coalesce(sum(greatest(0, e.log_end - coalesce(o.committed, 0))), 0)
 FROM "{schema}".consumer_groups g
