@@ -5,8 +5,9 @@ and the Kafka principal of the same name, which the learners' Kafka gateway chec
 A role is cluster-wide, so its name is the lane's schema name (``Lab.lane_role``): it names its lab.
 New tables in PostgreSQL grant nothing to PUBLIC and a lab schema grants no USAGE to PUBLIC, so a
 role given only the privileges below can read or write no other table of its lane, no other lane,
-lab or control table. Its passwords are kept encrypted (PostgreSQL's) or hashed (Kafka's) at rest
-in ``lab_control.outside_roles`` (domain/credentials.py).
+lab or control table. Its two passwords (PostgreSQL's, Kafka's) are kept encrypted at rest in
+``lab_control.outside_roles``, the Kafka one also hashed, which is what the gateway checks
+(domain/credentials.py).
 """
 from __future__ import annotations
 
