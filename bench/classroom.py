@@ -65,6 +65,10 @@ class Attendee(threading.Thread):
             self.everyone_joined.wait()
         if self.error:
             return
+        # The wait for the whole class outlasts the server's keep-alive (gunicorn closes an idle
+        # connection after 2 s): a reused pooled connection would be reset under the first POST, which
+        # requests does not retry (a browser opens a new connection). Start on fresh connections.
+        self.http.close()
         started = time.monotonic()
         try:
             self.exercise()
