@@ -306,9 +306,11 @@ def proxied_stack(base: Path) -> Iterator[Services]:
 
 
 @contextmanager
-def in_process_fault_proxy(base: Path, observer: Callable | None = None) -> Iterator[tuple[Any, Any, str]]:
-    """A Tansu broker advertising a FaultProxy that runs on an event loop in a thread of this
-    process; yields (proxy, its Faults, the address clients bootstrap from)."""
+def in_process_fault_proxy(base: Path, observer: Callable | None = None,
+                           **proxy_options: Any) -> Iterator[tuple[Any, Any, str, Any]]:
+    """A Tansu broker advertising a FaultProxy (``proxy_options``: its learners' listener, say) that
+    runs on an event loop in a thread of this process; yields (proxy, its Faults, the address clients
+    bootstrap from, the event loop)."""
     import asyncio
 
     from webapp.dev.embedded import LOOPBACK
@@ -319,13 +321,13 @@ def in_process_fault_proxy(base: Path, observer: Callable | None = None) -> Iter
     faults = Faults()
     loop = asyncio.new_event_loop()
     extra = {"observer": observer} if observer is not None else {}
-    proxy = FaultProxy((LOOPBACK, 0), (LOOPBACK, broker.port), faults, **extra)
+    proxy = FaultProxy((LOOPBACK, 0), (LOOPBACK, broker.port), faults, **extra, **proxy_options)
     thread = threading.Thread(target=loop.run_forever, name="fault-proxy-loop")
     try:
         loop.run_until_complete(proxy.start())
         thread.start()
         broker.start(advertised_port=proxy.port)
-        yield proxy, faults, f"{LOOPBACK}:{proxy.port}"
+        yield proxy, faults, f"{LOOPBACK}:{proxy.port}", loop
     finally:
         if thread.is_alive():
             asyncio.run_coroutine_threadsafe(proxy.close(), loop).result(timeout=10)

@@ -142,7 +142,7 @@ def in_process(tmp_path_factory):
     frames: list = []
     with in_process_fault_proxy(tmp_path_factory.mktemp("in_process"), observer=lambda direction, request,
                                 correlation_id: frames.append((direction, request, correlation_id))) as (
-            proxy, faults, address):
+            proxy, faults, address, _loop):
         yield InProcessProxy(proxy, faults, frames, address)
 
 

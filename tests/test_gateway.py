@@ -16,7 +16,6 @@ import asyncio
 import itertools
 import socket
 import struct
-import threading
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
+import support
 from webapp.dev.embedded import LOOPBACK, EmbeddedBroker
 from webapp.domain.credentials import hash_password
 from webapp.domain.lab import Lab
@@ -98,28 +98,13 @@ class Gateway:
 def in_process_gateway(base, database_url: str):
     """A Tansu broker advertising a FaultProxy (its lab listener), which also listens for learners,
     on an event loop in a thread of this process."""
-    broker = EmbeddedBroker(base / "tansu.log")
-    faults = Faults()
     principals = DatabasePrincipals(database_url)
-    loop = asyncio.new_event_loop()
-    proxy = FaultProxy((LOOPBACK, 0), (LOOPBACK, broker.port), faults, learner_listen=(LOOPBACK, 0),
-                       authenticate=principals.authenticate)
-    thread = threading.Thread(target=loop.run_forever, name="gateway-loop")
     try:
-        loop.run_until_complete(proxy.start())
-        thread.start()
-        broker.start(advertised_port=proxy.port)
-        yield Gateway(f"{LOOPBACK}:{proxy.port}", f"{LOOPBACK}:{proxy.learner_port}", faults, proxy, loop)
+        with support.in_process_fault_proxy(base, learner_listen=(LOOPBACK, 0),
+                                            authenticate=principals.authenticate) as (proxy, faults, address, loop):
+            yield Gateway(address, f"{LOOPBACK}:{proxy.learner_port}", faults, proxy, loop)
     finally:
-        if thread.is_alive():
-            asyncio.run_coroutine_threadsafe(proxy.close(), loop).result(timeout=10)
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=10)
-        else:
-            loop.run_until_complete(proxy.close())
-        loop.close()
         principals.close()
-        broker.stop()
 
 
 def lab_admin(bootstrap: str) -> AdminClient:

@@ -131,7 +131,7 @@ def test_the_mirror_keeps_each_number_and_marks_the_records_that_landed_out_of_o
 @pytest.fixture(scope="module")
 def proxied_broker(tmp_path_factory):
     """A Tansu broker advertising a FaultProxy in this process (support.in_process_fault_proxy)."""
-    with in_process_fault_proxy(tmp_path_factory.mktemp("ordering_broker")) as (_, faults, address):
+    with in_process_fault_proxy(tmp_path_factory.mktemp("ordering_broker")) as (_, faults, address, _loop):
         yield address, faults
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import signal
@@ -101,7 +102,11 @@ class FaultProxy:
             writer.transport.abort()
         await asyncio.gather(*self.clients, return_exceptions=True)
 
-    async def _serve_client(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+    @contextlib.asynccontextmanager
+    async def _bridged(self, client_writer: asyncio.StreamWriter, who: str):
+        """A client's connection, counted and cut-able, with a connection of its own to the broker:
+        yields (broker reader, broker writer, this task, the client's address), or None when the
+        broker cannot be reached; both connections are closed and the client forgotten on the way out."""
         task = asyncio.current_task()
         self.clients[task] = client_writer
         self.faults.connections += 1
@@ -111,8 +116,27 @@ class FaultProxy:
             try:
                 upstream_reader, upstream_writer = await asyncio.open_connection(*self.upstream)
             except OSError as error:
-                log.warning("cannot reach the broker at %s:%s for %s: %s", *self.upstream, peer, error)
+                log.warning("cannot reach the broker at %s:%s for %s%s: %s", *self.upstream, who, peer, error)
+                yield None
                 return
+            yield upstream_reader, upstream_writer, task, peer
+        finally:
+            for writer in (client_writer, upstream_writer):
+                if writer is not None:
+                    writer.close()
+                    try:
+                        await writer.wait_closed()
+                    except OSError:
+                        pass  # the other side may already have reset the connection
+            self.faults.connections -= 1
+            self.clients.pop(task, None)
+            self.client_ids.pop(task, None)
+
+    async def _serve_client(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        async with self._bridged(client_writer, "") as bridge:
+            if bridge is None:
+                return
+            upstream_reader, upstream_writer, task, peer = bridge
             # Requests in flight on this connection, oldest first: Kafka answers them in order.
             in_flight: collections.deque[RequestHeader] = collections.deque()
             requests = asyncio.create_task(self._forward_requests(client_reader, upstream_writer, in_flight, task,
@@ -128,49 +152,20 @@ class FaultProxy:
             for pump in done:
                 if not pump.cancelled() and isinstance(pump.exception(), ProtocolError):
                     log.warning("closing %s: %s", peer, pump.exception())
-        finally:
-            for writer in (client_writer, upstream_writer):
-                if writer is not None:
-                    writer.close()
-                    try:
-                        await writer.wait_closed()
-                    except OSError:
-                        pass  # the other side may already have reset the connection
-            self.faults.connections -= 1
-            self.clients.pop(task, None)
-            self.client_ids.pop(task, None)
 
     async def _serve_learner(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         """A learner's connection: the gateway's session (authentication, authorization) over its
         own connection to the broker; cut, like the lab's, by the Kafka client id it sends."""
-        task = asyncio.current_task()
-        self.clients[task] = client_writer
-        self.faults.connections += 1
-        peer = "%s:%s" % client_writer.get_extra_info("peername")[:2]
-        upstream_writer = None
-        try:
-            try:
-                upstream_reader, upstream_writer = await asyncio.open_connection(*self.upstream)
-            except OSError as error:
-                log.warning("cannot reach the broker at %s:%s for learner %s: %s", *self.upstream, peer, error)
+        async with self._bridged(client_writer, "learner ") as bridge:
+            if bridge is None:
                 return
+            upstream_reader, upstream_writer, task, peer = bridge
 
             def on_client_id(client_id: str) -> None:
                 self.client_ids[task] = client_id
             await LearnerSession(self.authenticate, self.learner_advertised, self.faults,
                                  (client_reader, client_writer), (upstream_reader, upstream_writer),
                                  on_client_id, peer).run()
-        finally:
-            for writer in (client_writer, upstream_writer):
-                if writer is not None:
-                    writer.close()
-                    try:
-                        await writer.wait_closed()
-                    except OSError:
-                        pass  # the other side may already have reset the connection
-            self.faults.connections -= 1
-            self.clients.pop(task, None)
-            self.client_ids.pop(task, None)
 
     async def _forward_requests(self, client: asyncio.StreamReader, broker: asyncio.StreamWriter,
                                 in_flight: collections.deque, owner: asyncio.Task | None = None,
