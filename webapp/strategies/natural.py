@@ -49,9 +49,11 @@ GUARDED_SETS = {"set_status": GUARDED_SET_STATUS, "set_balance": GUARDED_SET_BAL
 WHAT = {"set_status": "status", "set_balance": "balance", "set_score": "score"}
 
 
-def applying(sets: dict[str, str]) -> Callable[[Context, PaymentEvent], str]:
+def applying(sets: dict[str, str], after_set: Callable[[Context, PaymentEvent], None] | None = None,
+             ) -> Callable[[Context, PaymentEvent], str]:
     """The natural ``apply`` with ``sets``' statement for each kind of set (natural_clock.py writes
-    the status's time from the clock)."""
+    the status's time from the clock), and ``after_set`` run in the same transaction after each set
+    that wrote its row (natural_audit.py writes its audit row there)."""
     def apply(ctx: Context, event: PaymentEvent) -> str:
         ctx.checkpoint("before-effect")
         with ctx.transaction():
@@ -62,6 +64,8 @@ def applying(sets: dict[str, str]) -> Callable[[Context, PaymentEvent], str]:
                 ctx.execute(INSERT_PAYMENT, params(event))
                 outcome, reason = APPLIED, None
             elif ctx.execute(sets[event.type], params(event)).rowcount == 1:
+                if after_set is not None:
+                    after_set(ctx, event)
                 outcome, reason = APPLIED, None
             else:
                 # 0 rows: no such account, or the account holds a value set by a newer event.

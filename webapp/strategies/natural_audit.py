@@ -14,9 +14,7 @@ from typing import Callable
 
 from ..domain.events import PaymentEvent
 from .base import (
-    ABSORBED,
     ACCOUNT_EXISTS,
-    APPLIED,
     BEGIN,
     COMMIT,
     CREDIT_BALANCE,
@@ -24,14 +22,13 @@ from .base import (
     RECORD_STEP,
     Context,
     Strategy,
-    no_account,
     note,
     params,
     point,
     sql,
 )
 from .batching import looped, looped_plan
-from .natural import GUARDED_SET_BALANCE, GUARDED_SET_STATUS, GUARDED_SETS, GUARDED_UPSERT_SCORE, WHAT
+from .natural import GUARDED_SET_BALANCE, GUARDED_SET_STATUS, GUARDED_SETS, GUARDED_UPSERT_SCORE, WHAT, applying
 
 AUDIT_COLUMNS = "INSERT INTO audit_events (id, event_id, transaction_id, account_id, action)\n"
 INSERT_AUDIT_ROW = (AUDIT_COLUMNS +
@@ -45,28 +42,10 @@ def action(event: PaymentEvent) -> str:
 
 
 def auditing(audit: str) -> Callable[[Context, PaymentEvent], str]:
-    """natural's ``apply`` with ``audit`` run after each set that changed its row."""
-    def apply(ctx: Context, event: PaymentEvent) -> str:
-        ctx.checkpoint("before-effect")
-        with ctx.transaction():
-            if event.type == "credit":
-                # A delta, as in natural: applied on every delivery; only sets are audited here.
-                if ctx.execute(CREDIT_BALANCE, params(event)).rowcount != 1:
-                    raise no_account(event)
-                ctx.execute(INSERT_PAYMENT, params(event))
-                outcome, reason = APPLIED, None
-            elif ctx.execute(GUARDED_SETS[event.type], params(event)).rowcount == 1:
-                ctx.execute(audit, {**params(event), "action": action(event)})
-                outcome, reason = APPLIED, None
-            else:
-                if ctx.execute(ACCOUNT_EXISTS, params(event)).fetchone() is None:
-                    raise no_account(event)
-                outcome = ABSORBED
-                reason = (f"older {event.type}: the account's {WHAT[event.type]} was set by a newer event "
-                          f"(occurred_at {event.occurred_at} is earlier); not applied, not audited")
-            ctx.record_delivery(event, outcome, reason)
-        return outcome
-    return apply
+    """natural's ``apply`` with ``audit`` run after each set that changed its row (credits, deltas as
+    in natural, are not audited)."""
+    return applying(GUARDED_SETS, after_set=lambda ctx, event: ctx.execute(audit, {**params(event),
+                                                                                   "action": action(event)}))
 
 
 def sets_steps(why: str) -> tuple:
