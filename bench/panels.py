@@ -25,8 +25,8 @@ from webapp.dev.stack import Stack
 from webapp.store.connection import connect, sqlalchemy_url
 from webapp.store.labs import Lab, create_database_state, ensure_control_schema
 from webapp.summary.fold import fold_lab
-from webapp.web.dashboard import PANELS
 from webapp.web.db import db
+from webapp.web.panels import PANELS
 
 LAB = Lab("bench")
 GROUP = LAB.group_id("payments")

@@ -138,7 +138,7 @@ def bench_panels(url: str, tmp: str, sizes: list[int], requests: int, one_load: 
                  load_rate: int = 2000) -> None:
     import panels  # bench/panels.py: the fill and the measurement
 
-    from webapp.web.dashboard import PANELS
+    from webapp.web.panels import PANELS
 
     print(f"\n3. dashboard: p50 / p95 ms after a change (no panel cache), {requests} requests each")
     paths = ["/live", "/api/v1/state", "/panels/chart.json"] + [f"/panels/{name}" for name in PANELS]
@@ -297,8 +297,8 @@ def bench_live(url: str, tmp: str, paths: list[str], rounds: int) -> None:
 
     import panels
 
-    from webapp.web.dashboard import PANELS
     from webapp.web.db import db
+    from webapp.web.panels import PANELS
 
     app = panels.make_app(url, tmp, cache=True)
     print(f"   as a viewer sees them (stale after {app.config['LIVE_STALE_AFTER_SECONDS']:g} s), {rounds} changes each:"

@@ -105,7 +105,7 @@ def test_viewers_polling_at_once_share_one_fingerprint_computation_and_one_panel
     import threading
 
     from webapp.readmodel import fingerprints, state
-    from webapp.web import dashboard
+    from webapp.web import panel_cache
 
     lab.credit("acc-1", 100)
     app = app_factory(LAB_NAME=lab_name, LIVE_CACHE_SECONDS=30)
@@ -119,8 +119,8 @@ def test_viewers_polling_at_once_share_one_fingerprint_computation_and_one_panel
         return call
     monkeypatch.setattr(fingerprints, "fingerprint_parts", counting("fingerprints", real_parts))
     monkeypatch.setattr(state, "verdict", counting("verdict", real_verdict))
-    dashboard._fingerprints.clear()
-    dashboard._loaded.clear()
+    panel_cache.fingerprint_cache.clear()
+    panel_cache.load_cache.clear()
 
     answers, barrier = [], threading.Barrier(20)
 
@@ -150,11 +150,11 @@ def test_a_slow_panel_is_served_at_once_from_its_last_load_marked_stale_then_ref
     a background thread, with its own app context and session, loads it for the new state."""
     import re
 
-    from webapp.web import dashboard
+    from webapp.web import panel_cache
 
     app = app_factory(LAB_NAME=lab_name, LIVE_STALE_AFTER_SECONDS=1e-9)
     client = app.test_client()
-    dashboard._loaded.clear()
+    panel_cache.load_cache.clear()
 
     def fingerprint(html: str) -> str:
         return re.search(r'data-fingerprint="([^"]*)"', html).group(1)

@@ -26,7 +26,7 @@ from webapp.domain.waits import free_port, port_open, wait_until
 from webapp.notify.protocol import KEY_HEADER, REPLAYED_HEADER, message_text
 from webapp.store.connection import sqlalchemy_url
 from webapp.strategies.notification import NotifySettings, strategy_with
-from webapp.web.dashboard import plan_blocks
+from webapp.web.panels import plan_blocks
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from .. import ops
 from ..domain.lab import Lab
 from ..scenarios.runner import RunState
 from ..store import classroom, command_channel, scenario_runs
-from . import dashboard, push
+from . import push
 from .access import (
     ATTENDEE_GENERATION,
     ATTENDEE_LAB,
@@ -53,6 +53,7 @@ from .board import cards_html as board_cards_html
 from .board import class_board, exercise, exercises
 from .db import db
 from .markdown import markdown
+from .panels import panel_context
 from .security import client_address, code_guesses, token_matches
 
 bp = Blueprint("classroom", __name__)
@@ -424,7 +425,7 @@ def present():
     """One 1280×720 screen: the current exercise's step and note, and its essential panels."""
     lab = current_lab()
     run, scenario, progress = _present_run(lab)
-    panels = {name: dashboard.panel_context(name) for name in PRESENT_PANELS}
+    panels = {name: panel_context(name) for name in PRESENT_PANELS}
     return render_template("classroom/present.html", lab=lab, panels=panels, run=run, scenario=scenario,
                            progress=progress, read_only=bool(viewing()), markdown=markdown,
                            push=bool(current_app.config.get("LIVE_PUSH")))

@@ -24,9 +24,9 @@ from ..domain import events
 from ..domain.vocabulary import Limits
 from ..ops.publishing import template_event
 from ..readmodel import state
-from . import dashboard
 from .access import current_lab, home_lab, lab_db
 from .api import ops_context
+from .panels import duration_label, render_panel
 
 bp = Blueprint("controls", __name__, url_prefix="/controls")
 
@@ -103,7 +103,7 @@ def template_renderer(template: str, **fixed: Any) -> Renderer:
 
 
 def group_controls_renderer(status: int = 200, **context: Any) -> tuple[str, int]:
-    return dashboard.render_panel("group_controls", status=status, **context)
+    return render_panel("group_controls", status=status, **context)
 
 
 def lab_accounts():
@@ -290,8 +290,8 @@ def set_ttl():
     def action(values: dict[str, Any]) -> str:
         result = run_op("set_ttl", values)
         every = result["ttl_schedule_seconds"]
-        return (f"TTL {dashboard.duration_label(result['ttl_seconds'])}, "
-                + (f"cleanup every {dashboard.duration_label(every)}." if every else "cleanup on demand."))
+        return (f"TTL {duration_label(result['ttl_seconds'])}, "
+                + (f"cleanup every {duration_label(every)}." if every else "cleanup on demand."))
     return run_form("ttl", ttl_renderer, action)
 
 
@@ -300,7 +300,7 @@ def ttl_cleanup():
     def action(values: dict[str, Any]) -> str:
         result = run_op("ttl_cleanup", {})
         total = sum(n for counts in result["deleted"].values() for n in counts.values())
-        return f"Cleanup deleted {total} key(s) older than {dashboard.duration_label(result['ttl_seconds'])}."
+        return f"Cleanup deleted {total} key(s) older than {duration_label(result['ttl_seconds'])}."
     return run_form("ttl", ttl_renderer, action)
 
 

@@ -87,16 +87,16 @@ class Source:
 
 class LabPanels(Source):
     """A lab's dashboard panels: fingerprints computed once a look, each changed panel loaded and
-    rendered once (dashboard.render_pushed), the quickest first so that a slow panel (the verdict
+    rendered once (panels.render_pushed), the quickest first so that a slow panel (the verdict
     at scale) holds up no other."""
 
     def __init__(self, lab: Lab, render_seconds: dict[str, float]):
         self.key, self.lab, self.render_seconds = f"lab:{lab.name}", lab, render_seconds
 
     def render(self, shown):
-        from . import dashboard
-        order = sorted(dashboard.PANELS, key=lambda name: self.render_seconds.get(name, 0.0))
-        for name, fingerprint, html, took in dashboard.render_pushed(self.lab, shown, order):
+        from . import panels
+        order = sorted(panels.PANELS, key=lambda name: self.render_seconds.get(name, 0.0))
+        for name, fingerprint, html, took in panels.render_pushed(self.lab, shown, order):
             self.render_seconds[name] = took
             yield name, fingerprint, html, took
 
