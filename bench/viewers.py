@@ -7,7 +7,7 @@ agent) produces at ``--rate`` events/s for the whole run.
 
 Two ways to watch (``--mode``, one run per mode and viewer count, side by side on one stack):
 
-- ``poll``: each simulated viewer does what static/js/live.js does without a stream: ``GET /live``
+- ``poll``: each simulated viewer does what static/js/live-refresh.js does without a stream: ``GET /live``
   once a second, then ``GET /panels/<name>`` for every panel whose fingerprint changed (the chart
   as ``/panels/chart.json``);
 - ``push``: each viewer holds ``GET /stream`` (web/push.py) and reads the panels it is sent (the
@@ -43,7 +43,7 @@ from webapp.domain.waits import LOOPBACK, free_port, wait_until
 from webapp.store import command_channel, labdata, schema
 from webapp.store.labs import Lab
 
-POLL_SECONDS = 1.0   # static/js/live.js POLL_MS
+POLL_SECONDS = 1.0   # static/js/live-refresh.js POLL_MS
 PROBE_SECONDS = 1.0  # one TTL change a second: the freshness probe
 PROBE_SHOWN = re.compile(r"<b>lock_timeout</b> (\d+) ms")  # the SQL panel's session settings
 # Values below the consumers' bound (a quarter of max.poll.interval.ms, 7,500 ms by default): the
@@ -92,7 +92,7 @@ class Run:
 
 
 class Viewer(threading.Thread):
-    """One browser tab that polls (static/js/live.js without a stream): /live, then what changed."""
+    """One browser tab that polls (static/js/live-refresh.js without a stream): /live, then what changed."""
 
     def __init__(self, base_url: str, until: float, run: Run, offset: float):
         super().__init__(daemon=True)
@@ -127,7 +127,7 @@ class Viewer(threading.Thread):
                                 self.run_.shown(self, answer.text)
             rest = POLL_SECONDS - (time.monotonic() - tick)
             if rest > 0:
-                time.sleep(rest)  # live.js waits a second between polls
+                time.sleep(rest)  # live-refresh.js waits a second between polls
 
 
 class PushViewer(Viewer):

@@ -1,6 +1,6 @@
 // The expected-vs-actual chart. It keeps one uPlot canvas for the life of the page: on each
-// "refresh" event (sent by live.js when the chart's fingerprint changed) it fetches the series
-// as JSON, on a "chart-data" event (pushed: live.js hands it the series) it takes that, and calls
+// "refresh" event (sent by live-refresh.js when the chart's fingerprint changed) it fetches the series
+// as JSON, on a "chart-data" event (pushed: live-refresh.js hands it the series) it takes that, and calls
 // setData, so refreshing never flickers or jumps. Lines differ by dash as
 // well as by colour (Okabe-Ito), so they read the same to colourblind eyes and in greyscale.
 (function () {
@@ -88,7 +88,7 @@
     }
 
     panel.addEventListener("refresh", load);
-    // Pushed (static/js/live.js): the series itself, rendered once for every viewer of the lab.
+    // Pushed (static/js/live-refresh.js): the series itself, rendered once for every viewer of the lab.
     panel.addEventListener("chart-data", function (event) { show(event.detail); });
     new ResizeObserver(function () {
       if (plot && box.clientWidth) plot.setSize({ width: box.clientWidth, height: HEIGHT });

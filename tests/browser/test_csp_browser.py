@@ -37,7 +37,7 @@ def test_the_dashboard_refreshes_under_the_csp_without_violations(serve_app, lab
     url = serve_app()
     response = page.goto(url)
     assert "script-src 'self'" in response.headers["content-security-policy"]
-    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")  # live.js polls /live
+    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")  # live-refresh.js polls /live
     # A style attribute set through the CSSOM (allowed; a script or the browser may leave one, even
     # empty): settling the swap, htmx would copy it onto the new panel with setAttribute("style"),
     # an inline style the policy refuses, unless "style" is out of its attributesToSettle.

@@ -2,7 +2,7 @@
 the session's PostgreSQL, broker and lab agent, with CSRF on (htmx sends X-CSRFToken).
 
 Every wait is Playwright's expect with a timeout: panels refresh themselves within a second of
-a change (static/js/live.js), so the tests watch the page the way a class does. Screenshots of
+a change (static/js/live-refresh.js), so the tests watch the page the way a class does. Screenshots of
 the main states land in test-artifacts/ (not committed).
 """
 from __future__ import annotations

@@ -79,7 +79,7 @@ def test_guided_mode_walks_exercise_one_to_a_green_verdict(guided_server, page):
     expect(page.locator('[data-account="acc-1"]').first).to_contain_text("R$ 200.00")
     # Pushed, never polled (a poll a second would be dozens of fetches): the steps panel was never
     # fetched, the live panel on each page load, and at most once more each when a push came while
-    # that fetch was under way (stream.js holds it back, then fetches the panel as it is now).
+    # that fetch was under way (live-refresh.js holds it back, then fetches the panel as it is now).
     assert fetched["guide"] == 0 and fetched["loads"] <= fetched["live"] <= 2 * fetched["loads"], fetched
     # The end: the takeaway, the verdict, the next exercise; the duplicate the exercise predicts is
     # shown as its lesson, with no failure's ✕ beside "passed".

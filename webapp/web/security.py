@@ -103,7 +103,7 @@ def too_many_guesses(wait: int) -> Response:
 def csrf_field() -> Markup:
     """A form's hidden CSRF field. In HTML pushed to every viewer of a feed (``g.pushed``, web/push.py)
     it is left empty, for no viewer's token may go to another: the page fills it from its own
-    ``csrf-token`` meta tag when the form is sent (static/js/stream.js); htmx sends the token as a
+    ``csrf-token`` meta tag when the form is sent (static/js/live-refresh.js); htmx sends the token as a
     header anyway."""
     if g.get("pushed"):
         return Markup('<input type="hidden" name="csrf_token" value="" data-page-token>')
