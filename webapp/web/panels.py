@@ -63,6 +63,9 @@ PANELS: dict[str, Panel] = {}
 
 
 def panel(name: str, depends: tuple[str, ...], template: str | None = None, may_be_stale: bool = True):
+    """Register the decorated loader as the panel ``name``: ``loader(lab, session, args)`` returns
+    its template's data, ``depends`` names the fingerprint parts it reads, ``template`` defaults to
+    ``dashboard/panels/<name>.html``."""
     def register(loader: PanelLoader) -> PanelLoader:
         PANELS[name] = Panel(name, loader, depends, template or f"dashboard/panels/{name}.html", may_be_stale)
         return loader
