@@ -18,9 +18,9 @@ from flask import Flask, current_app
 from flask.cli import AppGroup, with_appcontext
 
 from .. import ops
+from ..domain.lab import Lab
 from ..domain.vocabulary import Limits
 from ..store import command_channel
-from ..store.labs import Lab
 from ..web.db import db
 
 lab_cli = AppGroup("lab", help="Drive the Idempotency Lab.")

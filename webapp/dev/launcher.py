@@ -18,9 +18,9 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
+from ..domain.lab import Lab
 from ..domain.waits import free_port, port_open, wait_until
 from ..settings import RUNNING_FILE, ConfigError, database_url, load_config, running_services
-from ..store.labs import Lab
 from .embedded import LOOPBACK
 from .stack import ROOT, Stack
 

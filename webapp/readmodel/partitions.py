@@ -11,9 +11,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from ..domain.lab import Lab
 from ..store.connection import CONTROL_SCHEMA
 from ..store.consumers import LIVE_STATES
-from ..store.labs import Lab
 from . import ordering
 from .groups import groups_list
 
