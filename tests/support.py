@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 from sqlalchemy import text
 from werkzeug.serving import make_server
 
-from webapp.dev.embedded import EmbeddedBroker, stop_process  # noqa: F401  (tests import it from here)
+from webapp.dev.embedded import EmbeddedBroker
 
 # The stack's bring-up and its helpers live in webapp/dev/stack.py (the launcher and the benches
 # share them); tests import them from here. Services: what the `services` fixture yields.

@@ -38,8 +38,9 @@ import pytest
 import yaml
 from confluent_kafka.admin import AdminClient
 
-from support import ROOT, service_env, stop_process
+from support import ROOT, service_env
 from webapp import settings as lab_config
+from webapp.agent.processes import stop_process
 from webapp.domain.lab import Lab
 from webapp.domain.waits import free_port, wait_until
 from webapp.store.connection import connect

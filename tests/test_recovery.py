@@ -17,8 +17,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
 import support
-from support import ROOT, LabDriver, service_env, stop_process, wait_for_agent
+from support import ROOT, LabDriver, service_env, wait_for_agent
 from webapp import create_app
+from webapp.agent.processes import stop_process
 from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres
 from webapp.domain.lab import Lab
 from webapp.domain.vocabulary import AGENT_FRESH_SECONDS

@@ -18,8 +18,8 @@ import pytest
 from sqlalchemy import text
 
 import support
-from support import stop_process
 from webapp import ops
+from webapp.agent.processes import stop_process
 from webapp.domain.lab import Lab
 from webapp.domain.waits import wait_until
 from webapp.store import command_channel

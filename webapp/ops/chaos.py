@@ -21,9 +21,8 @@ from ..store import schema
 from ..store.command_channel import live_agents
 from ..store.labdata import groups_table
 from .agent_commands import run_command
-from .faults import NoArgs
 from .fields import Number, Whole, named, within
-from .registry import Args, Context, InvalidRequest, NotFound, operation
+from .registry import Args, Context, InvalidRequest, NoArgs, NotFound, operation
 
 # A stop waits for the session to thaw and restart what it holds down (each a command to an agent).
 STOP_TIMEOUT = 45.0

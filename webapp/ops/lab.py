@@ -9,9 +9,8 @@ from ..store import labdata, schema
 from ..store.labs import lab_schemas
 from ..strategies import ttl
 from .agent_commands import run_command
-from .faults import NoArgs
 from .fields import Number, Whole, within
-from .registry import Args, Context, InvalidRequest, operation
+from .registry import Args, Context, InvalidRequest, NoArgs, operation
 
 
 class TtlArgs(Args):

@@ -29,9 +29,8 @@ from ..store.labs import lab_schemas
 from ..strategies import dedup_layout
 from . import limits
 from .agent_commands import run_command
-from .faults import NoArgs
 from .fields import Number, Whole, within
-from .registry import Args, Busy, Context, InvalidRequest, operation
+from .registry import Args, Busy, Context, InvalidRequest, NoArgs, operation
 
 
 class LoadArgs(Args):

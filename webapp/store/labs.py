@@ -13,6 +13,7 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from ..domain.lab import Lab
+from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY
 from . import faultproxies, outside
 from .connection import CONTROL_SCHEMA
 from .migrations import create_lab_schema, upgrade_connection
@@ -91,10 +92,6 @@ def drop_database_state(conn: Connection, lab: Lab) -> None:
     conn.execute(text(f"DELETE FROM \"{CONTROL_SCHEMA}\".commands WHERE lab = :lab AND status IN ('done', 'failed') "
                       "AND finished_at < now() - interval '1 minute'"), {"lab": lab.name})
     faultproxies.forget_lab(conn, lab.name)
-
-
-DEFAULT_GROUP = "payments"
-DEFAULT_STRATEGY = "none"
 
 
 def create_database_state(conn: Connection, lab: Lab, partitions: int) -> None:
