@@ -31,6 +31,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..domain import chaos as plan
+from ..domain import verbs
 from ..domain.lab import Lab
 from ..domain.vocabulary import FAULT_PROXY_FRESH_SECONDS
 from ..domain.waits import WaitTimeout
@@ -183,15 +184,15 @@ class ChaosRunner(threading.Thread):
             raise
 
     def _kill(self, action: plan.ChaosAction, row: consumer_rows.Row) -> tuple[str, str]:
-        self._hold_while(action, row, "consumer.kill", "consumer.restart")
+        self._hold_while(action, row, verbs.CONSUMER_KILL, verbs.CONSUMER_RESTART)
         return "done", f"SIGKILL (no commit, no leave); started again in {self.session['down_seconds']:g} s"
 
     def _freeze(self, action: plan.ChaosAction, row: consumer_rows.Row) -> tuple[str, str]:
-        self._hold_while(action, row, "consumer.freeze", "consumer.thaw")
+        self._hold_while(action, row, verbs.CONSUMER_FREEZE, verbs.CONSUMER_THAW)
         return "done", f"SIGSTOP; thawed in {self.session['down_seconds']:g} s (a zombie if its partitions move)"
 
     def _restart(self, action: plan.ChaosAction, row: consumer_rows.Row) -> tuple[str, str]:
-        self._command("consumer.restart", row.id, row.agent_id)
+        self._command(verbs.CONSUMER_RESTART, row.id, row.agent_id)
         return "done", "graceful stop and start"
 
     def _terminate_sessions(self, action: plan.ChaosAction, row: consumer_rows.Row) -> tuple[str, str]:
@@ -231,7 +232,7 @@ class ChaosRunner(threading.Thread):
                 self.halt.wait(0.5)
 
     def _undo(self, held: Held) -> None:
-        verb = "thawed (SIGCONT)" if held.undo == "consumer.thaw" else "started again"
+        verb = "thawed (SIGCONT)" if held.undo == verbs.CONSUMER_THAW else "started again"
         try:
             with self.engine.connect() as conn:
                 row = consumer_rows.get(conn, held.consumer_id)

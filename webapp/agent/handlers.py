@@ -13,6 +13,7 @@ from typing import Any, Callable
 from confluent_kafka import KafkaException
 
 from .. import strategies
+from ..domain import verbs
 from ..domain.group_health import SESSION_TIMEOUT_MS
 from ..domain.lab import Lab
 from ..domain.vocabulary import (
@@ -106,7 +107,7 @@ def quiesce(agent: AgentContext, lab: Lab) -> None:
     with agent.engine.connect() as conn:
         rows = consumer_rows.live(conn, lab.name)
     for row in rows:
-        on_own_or_remote(agent, lab, row, "consumer.stop")
+        on_own_or_remote(agent, lab, row, verbs.CONSUMER_STOP)
     for row in rows:
         agent.pool.forget(row.id)
     LOAD_RUNS.stop(lab)
@@ -365,7 +366,7 @@ def _expire_offsets(agent: AgentContext, lab: Lab, group_id: str, kafka_group_id
               group=group_id, kafka_group_id=new_id, offsets={})
     snapshot_offsets(agent.conn, agent.admin, lab)
     for row in members:
-        on_own_or_remote(agent, lab, row, "consumer.restart")
+        on_own_or_remote(agent, lab, row, verbs.CONSUMER_RESTART)
     return {"group_id": group_id, "kafka_group_id": new_id, "offsets": {}, "restarted": [row.id for row in members]}
 
 
@@ -382,7 +383,7 @@ def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
         raise CommandRejected(str(error)) from None
     members = _live_members(agent, lab, group_id)
     for row in members:
-        on_own_or_remote(agent, lab, row, "consumer.stop")
+        on_own_or_remote(agent, lab, row, verbs.CONSUMER_STOP)
     agent.say(lab, "offsets-reset", f"stopped {len(members)} consumer(s) of {group_id}: Kafka moves a "
               "group's offsets only while the group is empty", group=group_id)
     kafka_group_id = group_health.kafka_group_id(agent.conn.execute, lab, group_id)
@@ -404,7 +405,7 @@ def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
               offsets={str(p): o for p, o in targets.items()})
     snapshot_offsets(agent.conn, agent.admin, lab)
     for row in members:
-        on_own_or_remote(agent, lab, row, "consumer.restart")
+        on_own_or_remote(agent, lab, row, verbs.CONSUMER_RESTART)
     return {"group_id": group_id, "offsets": {str(p): o for p, o in targets.items()},
             "restarted": [row.id for row in members]}
 
@@ -445,9 +446,9 @@ def _wait_assigned(agent: AgentContext, lab: Lab, group_id: str, timeout: float)
 def _restart_members(agent: AgentContext, lab: Lab, members: list[consumer_rows.Row]) -> None:
     """Stop every member first (each leaves the group), then start them all: one rebalance, not one each."""
     for row in members:
-        on_own_or_remote(agent, lab, row, "consumer.stop")
+        on_own_or_remote(agent, lab, row, verbs.CONSUMER_STOP)
     for row in members:
-        on_own_or_remote(agent, lab, row, "consumer.restart")
+        on_own_or_remote(agent, lab, row, verbs.CONSUMER_RESTART)
 
 
 def recover_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
@@ -474,14 +475,14 @@ def recover_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
     with agent.engine.connect() as conn:
         members = consumer_rows.live(conn, lab.name, group_id)
     for row in members:
-        on_own_or_remote(agent, lab, row, "consumer.stop")
+        on_own_or_remote(agent, lab, row, verbs.CONSUMER_STOP)
     try:
         offsets = {p: o for p, o in committed_offsets(agent.admin, old_id, lab.topic).items() if o is not None}
         new_id = lab.moved_group_id(group_id, Lab.moves_of(old_id, group_id) + 1)
         alter_offsets(agent.admin, new_id, lab.topic, offsets)
     except KafkaException as error:
         for row in members:
-            on_own_or_remote(agent, lab, row, "consumer.restart")
+            on_own_or_remote(agent, lab, row, verbs.CONSUMER_RESTART)
         raise CommandRejected(f"group: could not carry {group_id}'s committed offsets over: {error}") from None
     group_health.move_group(agent.conn.execute, lab, group_id, new_id)
     carried = ", ".join(f"P{p}@{o}" for p, o in sorted(offsets.items())) or "none committed yet"
@@ -491,7 +492,7 @@ def recover_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
               offsets={str(p): o for p, o in offsets.items()})
     snapshot_offsets(agent.conn, agent.admin, lab)
     for row in members:
-        on_own_or_remote(agent, lab, row, "consumer.restart")
+        on_own_or_remote(agent, lab, row, verbs.CONSUMER_RESTART)
     assigned = _wait_assigned(agent, lab, group_id, RECOVERY_ASSIGNMENT_WAIT)
     steps.append(f"restarted {len(members)} member(s) in {new_id}: "
                  + ("every partition assigned" if assigned else "not every partition assigned yet"))
@@ -501,22 +502,22 @@ def recover_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
 
 
 HANDLERS: dict[str, Handler] = {
-    "group.recover": recover_group,
-    "publish": publish,
-    "produce.raw": produce_raw,
-    "consumer.start": start_consumer,
-    "consumer.stop": stop_consumer,
-    "consumer.kill": kill_consumer,
-    "consumer.freeze": freeze_consumer,
-    "consumer.thaw": thaw_consumer,
-    "consumer.restart": restart_consumer,
-    "group.reset": reset_group,
-    "lab.reset": reset_lab,
-    "topic.retention": set_topic_retention,
-    "lab.ensure": ensure_lab,
-    "lab.drop": drop_lab,
-    "lane.kafka_principal": grant_lane_principal,
-    "chaos.start": chaos.start,
-    "load.start": start_load,
-    "dedup.warmup": start_warmup,
+    verbs.GROUP_RECOVER: recover_group,
+    verbs.PUBLISH: publish,
+    verbs.PRODUCE_RAW: produce_raw,
+    verbs.CONSUMER_START: start_consumer,
+    verbs.CONSUMER_STOP: stop_consumer,
+    verbs.CONSUMER_KILL: kill_consumer,
+    verbs.CONSUMER_FREEZE: freeze_consumer,
+    verbs.CONSUMER_THAW: thaw_consumer,
+    verbs.CONSUMER_RESTART: restart_consumer,
+    verbs.GROUP_RESET: reset_group,
+    verbs.LAB_RESET: reset_lab,
+    verbs.TOPIC_RETENTION: set_topic_retention,
+    verbs.LAB_ENSURE: ensure_lab,
+    verbs.LAB_DROP: drop_lab,
+    verbs.LANE_KAFKA_PRINCIPAL: grant_lane_principal,
+    verbs.CHAOS_START: chaos.start,
+    verbs.LOAD_START: start_load,
+    verbs.DEDUP_WARMUP: start_warmup,
 }

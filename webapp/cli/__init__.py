@@ -94,8 +94,9 @@ def init(partitions):
 def agent():
     """Run a lab agent in the foreground (the same as `python -m webapp.agent`)."""
     from ..agent import main
-    from ..scenarios.guided import VERB, agent_handler
-    sys.exit(main({VERB: agent_handler}))
+    from ..domain import verbs
+    from ..scenarios.guided import agent_handler
+    sys.exit(main({verbs.SCENARIO_STEP: agent_handler}))
 
 
 # --- one command per operation ----------------------------------------------------------------

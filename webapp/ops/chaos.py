@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from sqlalchemy import select
 
+from ..domain import verbs
 from ..domain.chaos import ACTIONS, DEFAULT_ACTIONS
 from ..domain.vocabulary import DEFAULT_GROUP, Limits
 from ..domain.waits import WaitTimeout, wait_until
@@ -93,7 +94,7 @@ def start_chaos(ctx: Context, args: StartChaosArgs) -> dict:
     if running:
         raise InvalidRequest("group", f"chaos already runs on {group_id} (session {running[0]['id']}, seed "
                                       f"{running[0]['seed']}): stop it first")
-    return run_command(ctx, "chaos.start", {
+    return run_command(ctx, verbs.CHAOS_START, {
         "group_id": group_id, "seed": args.seed, "every_seconds": args.every_seconds, "actions": list(args.actions),
         "down_seconds": args.down_seconds, "max_actions": args.max_actions}, field="group")
 

@@ -7,7 +7,8 @@ from typing import Literal
 from pydantic import Field
 
 from .. import strategies
-from ..domain.vocabulary import CONSUMER_VERBS, CRASH_POINTS, DEFAULT_GROUP, FAULT_ACTIONS
+from ..domain import verbs
+from ..domain.vocabulary import CRASH_POINTS, DEFAULT_GROUP, FAULT_ACTIONS
 from ..store import consumers as store
 from ..store import schema
 from ..store.labdata import say
@@ -56,7 +57,7 @@ def consumer_row(ctx: Context, consumer_id: int) -> dict:
            tags=("consumers",), summary="Start a consumer process in a group")
 def start_consumer(ctx: Context, args: StartConsumerArgs) -> dict:
     limits.check_consumers(ctx)
-    return run_command(ctx, "consumer.start", {"group": args.group, "strategy": args.strategy, "name": args.name,
+    return run_command(ctx, verbs.CONSUMER_START, {"group": args.group, "strategy": args.strategy, "name": args.name,
                                                "point": args.point, "action": args.action})
 
 
@@ -66,24 +67,40 @@ def get_consumer(ctx: Context, args: ConsumerRef) -> dict:
     return consumer_row(ctx, args.consumer_id)
 
 
-def _declare_verb(verb: str, summary: str) -> None:
-    def act(ctx: Context, args: ConsumerRef) -> dict:
-        owner = consumer_row(ctx, args.consumer_id)["agent_id"]
-        return run_command(ctx, f"consumer.{verb}", {"consumer_id": args.consumer_id}, agent_id=owner)
-    act.__name__ = f"{verb}_consumer"
-    operation(f"{verb}_consumer", path=f"/consumers/<int:consumer_id>/{verb}", step=verb, cli=verb,
-              tags=("consumers",), summary=summary)(act)
+def _on_its_agent(ctx: Context, verb: str, consumer_id: int) -> dict:
+    """Run ``verb`` on the agent that owns the consumer's process (the one that can signal it)."""
+    owner = consumer_row(ctx, consumer_id)["agent_id"]
+    return run_command(ctx, verb, {"consumer_id": consumer_id}, agent_id=owner)
 
 
-VERB_SUMMARIES = {
-    "kill": "Kill the consumer now (SIGKILL): no offset commit, no group leave",
-    "freeze": "Freeze the consumer (SIGSTOP), like a long GC pause",
-    "thaw": "Thaw a frozen consumer (SIGCONT): a zombie carries on",
-    "stop": "Stop the consumer gracefully (SIGTERM)",
-    "restart": "Stop the consumer and start it again under the same name",
-}
-for _verb in CONSUMER_VERBS:
-    _declare_verb(_verb, VERB_SUMMARIES[_verb])
+@operation("kill_consumer", path="/consumers/<int:consumer_id>/kill", step="kill", cli="kill", tags=("consumers",),
+           summary="Kill the consumer now (SIGKILL): no offset commit, no group leave")
+def kill_consumer(ctx: Context, args: ConsumerRef) -> dict:
+    return _on_its_agent(ctx, verbs.CONSUMER_KILL, args.consumer_id)
+
+
+@operation("freeze_consumer", path="/consumers/<int:consumer_id>/freeze", step="freeze", cli="freeze",
+           tags=("consumers",), summary="Freeze the consumer (SIGSTOP), like a long GC pause")
+def freeze_consumer(ctx: Context, args: ConsumerRef) -> dict:
+    return _on_its_agent(ctx, verbs.CONSUMER_FREEZE, args.consumer_id)
+
+
+@operation("thaw_consumer", path="/consumers/<int:consumer_id>/thaw", step="thaw", cli="thaw", tags=("consumers",),
+           summary="Thaw a frozen consumer (SIGCONT): a zombie carries on")
+def thaw_consumer(ctx: Context, args: ConsumerRef) -> dict:
+    return _on_its_agent(ctx, verbs.CONSUMER_THAW, args.consumer_id)
+
+
+@operation("stop_consumer", path="/consumers/<int:consumer_id>/stop", step="stop", cli="stop", tags=("consumers",),
+           summary="Stop the consumer gracefully (SIGTERM)")
+def stop_consumer(ctx: Context, args: ConsumerRef) -> dict:
+    return _on_its_agent(ctx, verbs.CONSUMER_STOP, args.consumer_id)
+
+
+@operation("restart_consumer", path="/consumers/<int:consumer_id>/restart", step="restart", cli="restart",
+           tags=("consumers",), summary="Stop the consumer and start it again under the same name")
+def restart_consumer(ctx: Context, args: ConsumerRef) -> dict:
+    return _on_its_agent(ctx, verbs.CONSUMER_RESTART, args.consumer_id)
 
 
 @operation("arm", settles=True, path="/consumers/<int:consumer_id>/arm", step="arm", tags=("consumers", "faults"),
