@@ -37,8 +37,9 @@ from ..kafka.admin import (
 )
 from ..kafka.config import producer_config
 from ..settings import load_config
-from ..store import command_channel, group_health, outside
+from ..store import command_channel, consumer_groups, group_health, outside
 from ..store import consumers as consumer_rows
+from ..store.schema import quoted
 from . import chaos, setup
 from .context import AgentContext
 from .load import RUNS as LOAD_RUNS
@@ -144,9 +145,7 @@ def _forget_outside_offsets(agent: AgentContext, lab: Lab) -> None:
     whose committed offsets would otherwise point past the new topic's records. The lab
     cannot stop code it does not run: a group that still has members refuses the reset."""
     with agent.in_lab(lab):
-        exists = agent.conn.execute("SELECT to_regclass('consumer_groups')").fetchone()[0]
-        groups = [row[0] for row in agent.conn.execute(
-            "SELECT group_id FROM consumer_groups WHERE strategy = %s", [OUTSIDE_STRATEGY])] if exists else []
+        groups = consumer_groups.with_strategy(agent.conn.execute, lab.schema, OUTSIDE_STRATEGY)
     _, failed = delete_groups(agent.admin, groups)
     busy = [group for group, why in failed.items() if "NOT_EMPTY" in why.upper()]
     if busy:
@@ -210,12 +209,11 @@ def _ensure_group(agent: AgentContext, lab: Lab, group: str, strategy: str | Non
     switching it is its own, visible action (every member changes behaviour)."""
     group_id = lab.group_id(group)
     with agent.in_lab(lab):
-        row = agent.conn.execute("SELECT strategy FROM consumer_groups WHERE group_id = %s", [group_id]).fetchone()
-        if row is None:
-            agent.conn.execute("INSERT INTO consumer_groups (group_id, strategy, effects_schema) "
-                               "VALUES (%s, %s, %s)", [group_id, strategy or DEFAULT_STRATEGY, lab.schema])
-        elif strategy is not None and strategy != row[0]:
-            raise CommandRejected(f"strategy: group {group_id} uses {row[0]}; switch the group's strategy "
+        current = consumer_groups.strategy_of(agent.conn.execute, lab.schema, group_id)
+        if current is None:
+            consumer_groups.create(agent.conn.execute, lab.schema, group_id, strategy or DEFAULT_STRATEGY, lab.schema)
+        elif strategy is not None and strategy != current:
+            raise CommandRejected(f"strategy: group {group_id} uses {current}; switch the group's strategy "
                                   f"first, or start the consumer in another group")
     return group_id
 
@@ -230,8 +228,8 @@ def start_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
             raise CommandRejected(str(error)) from None
     group_id = _ensure_group(agent, lab, group, strategy)
     with agent.in_lab(lab):
-        row = agent.conn.execute("SELECT strategy FROM consumer_groups WHERE group_id = %s", [group_id]).fetchone()
-    if row is not None and row[0] == OUTSIDE_STRATEGY:
+        current = consumer_groups.strategy_of(agent.conn.execute, lab.schema, group_id)
+    if current == OUTSIDE_STRATEGY:
         raise CommandRejected(f"group: {group_id} is your consumer's group: your own code consumes in it, "
                               "not one of the lab's consumers")
     point, action = args.get("point"), args.get("action") or "crash"
@@ -321,9 +319,7 @@ def _parse_time(value: Any) -> datetime | None:
 
 def _live_members(agent: AgentContext, lab: Lab, group_id: str) -> list[consumer_rows.Row]:
     """The group's live consumers; LookupError when the lab has no such group."""
-    exists = agent.conn.execute(f'SELECT 1 FROM "{lab.schema}".consumer_groups WHERE group_id = %s',
-                                [group_id]).fetchone()
-    if exists is None:
+    if not consumer_groups.exists(agent.conn.execute, lab.schema, group_id):
         raise LookupError(f"no group {group_id} in lab {lab.name}")
     with agent.engine.connect() as conn:
         return consumer_rows.live(conn, lab.name, group_id)
@@ -427,7 +423,7 @@ def _assigned(agent: AgentContext, lab: Lab, group_id: str) -> tuple[list[int], 
                 f"SELECT assigned FROM {consumer_rows.consumers.fullname} WHERE id = ANY(%s) AND state = 'running'",
                 [ids]).fetchall():
             assigned.update(partitions or [])
-    row = agent.conn.execute(f'SELECT value FROM "{lab.schema}".settings WHERE key = %s', ["partitions"]).fetchone()
+    row = agent.conn.execute(f'SELECT value FROM {quoted(lab.schema)}.settings WHERE key = %s', ["partitions"]).fetchone()
     return sorted(assigned), int(row[0]) if row else DEFAULT_PARTITIONS
 
 

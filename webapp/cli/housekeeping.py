@@ -21,6 +21,7 @@ from ..domain import verbs
 from ..domain.lab import Lab
 from ..store import classroom, command_channel, scenario_runs
 from ..store.labs import lab_schemas
+from ..store.schema import quoted
 from ..web.db import db
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*$")
@@ -59,7 +60,7 @@ def lab_info(conn: Connection, lab: Lab) -> LabInfo:
                                                    "AND tablename = 'timeline'"), {"s": lab.schema}).first():
         created, last, idle = conn.execute(text(
             f'SELECT min(at), max(at), extract(epoch FROM localtimestamp - max(at))::float8 '
-            f'FROM "{lab.schema}".timeline')).one()
+            f'FROM {quoted(lab.schema)}.timeline')).one()
     attendee = classroom.attendee_of_lab(conn, lab.name)
     if attendee is not None and (idle is None or attendee.seen_seconds_ago < idle):
         last, idle = attendee.seen_at, attendee.seen_seconds_ago
