@@ -36,7 +36,7 @@ from sqlalchemy import text
 
 from webapp import ops
 from webapp.dev.stack import Stack
-from webapp.domain.chaos import ACTIONS
+from webapp.domain.chaos_plan import ACTIONS
 from webapp.domain.lab import Lab
 from webapp.domain.waits import wait_until
 from webapp.store import command_channel
