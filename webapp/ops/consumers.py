@@ -2,7 +2,7 @@
 point, step through one message's processing."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Callable, Literal
 
 from pydantic import Field
 
@@ -67,40 +67,25 @@ def get_consumer(ctx: Context, args: ConsumerRef) -> dict:
     return consumer_row(ctx, args.consumer_id)
 
 
-def _on_its_agent(ctx: Context, verb: str, consumer_id: int) -> dict:
-    """Run ``verb`` on the agent that owns the consumer's process (the one that can signal it)."""
-    owner = consumer_row(ctx, consumer_id)["agent_id"]
-    return run_command(ctx, verb, {"consumer_id": consumer_id}, agent_id=owner)
+def _signal_operation(name: str, verb: str, summary: str) -> Callable[[Context, ConsumerRef], dict]:
+    """Declare the operation ``name``: the agent that owns the consumer's process (the one that can
+    signal it) runs ``verb`` on it. Its step, CLI command and path end in the verb's action."""
+    action = verb.removeprefix("consumer.")
+
+    def act(ctx: Context, args: ConsumerRef) -> dict:
+        owner = consumer_row(ctx, args.consumer_id)["agent_id"]
+        return run_command(ctx, verb, {"consumer_id": args.consumer_id}, agent_id=owner)
+    act.__name__ = name
+    return operation(name, path=f"/consumers/<int:consumer_id>/{action}", step=action, cli=action,
+                     tags=("consumers",), summary=summary)(act)
 
 
-@operation("kill_consumer", path="/consumers/<int:consumer_id>/kill", step="kill", cli="kill", tags=("consumers",),
-           summary="Kill the consumer now (SIGKILL): no offset commit, no group leave")
-def kill_consumer(ctx: Context, args: ConsumerRef) -> dict:
-    return _on_its_agent(ctx, verbs.CONSUMER_KILL, args.consumer_id)
-
-
-@operation("freeze_consumer", path="/consumers/<int:consumer_id>/freeze", step="freeze", cli="freeze",
-           tags=("consumers",), summary="Freeze the consumer (SIGSTOP), like a long GC pause")
-def freeze_consumer(ctx: Context, args: ConsumerRef) -> dict:
-    return _on_its_agent(ctx, verbs.CONSUMER_FREEZE, args.consumer_id)
-
-
-@operation("thaw_consumer", path="/consumers/<int:consumer_id>/thaw", step="thaw", cli="thaw", tags=("consumers",),
-           summary="Thaw a frozen consumer (SIGCONT): a zombie carries on")
-def thaw_consumer(ctx: Context, args: ConsumerRef) -> dict:
-    return _on_its_agent(ctx, verbs.CONSUMER_THAW, args.consumer_id)
-
-
-@operation("stop_consumer", path="/consumers/<int:consumer_id>/stop", step="stop", cli="stop", tags=("consumers",),
-           summary="Stop the consumer gracefully (SIGTERM)")
-def stop_consumer(ctx: Context, args: ConsumerRef) -> dict:
-    return _on_its_agent(ctx, verbs.CONSUMER_STOP, args.consumer_id)
-
-
-@operation("restart_consumer", path="/consumers/<int:consumer_id>/restart", step="restart", cli="restart",
-           tags=("consumers",), summary="Stop the consumer and start it again under the same name")
-def restart_consumer(ctx: Context, args: ConsumerRef) -> dict:
-    return _on_its_agent(ctx, verbs.CONSUMER_RESTART, args.consumer_id)
+# One line each, so that grep finds every one by its name.
+kill_consumer = _signal_operation("kill_consumer", verbs.CONSUMER_KILL, "Kill the consumer now (SIGKILL): no offset commit, no group leave")
+freeze_consumer = _signal_operation("freeze_consumer", verbs.CONSUMER_FREEZE, "Freeze the consumer (SIGSTOP), like a long GC pause")
+thaw_consumer = _signal_operation("thaw_consumer", verbs.CONSUMER_THAW, "Thaw a frozen consumer (SIGCONT): a zombie carries on")
+stop_consumer = _signal_operation("stop_consumer", verbs.CONSUMER_STOP, "Stop the consumer gracefully (SIGTERM)")
+restart_consumer = _signal_operation("restart_consumer", verbs.CONSUMER_RESTART, "Stop the consumer and start it again under the same name")
 
 
 @operation("arm", settles=True, path="/consumers/<int:consumer_id>/arm", step="arm", tags=("consumers", "faults"),
