@@ -27,10 +27,11 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from webapp.dev.stack import Stack
+from webapp.domain.lab import Lab
 from webapp.kafka.admin import admin_client, ensure_topics
 from webapp.logreader import LogReader
 from webapp.store.connection import connect
-from webapp.store.labs import Lab, create_database_state
+from webapp.store.labs import create_database_state
 
 LAB = Lab("benchlog")
 PARTITIONS = 3

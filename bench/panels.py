@@ -22,8 +22,9 @@ from sqlalchemy.pool import NullPool
 
 from webapp import create_app
 from webapp.dev.stack import Stack
+from webapp.domain.lab import Lab
 from webapp.store.connection import connect, sqlalchemy_url
-from webapp.store.labs import Lab, create_database_state, ensure_control_schema
+from webapp.store.labs import create_database_state, ensure_control_schema
 from webapp.summary.fold import fold_lab
 from webapp.web.db import db
 from webapp.web.panels import PANELS

@@ -36,10 +36,10 @@ from sqlalchemy import text
 
 from webapp import ops
 from webapp.dev.stack import Stack
-from webapp.domain.chaos import ACTIONS
+from webapp.domain.chaos_plan import ACTIONS
+from webapp.domain.lab import Lab
 from webapp.domain.waits import wait_until
 from webapp.store import command_channel
-from webapp.store.labs import Lab
 
 STRATEGIES = ("none", "eventid-atomic", "insert-first", "business-key")
 # The strategies whose guarantee covers redeliveries: nothing lost, nothing applied twice.

@@ -30,9 +30,10 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from webapp.dev.stack import Stack
+from webapp.domain.lab import Lab
 from webapp.readmodel import verdict
 from webapp.store.connection import psycopg_conninfo, sqlalchemy_url
-from webapp.store.labs import Lab, create_database_state, ensure_control_schema
+from webapp.store.labs import create_database_state, ensure_control_schema
 from webapp.strategies.base import CREDIT_BALANCE, INSERT_PAYMENT, RECORD_DELIVERY
 from webapp.strategies.batching import CREDIT_BATCH, INSERT_PAYMENTS_BATCH, RECORD_DELIVERIES_BATCH
 from webapp.strategies.eventid_atomic import BATCH_CLAIM, CLAIM

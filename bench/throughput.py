@@ -46,8 +46,8 @@ from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
 from webapp import strategies
+from webapp.agent.processes import stop_process
 from webapp.agent.setup import ensure_lab
-from webapp.dev.embedded import stop_process
 from webapp.dev.stack import Stack as Services
 from webapp.domain import events
 from webapp.domain.lab import Lab

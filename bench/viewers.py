@@ -39,9 +39,9 @@ import requests
 
 from webapp import ops
 from webapp.dev.stack import Stack
+from webapp.domain.lab import Lab
 from webapp.domain.waits import LOOPBACK, free_port, wait_until
 from webapp.store import command_channel, labdata, schema
-from webapp.store.labs import Lab
 
 POLL_SECONDS = 1.0   # static/js/live-refresh.js POLL_MS
 PROBE_SECONDS = 1.0  # one TTL change a second: the freshness probe

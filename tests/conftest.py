@@ -16,8 +16,9 @@ import psycopg
 import pytest
 
 import support
-from support import TEST_SECRET_KEY, LabDriver, Services, drop_lab, stop_process
+from support import TEST_SECRET_KEY, LabDriver, Services, drop_lab
 from webapp import create_app
+from webapp.agent.processes import stop_process
 from webapp.dev.stack import Stack
 from webapp.domain.waits import WaitTimeout, wait_until
 

@@ -14,14 +14,14 @@ from typing import Any, Callable, Iterator
 from sqlalchemy import text
 from werkzeug.serving import make_server
 
-from webapp.dev.embedded import EmbeddedBroker, stop_process  # noqa: F401  (tests import it from here)
+from webapp.dev.embedded import EmbeddedBroker
 
 # The stack's bring-up and its helpers live in webapp/dev/stack.py (the launcher and the benches
 # share them); tests import them from here. Services: what the `services` fixture yields.
 from webapp.dev.stack import Stack, service_env, start_logged, wait_for_agent  # noqa: F401
+from webapp.domain.lab import Lab
 from webapp.domain.waits import free_port, wait_until
 from webapp.settings import DEFAULTS
-from webapp.store.labs import Lab
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -24,7 +24,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from support import ROOT, service_env, stop_process
+from support import ROOT, service_env
+from webapp.agent.processes import stop_process
 from webapp.domain.vocabulary import AGENT_FRESH_SECONDS
 from webapp.domain.waits import wait_until
 from webapp.store import command_channel

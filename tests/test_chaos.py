@@ -1,4 +1,4 @@
-"""Chaos mode (webapp/domain/chaos.py, webapp/agent/chaos.py, webapp/ops/chaos.py): the plan is
+"""Chaos mode (webapp/domain/chaos_plan.py, webapp/agent/chaos.py, webapp/ops/chaos_mode.py): the plan is
 a pure function of the seed and the members; the session agent carries it out on real consumer
 processes (SIGKILL, SIGSTOP/SIGCONT, restart, pg_terminate_backend), each action on the timeline
 with its seed and index; a stop undoes what chaos held down; the panel and the export say so."""
@@ -9,7 +9,7 @@ import pytest
 import yaml
 from sqlalchemy import text
 
-from webapp.domain.chaos import ACTIONS, ChaosPlan, plan
+from webapp.domain.chaos_plan import ACTIONS, ChaosPlan, plan
 from webapp.domain.waits import wait_until
 from webapp.scenarios import journal
 from webapp.web.db import db, lab_session

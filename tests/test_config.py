@@ -10,6 +10,7 @@ import pytest
 from annotated_types import Ge, Gt, Le
 
 from webapp import create_app, ops
+from webapp.domain.lab import Lab
 from webapp.domain.vocabulary import AGENT_PID, HOLD_ACK_FD
 from webapp.settings import (
     DEFAULTS,
@@ -21,7 +22,6 @@ from webapp.settings import (
     reference_markdown,
 )
 from webapp.settings.model import classroom_default, value_type
-from webapp.store.labs import Lab
 
 WEBAPP = Path(__file__).resolve().parent.parent / "webapp"
 # A setting's name, wherever the code names it: `app.config["X"]`, `config.get("X")`, and the keys

@@ -12,9 +12,10 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from webapp.domain.lab import Lab
 from webapp.store import consumers
 from webapp.store.connection import sqlalchemy_url
-from webapp.store.labs import Lab, create_database_state, ensure_control_schema
+from webapp.store.labs import create_database_state, ensure_control_schema
 
 
 def journal_count(lab) -> int:

@@ -38,11 +38,12 @@ import pytest
 import yaml
 from confluent_kafka.admin import AdminClient
 
-from support import ROOT, service_env, stop_process
+from support import ROOT, service_env
 from webapp import settings as lab_config
+from webapp.agent.processes import stop_process
+from webapp.domain.lab import Lab
 from webapp.domain.waits import free_port, wait_until
 from webapp.store.connection import connect
-from webapp.store.labs import Lab
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"

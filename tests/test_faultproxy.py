@@ -27,6 +27,7 @@ from sqlalchemy.pool import NullPool
 from support import LabDriver, in_process_fault_proxy
 from webapp import ops
 from webapp.dev.embedded import EmbeddedBroker
+from webapp.domain.lab import Lab
 from webapp.domain.vocabulary import FAULT_PROXY_FRESH_SECONDS
 from webapp.domain.waits import wait_until
 from webapp.faultproxy.control import CHANNEL, DEFAULT_NAME
@@ -39,7 +40,7 @@ from webapp.readmodel import partitions as partitions_readmodel
 from webapp.readmodel.partitions import Cell
 from webapp.store import command_channel, faultproxies
 from webapp.store.connection import sqlalchemy_url
-from webapp.store.labs import Lab, create_database_state, ensure_control_schema
+from webapp.store.labs import create_database_state, ensure_control_schema
 from webapp.web.db import lab_session
 
 API_VERSIONS, METADATA = 18, 3

@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
+from webapp.domain.lab import Lab
 from webapp.domain.waits import wait_until
 from webapp.kafka.admin import admin_client, delete_topics, ensure_topics, partition_count
 from webapp.kafka.config import producer_config
@@ -22,7 +23,7 @@ from webapp.kafka.producer import PublishError, produce_raw
 from webapp.logreader import LogReader, record_row, wait_mirrored
 from webapp.logreader.reader import _Mirror
 from webapp.store.connection import connect, sqlalchemy_url
-from webapp.store.labs import Lab, create_database_state
+from webapp.store.labs import create_database_state
 
 
 def credit_json(account: str = "acc-1", cents: int = 100, transaction_id: str | None = None,

@@ -14,9 +14,10 @@ from sqlalchemy import create_engine, insert, inspect, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from webapp.domain.lab import Lab
 from webapp.store import migrations
 from webapp.store.connection import CONTROL_SCHEMA, sqlalchemy_url
-from webapp.store.labs import Lab, create_database_state, ensure_control_schema, ensure_schema
+from webapp.store.labs import create_database_state, ensure_control_schema, ensure_schema
 from webapp.store.migrations.check import build_baseline, differences
 from webapp.store.tables import accounts, commands, consumers, control_tables, lab_tables
 

@@ -19,8 +19,9 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from support import ROOT, assert_passed, judge_and_drop_run, run_guided, service_env, stop_process
+from support import ROOT, assert_passed, judge_and_drop_run, run_guided, service_env
 from webapp import strategies
+from webapp.agent.processes import stop_process
 from webapp.domain.vocabulary import CRASH_POINTS
 from webapp.domain.waits import free_port, port_open, wait_until
 from webapp.notify.protocol import KEY_HEADER, REPLAYED_HEADER, message_text

@@ -17,14 +17,15 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
 import support
-from support import ROOT, LabDriver, service_env, stop_process, wait_for_agent
+from support import ROOT, LabDriver, service_env, wait_for_agent
 from webapp import create_app
+from webapp.agent.processes import stop_process
 from webapp.dev.embedded import EmbeddedBroker, EmbeddedPostgres
+from webapp.domain.lab import Lab
 from webapp.domain.vocabulary import AGENT_FRESH_SECONDS
 from webapp.domain.waits import wait_until
 from webapp.store import command_channel
 from webapp.store.connection import psycopg_conninfo, sqlalchemy_url
-from webapp.store.labs import Lab
 from webapp.store.migrations import upgrade
 from webapp.web.db import db
 

@@ -18,7 +18,8 @@ import time
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from support import CLASS_TOKEN, ROOT, service_env, stop_process, wait_for_agent
+from support import CLASS_TOKEN, ROOT, service_env, wait_for_agent
+from webapp.agent.processes import stop_process
 from webapp.dev.embedded import EmbeddedBroker
 from webapp.domain.waits import wait_until
 from webapp.store.connection import sqlalchemy_url

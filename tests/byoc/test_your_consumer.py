@@ -1,4 +1,4 @@
-"""Issue 34, "your consumer": the lab grades code it does not run.
+"""Your consumer (a learner's own code in a lane of the lab): the lab grades code it does not run.
 
 Two consumers written for these tests (tests/byoc/consumer.py: kafka-python, psycopg, nothing of
 the lab) run as OS processes, started and stopped by PID: the grading exercise (19) fails the naive
@@ -18,8 +18,8 @@ import pytest
 from sqlalchemy import text
 
 import support
-from support import stop_process
 from webapp import ops
+from webapp.agent.processes import stop_process
 from webapp.domain.lab import Lab
 from webapp.domain.waits import wait_until
 from webapp.store import command_channel

@@ -4,8 +4,9 @@ The entry point wires guided mode's clicks (``scenario.step``, scenarios/guided.
 agent's commands: the agent's own modules never import scenarios."""
 import sys
 
-from ..scenarios.guided import VERB, agent_handler
+from ..domain import verbs
+from ..scenarios.guided import agent_handler
 from .loop import main
 
 if __name__ == "__main__":
-    sys.exit(main({VERB: agent_handler}))
+    sys.exit(main({verbs.SCENARIO_STEP: agent_handler}))

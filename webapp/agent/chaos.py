@@ -1,6 +1,6 @@
 """Chaos sessions, carried out by the agent that started them (one thread per session).
 
-A session follows its plan (webapp/domain/chaos.py: seeded, a pure function of the seed and the
+A session follows its plan (webapp/domain/chaos_plan.py: seeded, a pure function of the seed and the
 group's members) on one group:
 - ``kill``: SIGKILL the consumer, start it again after the session's down time;
 - ``freeze``: SIGSTOP, SIGCONT after the down time (a zombie: its partitions may have moved);
@@ -30,13 +30,12 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..domain import chaos as plan
+from ..domain import chaos_plan, verbs
 from ..domain.lab import Lab
 from ..domain.vocabulary import FAULT_PROXY_FRESH_SECONDS
 from ..domain.waits import WaitTimeout
 from ..faultproxy.control import DEFAULT_NAME as FAULT_PROXY
-from ..store import chaos as sessions
-from ..store import command_channel, faultproxies, labdata, schema
+from ..store import chaos_sessions, command_channel, faultproxies, labdata, schema
 from ..store import consumers as consumer_rows
 from .context import AgentContext
 
@@ -66,7 +65,7 @@ class ChaosRunner(threading.Thread):
         self.engine = engine
         self.session = session
         self.lab = Lab(session["lab"])
-        self.plan = plan.ChaosPlan(session["seed"], session["actions"], session["every_seconds"])
+        self.plan = chaos_plan.ChaosPlan(session["seed"], session["actions"], session["every_seconds"])
         self.held: dict[str, Held] = {}
         self.halt = threading.Event()  # the agent is shutting down
 
@@ -87,7 +86,7 @@ class ChaosRunner(threading.Thread):
             self._close(reason)
 
     def _follow_plan(self) -> str:
-        upcoming: plan.ChaosAction | None = None
+        upcoming: chaos_plan.ChaosAction | None = None
         last = time.monotonic()
         while True:
             if self.halt.wait(TICK):
@@ -95,7 +94,7 @@ class ChaosRunner(threading.Thread):
             status = self._status()
             if status is None:
                 return "the session's row is gone"
-            if status != sessions.RUNNING:
+            if status != chaos_sessions.RUNNING:
                 return "stopped on request"
             self._undo_due()
             if upcoming is None:
@@ -113,10 +112,10 @@ class ChaosRunner(threading.Thread):
     def _status(self) -> str | None:
         try:
             with self.engine.connect() as conn:
-                return sessions.status(conn, self.session["id"])
+                return chaos_sessions.status(conn, self.session["id"])
         except SQLAlchemyError as error:  # PostgreSQL restarting: carry on, look again next tick
             log.warning("chaos %s: %s", self.session["id"], str(error).splitlines()[0])
-            return sessions.RUNNING
+            return chaos_sessions.RUNNING
 
     def _members(self) -> list[str]:
         """The group's members: its live consumers, and those this session holds down."""
@@ -135,7 +134,7 @@ class ChaosRunner(threading.Thread):
 
     # --- actions ----------------------------------------------------------------------------
 
-    def _act(self, action: plan.ChaosAction) -> None:
+    def _act(self, action: chaos_plan.ChaosAction) -> None:
         if action.target is None:
             self._say(action, "skipped: the group has no consumer to act on", outcome="skipped")
             return
@@ -171,7 +170,7 @@ class ChaosRunner(threading.Thread):
                     raise
                 self.halt.wait(0.5)  # PostgreSQL coming back: ask again
 
-    def _hold_while(self, action: plan.ChaosAction, row: consumer_rows.Row, verb: str, undo: str) -> None:
+    def _hold_while(self, action: chaos_plan.ChaosAction, row: consumer_rows.Row, verb: str, undo: str) -> None:
         """Hold the consumer down (undo due after the down time), then act: if the action's outcome is
         lost with a restarting database, the undo still comes; if it was refused, nothing to undo."""
         self.held[row.name] = Held(row.id, row.name, undo, time.monotonic() + self.session["down_seconds"],
@@ -182,19 +181,19 @@ class ChaosRunner(threading.Thread):
             self.held.pop(row.name, None)
             raise
 
-    def _kill(self, action: plan.ChaosAction, row: consumer_rows.Row) -> tuple[str, str]:
-        self._hold_while(action, row, "consumer.kill", "consumer.restart")
+    def _kill(self, action: chaos_plan.ChaosAction, row: consumer_rows.Row) -> tuple[str, str]:
+        self._hold_while(action, row, verbs.CONSUMER_KILL, verbs.CONSUMER_RESTART)
         return "done", f"SIGKILL (no commit, no leave); started again in {self.session['down_seconds']:g} s"
 
-    def _freeze(self, action: plan.ChaosAction, row: consumer_rows.Row) -> tuple[str, str]:
-        self._hold_while(action, row, "consumer.freeze", "consumer.thaw")
+    def _freeze(self, action: chaos_plan.ChaosAction, row: consumer_rows.Row) -> tuple[str, str]:
+        self._hold_while(action, row, verbs.CONSUMER_FREEZE, verbs.CONSUMER_THAW)
         return "done", f"SIGSTOP; thawed in {self.session['down_seconds']:g} s (a zombie if its partitions move)"
 
-    def _restart(self, action: plan.ChaosAction, row: consumer_rows.Row) -> tuple[str, str]:
-        self._command("consumer.restart", row.id, row.agent_id)
+    def _restart(self, action: chaos_plan.ChaosAction, row: consumer_rows.Row) -> tuple[str, str]:
+        self._command(verbs.CONSUMER_RESTART, row.id, row.agent_id)
         return "done", "graceful stop and start"
 
-    def _terminate_sessions(self, action: plan.ChaosAction, row: consumer_rows.Row) -> tuple[str, str]:
+    def _terminate_sessions(self, action: chaos_plan.ChaosAction, row: consumer_rows.Row) -> tuple[str, str]:
         name = f"lab {self.lab.name} {row.name} effects"
         with self.engine.begin() as conn:
             ended = conn.execute(text(TERMINATE_SQL), {"name": name}).scalar_one()
@@ -202,7 +201,7 @@ class ChaosRunner(threading.Thread):
             return "skipped", "skipped: it has no database session open right now"
         return "done", f"pg_terminate_backend ended its effects session ({ended}): its transaction rolled back"
 
-    def _cut_connections(self, action: plan.ChaosAction, row: consumer_rows.Row) -> tuple[str, str]:
+    def _cut_connections(self, action: chaos_plan.ChaosAction, row: consumer_rows.Row) -> tuple[str, str]:
         clients = [self.lab.client_id(row.name), self.lab.producer_client_id]
         try:
             cut = faultproxies.cut_and_wait(self.engine, FAULT_PROXY, self.lab.name, clients, FAULT_PROXY_FRESH_SECONDS)
@@ -231,7 +230,7 @@ class ChaosRunner(threading.Thread):
                 self.halt.wait(0.5)
 
     def _undo(self, held: Held) -> None:
-        verb = "thawed (SIGCONT)" if held.undo == "consumer.thaw" else "started again"
+        verb = "thawed (SIGCONT)" if held.undo == verbs.CONSUMER_THAW else "started again"
         try:
             with self.engine.connect() as conn:
                 row = consumer_rows.get(conn, held.consumer_id)
@@ -256,13 +255,13 @@ class ChaosRunner(threading.Thread):
 
     # --- the record -------------------------------------------------------------------------
 
-    def _say(self, action: plan.ChaosAction, what: str, outcome: str) -> None:
+    def _say(self, action: chaos_plan.ChaosAction, what: str, outcome: str) -> None:
         summary = (f"chaos #{action.index} (seed {self.session['seed']}): {action.action} "
                    f"{action.target or '(no consumer)'}: {what}")
         self._note(summary, index=action.index, action=action.action, target=action.target, outcome=outcome)
         try:
             with self.engine.begin() as conn:
-                sessions.acted(conn, self.session["id"], summary)
+                chaos_sessions.acted(conn, self.session["id"], summary)
         except SQLAlchemyError as error:
             log.warning("chaos %s: %s", self.session["id"], str(error).splitlines()[0])
 
@@ -277,8 +276,8 @@ class ChaosRunner(threading.Thread):
     def _close(self, reason: str) -> None:
         try:
             with self.engine.begin() as conn:
-                sessions.stopped(conn, self.session["id"], reason)
-                row = sessions.get(conn, self.session["id"])
+                chaos_sessions.stopped(conn, self.session["id"], reason)
+                row = chaos_sessions.get(conn, self.session["id"])
             self._note(f"chaos stopped on {self.lab.local_group(self.session['group_id'])} after "
                        f"{row['actions_done'] if row else '?'} action(s) (seed {self.session['seed']}): "
                        f"{row['stop_reason'] if row and row['stop_reason'] else reason}", action="stop")
@@ -294,7 +293,7 @@ RUNNERS: dict[int, ChaosRunner] = {}
 def start(agent: AgentContext, lab: Lab, args: dict) -> dict:
     """Handler of ``chaos.start``: record the session as this agent's and start its thread."""
     with agent.engine.begin() as conn:
-        session = sessions.create(conn, lab.name, args["group_id"], int(args["seed"]), float(args["every_seconds"]),
+        session = chaos_sessions.create(conn, lab.name, args["group_id"], int(args["seed"]), float(args["every_seconds"]),
                                   list(args["actions"]), float(args["down_seconds"]), args.get("max_actions"),
                                   agent.id)
     agent.say(lab, "chaos", f"chaos started on {lab.local_group(session['group_id'])}: seed {session['seed']}, "

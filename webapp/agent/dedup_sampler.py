@@ -29,6 +29,7 @@ from ..domain.lab import Lab
 from ..domain.vocabulary import DEDUP_TABLES, EXACT_COUNT_BELOW
 from ..store import schema
 from ..store.connection import CONTROL_SCHEMA, connect
+from ..store.schema import quoted
 from ..strategies import dedup_layout, eventid_atomic, partitioned
 
 log = logging.getLogger("idempotency_lab.agent.dedup")
@@ -121,7 +122,7 @@ class DedupSampler(threading.Thread):
         for name in due:
             self._last[name] = now
             lab = Lab(name)
-            exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [f'"{lab.schema}".dedup_scale']).fetchone()[0]
+            exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [f'{quoted(lab.schema)}.dedup_scale']).fetchone()[0]
             if exists:
                 self.sample(conn, lab.schema)
 

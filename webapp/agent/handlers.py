@@ -13,6 +13,7 @@ from typing import Any, Callable
 from confluent_kafka import KafkaException
 
 from .. import strategies
+from ..domain import verbs
 from ..domain.group_health import SESSION_TIMEOUT_MS
 from ..domain.lab import Lab
 from ..domain.vocabulary import (
@@ -36,8 +37,9 @@ from ..kafka.admin import (
 )
 from ..kafka.config import producer_config
 from ..settings import load_config
-from ..store import command_channel, group_health, outside
+from ..store import command_channel, consumer_groups, group_health, outside
 from ..store import consumers as consumer_rows
+from ..store.schema import quoted
 from . import chaos, setup
 from .context import AgentContext
 from .load import RUNS as LOAD_RUNS
@@ -106,7 +108,7 @@ def quiesce(agent: AgentContext, lab: Lab) -> None:
     with agent.engine.connect() as conn:
         rows = consumer_rows.live(conn, lab.name)
     for row in rows:
-        on_own_or_remote(agent, lab, row, "consumer.stop")
+        on_own_or_remote(agent, lab, row, verbs.CONSUMER_STOP)
     for row in rows:
         agent.pool.forget(row.id)
     LOAD_RUNS.stop(lab)
@@ -143,9 +145,7 @@ def _forget_outside_offsets(agent: AgentContext, lab: Lab) -> None:
     whose committed offsets would otherwise point past the new topic's records. The lab
     cannot stop code it does not run: a group that still has members refuses the reset."""
     with agent.in_lab(lab):
-        exists = agent.conn.execute("SELECT to_regclass('consumer_groups')").fetchone()[0]
-        groups = [row[0] for row in agent.conn.execute(
-            "SELECT group_id FROM consumer_groups WHERE strategy = %s", [OUTSIDE_STRATEGY])] if exists else []
+        groups = consumer_groups.with_strategy(agent.conn.execute, lab.schema, OUTSIDE_STRATEGY)
     _, failed = delete_groups(agent.admin, groups)
     busy = [group for group, why in failed.items() if "NOT_EMPTY" in why.upper()]
     if busy:
@@ -209,12 +209,11 @@ def _ensure_group(agent: AgentContext, lab: Lab, group: str, strategy: str | Non
     switching it is its own, visible action (every member changes behaviour)."""
     group_id = lab.group_id(group)
     with agent.in_lab(lab):
-        row = agent.conn.execute("SELECT strategy FROM consumer_groups WHERE group_id = %s", [group_id]).fetchone()
-        if row is None:
-            agent.conn.execute("INSERT INTO consumer_groups (group_id, strategy, effects_schema) "
-                               "VALUES (%s, %s, %s)", [group_id, strategy or DEFAULT_STRATEGY, lab.schema])
-        elif strategy is not None and strategy != row[0]:
-            raise CommandRejected(f"strategy: group {group_id} uses {row[0]}; switch the group's strategy "
+        current = consumer_groups.strategy_of(agent.conn.execute, lab.schema, group_id)
+        if current is None:
+            consumer_groups.create(agent.conn.execute, lab.schema, group_id, strategy or DEFAULT_STRATEGY, lab.schema)
+        elif strategy is not None and strategy != current:
+            raise CommandRejected(f"strategy: group {group_id} uses {current}; switch the group's strategy "
                                   f"first, or start the consumer in another group")
     return group_id
 
@@ -229,8 +228,8 @@ def start_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
             raise CommandRejected(str(error)) from None
     group_id = _ensure_group(agent, lab, group, strategy)
     with agent.in_lab(lab):
-        row = agent.conn.execute("SELECT strategy FROM consumer_groups WHERE group_id = %s", [group_id]).fetchone()
-    if row is not None and row[0] == OUTSIDE_STRATEGY:
+        current = consumer_groups.strategy_of(agent.conn.execute, lab.schema, group_id)
+    if current == OUTSIDE_STRATEGY:
         raise CommandRejected(f"group: {group_id} is your consumer's group: your own code consumes in it, "
                               "not one of the lab's consumers")
     point, action = args.get("point"), args.get("action") or "crash"
@@ -320,9 +319,7 @@ def _parse_time(value: Any) -> datetime | None:
 
 def _live_members(agent: AgentContext, lab: Lab, group_id: str) -> list[consumer_rows.Row]:
     """The group's live consumers; LookupError when the lab has no such group."""
-    exists = agent.conn.execute(f'SELECT 1 FROM "{lab.schema}".consumer_groups WHERE group_id = %s',
-                                [group_id]).fetchone()
-    if exists is None:
+    if not consumer_groups.exists(agent.conn.execute, lab.schema, group_id):
         raise LookupError(f"no group {group_id} in lab {lab.name}")
     with agent.engine.connect() as conn:
         return consumer_rows.live(conn, lab.name, group_id)
@@ -365,7 +362,7 @@ def _expire_offsets(agent: AgentContext, lab: Lab, group_id: str, kafka_group_id
               group=group_id, kafka_group_id=new_id, offsets={})
     snapshot_offsets(agent.conn, agent.admin, lab)
     for row in members:
-        on_own_or_remote(agent, lab, row, "consumer.restart")
+        on_own_or_remote(agent, lab, row, verbs.CONSUMER_RESTART)
     return {"group_id": group_id, "kafka_group_id": new_id, "offsets": {}, "restarted": [row.id for row in members]}
 
 
@@ -382,7 +379,7 @@ def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
         raise CommandRejected(str(error)) from None
     members = _live_members(agent, lab, group_id)
     for row in members:
-        on_own_or_remote(agent, lab, row, "consumer.stop")
+        on_own_or_remote(agent, lab, row, verbs.CONSUMER_STOP)
     agent.say(lab, "offsets-reset", f"stopped {len(members)} consumer(s) of {group_id}: Kafka moves a "
               "group's offsets only while the group is empty", group=group_id)
     kafka_group_id = group_health.kafka_group_id(agent.conn.execute, lab, group_id)
@@ -404,7 +401,7 @@ def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
               offsets={str(p): o for p, o in targets.items()})
     snapshot_offsets(agent.conn, agent.admin, lab)
     for row in members:
-        on_own_or_remote(agent, lab, row, "consumer.restart")
+        on_own_or_remote(agent, lab, row, verbs.CONSUMER_RESTART)
     return {"group_id": group_id, "offsets": {str(p): o for p, o in targets.items()},
             "restarted": [row.id for row in members]}
 
@@ -426,7 +423,7 @@ def _assigned(agent: AgentContext, lab: Lab, group_id: str) -> tuple[list[int], 
                 f"SELECT assigned FROM {consumer_rows.consumers.fullname} WHERE id = ANY(%s) AND state = 'running'",
                 [ids]).fetchall():
             assigned.update(partitions or [])
-    row = agent.conn.execute(f'SELECT value FROM "{lab.schema}".settings WHERE key = %s', ["partitions"]).fetchone()
+    row = agent.conn.execute(f'SELECT value FROM {quoted(lab.schema)}.settings WHERE key = %s', ["partitions"]).fetchone()
     return sorted(assigned), int(row[0]) if row else DEFAULT_PARTITIONS
 
 
@@ -445,9 +442,9 @@ def _wait_assigned(agent: AgentContext, lab: Lab, group_id: str, timeout: float)
 def _restart_members(agent: AgentContext, lab: Lab, members: list[consumer_rows.Row]) -> None:
     """Stop every member first (each leaves the group), then start them all: one rebalance, not one each."""
     for row in members:
-        on_own_or_remote(agent, lab, row, "consumer.stop")
+        on_own_or_remote(agent, lab, row, verbs.CONSUMER_STOP)
     for row in members:
-        on_own_or_remote(agent, lab, row, "consumer.restart")
+        on_own_or_remote(agent, lab, row, verbs.CONSUMER_RESTART)
 
 
 def recover_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
@@ -474,14 +471,14 @@ def recover_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
     with agent.engine.connect() as conn:
         members = consumer_rows.live(conn, lab.name, group_id)
     for row in members:
-        on_own_or_remote(agent, lab, row, "consumer.stop")
+        on_own_or_remote(agent, lab, row, verbs.CONSUMER_STOP)
     try:
         offsets = {p: o for p, o in committed_offsets(agent.admin, old_id, lab.topic).items() if o is not None}
         new_id = lab.moved_group_id(group_id, Lab.moves_of(old_id, group_id) + 1)
         alter_offsets(agent.admin, new_id, lab.topic, offsets)
     except KafkaException as error:
         for row in members:
-            on_own_or_remote(agent, lab, row, "consumer.restart")
+            on_own_or_remote(agent, lab, row, verbs.CONSUMER_RESTART)
         raise CommandRejected(f"group: could not carry {group_id}'s committed offsets over: {error}") from None
     group_health.move_group(agent.conn.execute, lab, group_id, new_id)
     carried = ", ".join(f"P{p}@{o}" for p, o in sorted(offsets.items())) or "none committed yet"
@@ -491,7 +488,7 @@ def recover_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
               offsets={str(p): o for p, o in offsets.items()})
     snapshot_offsets(agent.conn, agent.admin, lab)
     for row in members:
-        on_own_or_remote(agent, lab, row, "consumer.restart")
+        on_own_or_remote(agent, lab, row, verbs.CONSUMER_RESTART)
     assigned = _wait_assigned(agent, lab, group_id, RECOVERY_ASSIGNMENT_WAIT)
     steps.append(f"restarted {len(members)} member(s) in {new_id}: "
                  + ("every partition assigned" if assigned else "not every partition assigned yet"))
@@ -501,22 +498,22 @@ def recover_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
 
 
 HANDLERS: dict[str, Handler] = {
-    "group.recover": recover_group,
-    "publish": publish,
-    "produce.raw": produce_raw,
-    "consumer.start": start_consumer,
-    "consumer.stop": stop_consumer,
-    "consumer.kill": kill_consumer,
-    "consumer.freeze": freeze_consumer,
-    "consumer.thaw": thaw_consumer,
-    "consumer.restart": restart_consumer,
-    "group.reset": reset_group,
-    "lab.reset": reset_lab,
-    "topic.retention": set_topic_retention,
-    "lab.ensure": ensure_lab,
-    "lab.drop": drop_lab,
-    "lane.kafka_principal": grant_lane_principal,
-    "chaos.start": chaos.start,
-    "load.start": start_load,
-    "dedup.warmup": start_warmup,
+    verbs.GROUP_RECOVER: recover_group,
+    verbs.PUBLISH: publish,
+    verbs.PRODUCE_RAW: produce_raw,
+    verbs.CONSUMER_START: start_consumer,
+    verbs.CONSUMER_STOP: stop_consumer,
+    verbs.CONSUMER_KILL: kill_consumer,
+    verbs.CONSUMER_FREEZE: freeze_consumer,
+    verbs.CONSUMER_THAW: thaw_consumer,
+    verbs.CONSUMER_RESTART: restart_consumer,
+    verbs.GROUP_RESET: reset_group,
+    verbs.LAB_RESET: reset_lab,
+    verbs.TOPIC_RETENTION: set_topic_retention,
+    verbs.LAB_ENSURE: ensure_lab,
+    verbs.LAB_DROP: drop_lab,
+    verbs.LANE_KAFKA_PRINCIPAL: grant_lane_principal,
+    verbs.CHAOS_START: chaos.start,
+    verbs.LOAD_START: start_load,
+    verbs.DEDUP_WARMUP: start_warmup,
 }

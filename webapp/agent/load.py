@@ -26,6 +26,7 @@ from confluent_kafka import Producer
 from ..domain.lab import Lab
 from ..kafka.config import producer_config
 from ..store import heavy_jobs, schema, timeline
+from ..store.schema import quoted
 from .heavy import HeavyRun, HeavyRuns
 
 REPORT_EVERY = 0.5          # seconds between progress rows (and cancel checks)
@@ -185,11 +186,9 @@ class LoadRuns(HeavyRuns[LoadRun]):
             job = heavy_jobs.running(conn.execute) or (("load", 0, 0) if self.running(lab) else None)
             if job is not None:  # one heavy job per lab: a load, or a dedup warm-up (webapp/agent/warmup.py)
                 raise ValueError(f"busy: {heavy_jobs.describe(job)}")
-            lanes = [name for (name,) in conn.execute(
-                "SELECT schema_name FROM information_schema.schemata WHERE schema_name = %s OR schema_name LIKE %s",
-                [lab.schema, f"{lab.schema}\\_\\_%"])]
+            lanes = schema.lab_and_lane_schemas(conn.execute, lab.schema)
             for lane_schema in lanes:
-                conn.execute(f'INSERT INTO "{lane_schema}".accounts (id, owner, balance, status) '
+                conn.execute(f'INSERT INTO {quoted(lane_schema)}.accounts (id, owner, balance, status) '
                              "SELECT 'acc-' || n, 'load ' || n, 0, 'ACTIVE' FROM generate_series(1, %s) n "
                              "ON CONFLICT (id) DO NOTHING", [spec.accounts])
             run_id = conn.execute(

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from ..domain.waits import LOOPBACK, free_port
+from ..settings import load_config
 from .processes import Sidecar
 
 URL_VARIABLE = "LAB_NOTIFY_URL"
@@ -17,11 +18,11 @@ URL_VARIABLE = "LAB_NOTIFY_URL"
 
 def notification_service(database_url: str, log_dir: Path, log_to_stdout: bool) -> tuple[Sidecar | None, str]:
     """(the sidecar to keep running, or None when one runs elsewhere; the URL consumers call)."""
-    configured = os.environ.get("LAB_NOTIFY_URL")
-    if configured:
-        return None, configured
+    config = load_config()
+    if config["LAB_NOTIFY_URL"]:
+        return None, config["LAB_NOTIFY_URL"]
     # `make run` picks the address (to print it); otherwise any free loopback port.
-    listen = os.environ.get("LAB_NOTIFY_LISTEN") or f"{LOOPBACK}:{free_port(LOOPBACK)}"
+    listen = config["LAB_NOTIFY_LISTEN"] or f"{LOOPBACK}:{free_port(LOOPBACK)}"
     sidecar = Sidecar("notification service", "webapp.notify",
                       {**os.environ, "DATABASE_URL": database_url, "LAB_NOTIFY_LISTEN": listen}, log_dir, log_to_stdout)
     return sidecar, f"http://{listen}"

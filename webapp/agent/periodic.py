@@ -34,8 +34,9 @@ from ..domain.vocabulary import (
     OUTSIDE_STRATEGY,
 )
 from ..kafka.admin import admin_client, broker_error, committed_offsets_of
-from ..store import agents, commands, labdata, outside, schema, timeline
+from ..store import agents, commands, consumer_groups, labdata, outside, schema, timeline
 from ..store.connection import CONTROL_SCHEMA, connect, sqlalchemy_url
+from ..store.schema import quoted
 from ..strategies import ttl
 from ..summary import fold
 from .queue import LEASE_SECONDS, Reaper
@@ -312,10 +313,8 @@ class Housekeeping:
             self.conn.rollback()
 
     def known_labs(self) -> list[Lab]:
-        schemas = self.conn.execute(
-            "SELECT table_schema FROM information_schema.tables WHERE table_name = 'consumer_groups' "
-            "AND table_schema LIKE 'lab\\_%%' AND table_schema NOT LIKE '%%\\_\\_%%'").fetchall()
-        return [Lab.of_schema(name) for (name,) in schemas]
+        """Every lab of the database (a lane's schema names its lab: each lab once)."""
+        return list(dict.fromkeys(Lab.of_schema(name) for name in schema.every_lab_schema(self.conn.execute)))
 
     def offsets_may_have_moved(self, lab: Lab) -> bool:
         """Committed offsets move by consumers' commits (and by resets, which snapshot themselves),
@@ -325,14 +324,14 @@ class Housekeeping:
         return self.conn.execute(
             f"SELECT EXISTS (SELECT 1 FROM {CONTROL_SCHEMA}.consumers WHERE lab = %s "
             "AND heartbeat_at > now() - interval '30 seconds')"
-            f' OR EXISTS (SELECT 1 FROM "{lab.schema}".consumer_groups g WHERE NOT EXISTS ('
-            f'   SELECT 1 FROM "{lab.schema}".group_offsets o WHERE o.group_id = g.group_id))'
+            f' OR EXISTS (SELECT 1 FROM {quoted(lab.schema)}.consumer_groups g WHERE NOT EXISTS ('
+            f'   SELECT 1 FROM {quoted(lab.schema)}.group_offsets o WHERE o.group_id = g.group_id))'
             # An outside consumer sends the lab no heartbeats: its offsets may move any time.
-            f' OR EXISTS (SELECT 1 FROM "{lab.schema}".consumer_groups WHERE strategy = %s)',
+            f' OR EXISTS (SELECT 1 FROM {quoted(lab.schema)}.consumer_groups WHERE strategy = %s)',
             [lab.name, OUTSIDE_STRATEGY]).fetchone()[0]
 
     def scheduled_ttl(self, lab: Lab) -> None:
-        rows = dict(self.conn.execute(f'SELECT key, value FROM "{lab.schema}".settings '
+        rows = dict(self.conn.execute(f'SELECT key, value FROM {quoted(lab.schema)}.settings '
                                       "WHERE key IN ('ttl_seconds', 'ttl_schedule_seconds')").fetchall())
         every = rows.get("ttl_schedule_seconds")
         if not every:
@@ -343,9 +342,7 @@ class Housekeeping:
         seconds = float(rows.get("ttl_seconds", DEFAULT_TTL_SECONDS))
         # Every lane of the lab keeps its own dedup tables: the schedule cleans them all, like the
         # on-demand cleanup (ops.ttl_cleanup).
-        lanes = [name for (name,) in self.conn.execute(
-            "SELECT schema_name FROM information_schema.schemata WHERE schema_name = %s OR schema_name LIKE %s "
-            "ORDER BY schema_name", [lab.schema, f"{lab.schema}\\_\\_%"])]
+        lanes = schema.lab_and_lane_schemas(self.conn.execute, lab.schema)
         with self.conn.transaction():
             deleted = {}
             for lane_schema in lanes:
@@ -369,8 +366,7 @@ def snapshot_offsets_of(conn: psycopg.Connection, admin, labs: list[Lab], strict
     thirty labs, each asked in turn, took minutes a round, and a guided run's wait for the committed
     offsets gave up first). A group whose answer failed keeps its last snapshot, and is said."""
     # A group a recovery moved commits under its new Kafka id; the lab keeps its own id for it.
-    groups = {lab: conn.execute(f'SELECT group_id, coalesce(kafka_group_id, group_id) '
-                                f'FROM "{lab.schema}".consumer_groups').fetchall() for lab in labs}
+    groups = {lab: consumer_groups.kafka_group_ids(conn.execute, lab.schema) for lab in labs}
     answers = committed_offsets_of(admin, [(kafka_group_id, lab.topic) for lab, rows in groups.items()
                                            for _, kafka_group_id in rows])
     for lab, rows in groups.items():
@@ -379,7 +375,7 @@ def snapshot_offsets_of(conn: psycopg.Connection, admin, labs: list[Lab], strict
         # notify lock, every listener woken) and queued a summary mark, thirty times a second in a
         # class of thirty, with nothing changed.
         kept = {(group_id, partition): committed for group_id, partition, committed in conn.execute(
-            f'SELECT group_id, partition, committed FROM "{lab.schema}".group_offsets').fetchall()}
+            f'SELECT group_id, partition, committed FROM {quoted(lab.schema)}.group_offsets').fetchall()}
         moved = []
         for group_id, kafka_group_id in rows:
             offsets = answers[(kafka_group_id, lab.topic)]
@@ -395,6 +391,6 @@ def snapshot_offsets_of(conn: psycopg.Connection, admin, labs: list[Lab], strict
         with conn.transaction():
             for group_id, partition, committed in moved:
                 conn.execute(
-                    f'INSERT INTO "{lab.schema}".group_offsets (group_id, partition, committed) '
+                    f'INSERT INTO {quoted(lab.schema)}.group_offsets (group_id, partition, committed) '
                     "VALUES (%s, %s, %s) ON CONFLICT (group_id, partition) DO UPDATE SET "
                     "committed = EXCLUDED.committed, read_at = now()", [group_id, partition, committed])

@@ -10,13 +10,13 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from ..domain.lab import Lab
 from ..domain.vocabulary import SCRAM_LEARNERS
 from ..kafka.admin import ADMIN_TIMEOUT, delete_topics, drop_lane_principal
 from ..settings import load_config
-from ..store import classroom, outside
+from ..store import classroom, consumer_groups, outside
 from ..store.labs import drop_database_state, lab_schemas, retrying_deadlocks
 
 
@@ -31,17 +31,13 @@ def lab_group_ids(engine: Engine, lab: Lab) -> list[str]:
     ids: set[str] = set()
     with engine.connect() as conn:
         for schema in lab_schemas(conn, lab):
-            if conn.execute(text("SELECT 1 FROM pg_tables WHERE schemaname = :s AND tablename = 'consumer_groups'"),
-                            {"s": schema}).first():
-                ids.update(conn.execute(text(f'SELECT group_id FROM "{schema}".consumer_groups')).scalars())
-                # and every fresh Kafka id a recovery or an expiry moved a group to, the current one
-                # and those it left behind (``.r1`` … ``.rN``)
-                for group_id, kafka_group_id in conn.execute(text(
-                        f'SELECT group_id, kafka_group_id FROM "{schema}".consumer_groups '
-                        "WHERE kafka_group_id IS NOT NULL")).all():
-                    moves = Lab.moves_of(kafka_group_id, group_id)
-                    ids.update(lab.moved_group_id(group_id, n) for n in range(1, moves + 1))
-                    ids.add(kafka_group_id)
+            ids.update(consumer_groups.group_ids(conn.exec_driver_sql, schema))
+            # and every fresh Kafka id a recovery or an expiry moved a group to, the current one
+            # and those it left behind (``.r1`` … ``.rN``)
+            for group_id, kafka_group_id in consumer_groups.moved(conn.exec_driver_sql, schema):
+                moves = Lab.moves_of(kafka_group_id, group_id)
+                ids.update(lab.moved_group_id(group_id, n) for n in range(1, moves + 1))
+                ids.add(kafka_group_id)
     return sorted(ids)
 
 

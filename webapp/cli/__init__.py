@@ -18,9 +18,9 @@ from flask import Flask, current_app
 from flask.cli import AppGroup, with_appcontext
 
 from .. import ops
+from ..domain.lab import Lab
 from ..domain.vocabulary import Limits
 from ..store import command_channel
-from ..store.labs import Lab
 from ..web.db import db
 
 lab_cli = AppGroup("lab", help="Drive the Idempotency Lab.")
@@ -94,8 +94,9 @@ def init(partitions):
 def agent():
     """Run a lab agent in the foreground (the same as `python -m webapp.agent`)."""
     from ..agent import main
-    from ..scenarios.guided import VERB, agent_handler
-    sys.exit(main({VERB: agent_handler}))
+    from ..domain import verbs
+    from ..scenarios.guided import agent_handler
+    sys.exit(main({verbs.SCENARIO_STEP: agent_handler}))
 
 
 # --- one command per operation ----------------------------------------------------------------

@@ -17,9 +17,11 @@ from flask import current_app
 from flask.cli import with_appcontext
 from sqlalchemy import Connection, text
 
+from ..domain import verbs
 from ..domain.lab import Lab
 from ..store import classroom, command_channel, scenario_runs
 from ..store.labs import lab_schemas
+from ..store.schema import quoted
 from ..web.db import db
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*$")
@@ -58,7 +60,7 @@ def lab_info(conn: Connection, lab: Lab) -> LabInfo:
                                                    "AND tablename = 'timeline'"), {"s": lab.schema}).first():
         created, last, idle = conn.execute(text(
             f'SELECT min(at), max(at), extract(epoch FROM localtimestamp - max(at))::float8 '
-            f'FROM "{lab.schema}".timeline')).one()
+            f'FROM {quoted(lab.schema)}.timeline')).one()
     attendee = classroom.attendee_of_lab(conn, lab.name)
     if attendee is not None and (idle is None or attendee.seen_seconds_ago < idle):
         last, idle = attendee.seen_at, attendee.seen_seconds_ago
@@ -85,7 +87,7 @@ def drop_lab(lab: Lab) -> dict[str, Any]:
     """Drop one lab through an agent, or here when none runs."""
     config = current_app.config
     if command_channel.live_agents(db.engine):
-        return command_channel.run(db.engine, lab.name, "lab.drop", {}, timeout=DROP_TIMEOUT)
+        return command_channel.run(db.engine, lab.name, verbs.LAB_DROP, {}, timeout=DROP_TIMEOUT)
     if not config.get("KAFKA_BOOTSTRAP_SERVERS"):
         raise click.UsageError("KAFKA_BOOTSTRAP_SERVERS is not set and no lab agent runs: the topics cannot be deleted")
     from ..agent.prune import drop

@@ -8,16 +8,12 @@ import argparse
 import logging
 import os
 import sys
-import time
 
 import psycopg
 
 from ..domain.lab import Lab
-from ..store.connection import CONTROL_SCHEMA, connect
+from ..store.connection import CONTROL_SCHEMA, connect, with_reconnect_backoff
 from .loop import ConsumerProcess, _signals
-
-log = logging.getLogger("idempotency_lab.consumer")
-
 
 # A consumer (re)started while PostgreSQL restarts (chaos does that) waits for it, as a running
 # one does, rather than die at its first statement; past this, it fails with the reason.
@@ -26,17 +22,7 @@ STARTUP_DATABASE_WAIT = 60.0
 
 def connect_when_up(database_url: str, wait: float = STARTUP_DATABASE_WAIT) -> psycopg.Connection:
     """A connection to PostgreSQL, retried with a backoff for up to ``wait`` seconds."""
-    deadline, delay = time.monotonic() + wait, 0.1
-    while True:
-        try:
-            return connect(database_url)
-        except psycopg.OperationalError as error:
-            if time.monotonic() + delay > deadline:
-                raise
-            if delay == 0.1:
-                log.warning("PostgreSQL does not answer (%s); waiting for it", str(error).splitlines()[0])
-            time.sleep(delay)  # a backoff between connection attempts
-            delay = min(delay * 2, 2.0)
+    return with_reconnect_backoff(lambda: connect(database_url), wait=wait)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s consumer[{os.getpid()}] %(message)s")
 
+    # The agent puts both settings in the consumer's environment, resolved by the settings model
+    # (webapp/settings): read here as they are, since loading the model (pydantic) would be paid
+    # again at every consumer start (tests/test_architecture.py keeps pydantic out).
     database_url = os.environ["DATABASE_URL"]
     with connect_when_up(database_url) as conn:
         row = conn.execute(f"SELECT name, group_id FROM {CONTROL_SCHEMA}.consumers WHERE id = %s",

@@ -15,6 +15,7 @@ import psycopg
 
 from ..domain.group_health import DEFAULT_MAX_POLL_INTERVAL_MS, max_poll_interval_ms
 from ..store.connection import CONTROL_SCHEMA
+from ..store.schema import quoted
 from .control import Desired
 
 # The acknowledgement never waits: a control row locked by someone else's open transaction (a
@@ -26,11 +27,11 @@ READ = (
     "SELECT c.id, c.armed_point, c.armed_action, c.armed_always, c.step_mode, c.step_advance,\n"
     "       g.strategy, g.effects_schema, g.batch_size, g.batch_max_wait_ms, g.commit_mode, g.static_membership,\n"
     "       g.notify, g.notify_idempotency_key,\n"
-    "       (SELECT value FROM \"{schema}\".settings WHERE key = 'lock_timeout_ms'),\n"
-    "       (SELECT value FROM \"{schema}\".settings WHERE key = 'idle_in_transaction_session_timeout_ms'),\n"
-    "       (SELECT value FROM \"{schema}\".settings WHERE key = 'max_poll_interval_ms'),\n"
+    "       (SELECT value FROM {schema}.settings WHERE key = 'lock_timeout_ms'),\n"
+    "       (SELECT value FROM {schema}.settings WHERE key = 'idle_in_transaction_session_timeout_ms'),\n"
+    "       (SELECT value FROM {schema}.settings WHERE key = 'max_poll_interval_ms'),\n"
     "       g.kafka_group_id\n"
-    "FROM \"{schema}\".consumer_groups g\n"
+    "FROM {schema}.consumer_groups g\n"
     f"LEFT JOIN {CONTROL_SCHEMA}.consumers c ON c.id = %(consumer_id)s\n"
     "WHERE g.group_id = %(group_id)s")
 
@@ -70,7 +71,7 @@ class GroupSettings:
 
 def read(conn: psycopg.Connection, schema: str, group_id: str, consumer_id: int) -> tuple[Desired, GroupSettings]:
     """The consumer's desired state and its group's settings; RuntimeError when the group is gone."""
-    row = conn.execute(READ.format(schema=schema), {"consumer_id": consumer_id, "group_id": group_id}).fetchone()
+    row = conn.execute(READ.format(schema=quoted(schema)), {"consumer_id": consumer_id, "group_id": group_id}).fetchone()
     if row is None:
         raise RuntimeError(f"group {group_id} is not defined in schema {schema}")
     desired = Desired(*row[1:6]) if row[0] is not None else Desired(exists=False)

@@ -20,7 +20,7 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
-from ..agent.processes import die_with_parent, stop_process  # noqa: F401  (tests import them from here)
+from ..agent.processes import die_with_parent, stop_process
 from ..domain.waits import LOOPBACK, free_port, port_open, wait_until
 from ..store.outside import PUBLIC_REVOCATIONS
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
+from ..domain.lab import Lab
 from ..domain.waits import free_port, port_open, wait_until
 from ..settings import RUNNING_FILE, ConfigError, database_url, load_config, running_services
-from ..store.labs import Lab
 from .embedded import LOOPBACK
 from .stack import ROOT, Stack
 
@@ -135,7 +135,7 @@ class Launcher:
             # The broker it started is the embedded Tansu: the web, which never probes the broker,
             # lists the exercises that need Apache Kafka with the reason it cannot run them.
             env["LAB_BROKER_KIND"] = "tansu"
-        notify = os.environ.get("LAB_NOTIFY_URL")
+        notify = self.config.get("LAB_NOTIFY_URL")
         if not notify:
             # The agent keeps the notification service running; the launcher picks its address to print it.
             env["LAB_NOTIFY_LISTEN"] = f"{LOOPBACK}:{free_port()}"

@@ -53,7 +53,6 @@ ON_UNIQUE_VIOLATION = ("already-processed", "retry")
 # transaction of their own (transactional: send_offsets_to_transaction, then commit_transaction;
 # Kafka's exactly-once covers the offsets, never the PostgreSQL effect before them).
 COMMIT_MODES = ("sync", "async", "transactional")
-CONSUMER_VERBS = ("kill", "freeze", "thaw", "stop", "restart")
 # "expire": the group's committed offsets deleted, as Kafka does once an empty group has been empty
 # for offsets.retention.minutes; its members then start where auto.offset.reset says (earliest here).
 OFFSET_RESET_MODES = ("earliest", "offset", "back", "timestamp", "expire")

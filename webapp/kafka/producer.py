@@ -20,9 +20,9 @@ import psycopg
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from ..domain import events
+from ..domain.lab import Lab
 from ..domain.vocabulary import PRODUCER_ACKS, Limits
 from ..store import timeline
-from ..store.labs import Lab
 from .config import producer_config
 
 MODES = ("normal", "burst", "resend", "source-duplicate", "poison")

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 
+from .. import settings
 from ..domain.vocabulary import HOLD_ACK_FD, HOLD_DONE, HOLD_READY
 from ..store.service_heartbeats import LOG_READER, Beater
 from .reader import LogReader
@@ -21,7 +22,7 @@ from .reader import LogReader
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s logreader[{os.getpid()}] %(levelname)s %(message)s")
-    database_url, bootstrap_servers = os.environ.get("DATABASE_URL"), os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    database_url, bootstrap_servers = settings.database_url(), settings.environment_settings().KAFKA_BOOTSTRAP_SERVERS
     if not database_url or not bootstrap_servers:
         print("DATABASE_URL and KAFKA_BOOTSTRAP_SERVERS must be set", file=sys.stderr)
         return 2

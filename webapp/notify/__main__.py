@@ -15,7 +15,7 @@ import threading
 
 from werkzeug.serving import make_server
 
-from ..settings import database_url
+from ..settings import database_url, environment_settings
 from ..store.service_heartbeats import NOTIFICATION_SERVICE, Beater
 from .protocol import DEFAULT_LISTEN
 from .service import create_service
@@ -31,7 +31,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m webapp.notify")
     parser.add_argument("--listen", type=parse_listen,
-                        default=parse_listen(os.environ.get("LAB_NOTIFY_LISTEN") or DEFAULT_LISTEN))
+                        default=parse_listen(environment_settings().LAB_NOTIFY_LISTEN or DEFAULT_LISTEN))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s notify[{os.getpid()}] %(message)s")
     url = database_url()

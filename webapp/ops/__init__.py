@@ -7,7 +7,7 @@ from __future__ import annotations
 # Importing each module declares its operations (the imports are for that: pyproject.toml's
 # per-file-ignores lets them stand unused).
 from . import (
-    chaos,  # chaos mode
+    chaos_mode,  # chaos mode
     consumers,
     faults,
     groups,

@@ -2,12 +2,13 @@
 point, step through one message's processing."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Callable, Literal
 
 from pydantic import Field
 
 from .. import strategies
-from ..domain.vocabulary import CONSUMER_VERBS, CRASH_POINTS, DEFAULT_GROUP, FAULT_ACTIONS
+from ..domain import verbs
+from ..domain.vocabulary import CRASH_POINTS, DEFAULT_GROUP, FAULT_ACTIONS
 from ..store import consumers as store
 from ..store import schema
 from ..store.labdata import say
@@ -56,7 +57,7 @@ def consumer_row(ctx: Context, consumer_id: int) -> dict:
            tags=("consumers",), summary="Start a consumer process in a group")
 def start_consumer(ctx: Context, args: StartConsumerArgs) -> dict:
     limits.check_consumers(ctx)
-    return run_command(ctx, "consumer.start", {"group": args.group, "strategy": args.strategy, "name": args.name,
+    return run_command(ctx, verbs.CONSUMER_START, {"group": args.group, "strategy": args.strategy, "name": args.name,
                                                "point": args.point, "action": args.action})
 
 
@@ -66,24 +67,25 @@ def get_consumer(ctx: Context, args: ConsumerRef) -> dict:
     return consumer_row(ctx, args.consumer_id)
 
 
-def _declare_verb(verb: str, summary: str) -> None:
+def _signal_operation(name: str, verb: str, summary: str) -> Callable[[Context, ConsumerRef], dict]:
+    """Declare the operation ``name``: the agent that owns the consumer's process (the one that can
+    signal it) runs ``verb`` on it. Its step, CLI command and path end in the verb's action."""
+    action = verb.removeprefix("consumer.")
+
     def act(ctx: Context, args: ConsumerRef) -> dict:
         owner = consumer_row(ctx, args.consumer_id)["agent_id"]
-        return run_command(ctx, f"consumer.{verb}", {"consumer_id": args.consumer_id}, agent_id=owner)
-    act.__name__ = f"{verb}_consumer"
-    operation(f"{verb}_consumer", path=f"/consumers/<int:consumer_id>/{verb}", step=verb, cli=verb,
-              tags=("consumers",), summary=summary)(act)
+        return run_command(ctx, verb, {"consumer_id": args.consumer_id}, agent_id=owner)
+    act.__name__ = name
+    return operation(name, path=f"/consumers/<int:consumer_id>/{action}", step=action, cli=action,
+                     tags=("consumers",), summary=summary)(act)
 
 
-VERB_SUMMARIES = {
-    "kill": "Kill the consumer now (SIGKILL): no offset commit, no group leave",
-    "freeze": "Freeze the consumer (SIGSTOP), like a long GC pause",
-    "thaw": "Thaw a frozen consumer (SIGCONT): a zombie carries on",
-    "stop": "Stop the consumer gracefully (SIGTERM)",
-    "restart": "Stop the consumer and start it again under the same name",
-}
-for _verb in CONSUMER_VERBS:
-    _declare_verb(_verb, VERB_SUMMARIES[_verb])
+# One line each, so that grep finds every one by its name.
+kill_consumer = _signal_operation("kill_consumer", verbs.CONSUMER_KILL, "Kill the consumer now (SIGKILL): no offset commit, no group leave")
+freeze_consumer = _signal_operation("freeze_consumer", verbs.CONSUMER_FREEZE, "Freeze the consumer (SIGSTOP), like a long GC pause")
+thaw_consumer = _signal_operation("thaw_consumer", verbs.CONSUMER_THAW, "Thaw a frozen consumer (SIGCONT): a zombie carries on")
+stop_consumer = _signal_operation("stop_consumer", verbs.CONSUMER_STOP, "Stop the consumer gracefully (SIGTERM)")
+restart_consumer = _signal_operation("restart_consumer", verbs.CONSUMER_RESTART, "Stop the consumer and start it again under the same name")
 
 
 @operation("arm", settles=True, path="/consumers/<int:consumer_id>/arm", step="arm", tags=("consumers", "faults"),

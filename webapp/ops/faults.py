@@ -14,7 +14,7 @@ from ..store import faultproxies as store
 from ..store.labdata import say
 from .consumers import ConsumerRef, consumer_row
 from .fields import Whole, within
-from .registry import Args, Context, InvalidRequest, operation
+from .registry import Args, Context, InvalidRequest, NoArgs, operation
 
 TAKE_TIMEOUT = 5.0
 
@@ -41,10 +41,6 @@ class BlockCommitsArgs(ConsumerRef):
                           "false: they get through again")
     seconds: Whole = within(Limits.BLOCKED_COMMITS_SECONDS, "how long the block lasts, at most", default=60,
                             unit=" s")
-
-
-class NoArgs(Args):
-    pass
 
 
 NO_PROXY_RUNNING = ("no fault proxy is running: `make run` starts one with the embedded broker; "

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .. import strategies
+from ..domain import verbs
 from ..domain.vocabulary import DEFAULT_STRATEGY, OFFSET_RESET_MODES, OUTSIDE_STRATEGY, Limits
 from ..store import labdata, schema
 from ..store.labs import ensure_schema, seed_accounts
@@ -150,7 +151,7 @@ RECOVER_TIMEOUT = 90.0
            tags=("groups",), summary="Recover a stalled group: restart its members; if the broker still assigns "
                                      "them nothing, move it to a fresh Kafka group id with its committed offsets")
 def recover_group(ctx: Context, args: GroupRef) -> dict:
-    return run_command(ctx, "group.recover", {"group": args.group}, field="group", timeout=RECOVER_TIMEOUT)
+    return run_command(ctx, verbs.GROUP_RECOVER, {"group": args.group}, field="group", timeout=RECOVER_TIMEOUT)
 
 
 @operation("reset_offsets", path="/groups/<group>/reset-offsets", step="reset_offsets", tags=("groups",),
@@ -163,4 +164,4 @@ def reset_offsets(ctx: Context, args: ResetOffsetsArgs) -> dict:
         command["back"] = args.back
     elif args.mode == "timestamp":
         command["timestamp"] = args.timestamp.isoformat()
-    return run_command(ctx, "group.reset", command, field="group")
+    return run_command(ctx, verbs.GROUP_RESET, command, field="group")

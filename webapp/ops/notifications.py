@@ -9,9 +9,8 @@ from pydantic import Field
 from ..domain.vocabulary import NOTIFY_MODES
 from ..readmodel import notifications as readmodel
 from ..store import schema
-from .faults import NoArgs
 from .groups import GroupRef, _group_settings, _update_group
-from .registry import Context, InvalidRequest, operation
+from .registry import Context, InvalidRequest, NoArgs, operation
 
 
 class NotificationArgs(GroupRef):

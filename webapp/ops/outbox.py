@@ -18,9 +18,8 @@ from ..readmodel import outbox as read
 from ..store import outbox as store
 from ..store import schema
 from ..store.labdata import say
-from .faults import NoArgs
 from .fields import Amount, Whole, account, transaction, within
-from .registry import Args, Context, InvalidRequest, operation
+from .registry import Args, Context, InvalidRequest, NoArgs, operation
 
 
 class OutboxPublishArgs(Args):

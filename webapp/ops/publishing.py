@@ -9,7 +9,7 @@ from uuid import UUID
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
-from ..domain import events
+from ..domain import events, verbs
 from ..domain.vocabulary import PRODUCER_ACKS, PUBLISH_MODES, Limits
 from ..store import labdata, schema
 from . import limits
@@ -107,7 +107,7 @@ class PublishArgs(Args):
            summary="Publish payment events through the agent's producer, and journal them")
 def publish(ctx: Context, args: PublishArgs) -> dict:
     limits.check_burst(ctx, args.count if args.mode == "burst" else None)
-    result = run_command(ctx, "publish", args.command_args(), field="mode")
+    result = run_command(ctx, verbs.PUBLISH, args.command_args(), field="mode")
     _wait_mirrored(ctx, result.get("records") or [])
     return result
 
@@ -183,7 +183,7 @@ def produce_raw(ctx: Context, args: ProduceRawArgs) -> dict:
             partitions = int(labdata.settings(conn).get("partitions") or 1)
         if args.partition >= partitions:
             raise InvalidRequest("partition", f"{ctx.lab.topic} has {partitions} partition(s): 0 to {partitions - 1}")
-    record = run_command(ctx, "produce.raw", args.model_dump(exclude_none=True), field="value")
+    record = run_command(ctx, verbs.PRODUCE_RAW, args.model_dump(exclude_none=True), field="value")
     if not record.get("aborted"):
         # An aborted record is never mirrored: the log reader reads read_committed, as consumers do.
         _wait_mirrored(ctx, [record])

@@ -12,9 +12,8 @@ from ..readmodel.partitions import partitions
 from ..readmodel.producer_duplicates import producer_duplicates
 from ..readmodel.service_health import service_health
 from ..store.schema import enter, session_in
-from .faults import NoArgs
 from .lab import get_ttl
-from .registry import Args, Context, operation
+from .registry import Args, Context, NoArgs, operation
 
 CONSUMER_KEYS = ("id", "name", "group_id", "strategy", "state", "pid", "assigned", "positions", "applied_positions",
                  "generation", "applied", "absorbed", "dead_lettered", "commit_failures", "armed_point",

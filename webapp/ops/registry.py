@@ -59,6 +59,10 @@ class Args(BaseModel):
         return data
 
 
+class NoArgs(Args):
+    """The arguments of an operation that takes none (a read of the lab's state, a cancel)."""
+
+
 @dataclass(frozen=True)
 class Context:
     """What an operation works with: the database, the lab, and the app's settings."""

@@ -22,6 +22,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from sqlalchemy import text
 
+from ..domain import verbs
 from ..domain.vocabulary import LIVE_STATES, Limits
 from ..store import heavy_jobs, labdata, schema
 from ..store.connection import CONTROL_SCHEMA
@@ -29,9 +30,8 @@ from ..store.labs import lab_schemas
 from ..strategies import dedup_layout
 from . import limits
 from .agent_commands import run_command
-from .faults import NoArgs
 from .fields import Number, Whole, within
-from .registry import Args, Busy, Context, InvalidRequest, operation
+from .registry import Args, Busy, Context, InvalidRequest, NoArgs, operation
 
 
 class LoadArgs(Args):
@@ -85,7 +85,7 @@ def start_load(ctx: Context, args: LoadArgs) -> dict:
     limits.check_ceiling(ctx, "events", "LAB_MAX_LOAD_EVENTS", args.events)
     limits.check_ceiling(ctx, "rate_per_second", "LAB_MAX_LOAD_RATE", args.rate_per_second)
     _lab_is_free(ctx)
-    return run_command(ctx, "load.start", {**args.model_dump(), "rate_per_second": _paced(ctx, args.rate_per_second)},
+    return run_command(ctx, verbs.LOAD_START, {**args.model_dump(), "rate_per_second": _paced(ctx, args.rate_per_second)},
                        field="events")
 
 
@@ -160,7 +160,7 @@ def set_dedup_layout(ctx: Context, args: LayoutArgs) -> dict:
 def dedup_warmup(ctx: Context, args: WarmupArgs) -> dict:
     limits.check_ceiling(ctx, "keys", "LAB_MAX_WARMUP_KEYS", args.keys)
     _lab_is_free(ctx)
-    return run_command(ctx, "dedup.warmup", args.model_dump(), field="keys")
+    return run_command(ctx, verbs.DEDUP_WARMUP, args.model_dump(), field="keys")
 
 
 @operation("cancel_dedup_warmup", path="/dedup/warmup/cancel", step="cancel_dedup_warmup", tags=("dedup",),

@@ -34,7 +34,7 @@ from ..kafka.config import producer_config
 from ..store import outbox as sql
 from ..store import timeline
 from ..store.connection import connect
-from ..store.schema import enter_psycopg
+from ..store.schema import enter_psycopg, quoted
 
 log = logging.getLogger("idempotency_lab.outbox")
 
@@ -116,7 +116,7 @@ class Relay:
         gone = LabGone(f"lab {self.lab.name} no longer asks for a relay")
         try:
             exists = self.reports.execute("SELECT to_regclass(%s) IS NOT NULL",
-                                          [f'"{self.lab.schema}".relay_state']).fetchone()[0]
+                                          [f'{quoted(self.lab.schema)}.relay_state']).fetchone()[0]
             if not exists or not self._report(sql.BEAT, {"error": error}, fetch=True):
                 raise gone
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ..store.labs import Lab
+from ..domain.lab import Lab
 from ..store.schema import quoted
 from ..summary import reads as summary
 from .groups import effects_schemas

@@ -9,10 +9,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from ..domain.lab import Lab
 from ..store import faultproxies
 from ..store.connection import CONTROL_SCHEMA
 from ..store.consumers import LIVE_STATES
-from ..store.labs import Lab
 
 C = CONTROL_SCHEMA
 

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ..store.labs import Lab
+from ..domain.lab import Lab
 from ..store.schema import enter, quoted
 from . import why as why_module
 from .groups import effects_schemas

@@ -8,10 +8,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from ..domain.lab import Lab
 from ..domain.vocabulary import DEDUP_TABLES
 from ..store.connection import CONTROL_SCHEMA
 from ..store.consumers import LIVE_STATES
-from ..store.labs import Lab
 from ..store.schema import quoted
 from . import group_health as group_health_readmodel
 from . import notifications as notifications_readmodel

@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from ..domain.group_health import STALLED
+from ..domain.lab import Lab
 from ..store.group_health import health_of_groups
-from ..store.labs import Lab
 
 
 def group_health(session: Session, lab: Lab) -> dict[str, dict[str, Any]]:

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ..store.labs import Lab
+from ..domain.lab import Lab
 
 
 def groups_list(session: Session) -> list[dict[str, Any]]:

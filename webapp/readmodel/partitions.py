@@ -11,9 +11,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from ..domain.lab import Lab
 from ..store.connection import CONTROL_SCHEMA
 from ..store.consumers import LIVE_STATES
-from ..store.labs import Lab
+from ..store.schema import quoted
 from . import ordering
 from .groups import groups_list
 
@@ -178,7 +179,7 @@ def partitions(session: Session, lab: Lab, group_id: str | None = None, cells: b
         for partition, offset in (pos or {}).items():
             positions.setdefault(int(partition), {})[name] = offset
     views = []
-    cells_sql = text(CELLS_SQL.format(effects=f'"{effects}"'))
+    cells_sql = text(CELLS_SQL.format(effects=quoted(effects)))
     for partition in range(partition_count(session)):
         end = ends.get(partition, 0)
         view = PartitionView(partition, end, committed.get(partition, {}), positions.get(partition, {}))

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ..store.labs import Lab
+from ..domain.lab import Lab
 from ..summary import reads as summary
 
 # Records in the log whose event id is at more than one offset, as the log reader saw them. The

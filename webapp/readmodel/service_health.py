@@ -19,9 +19,9 @@ from typing import Any
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
 
+from ..domain.lab import Lab
 from ..domain.vocabulary import SERVICE_DOWN_AFTER_SECONDS
 from ..store.connection import CONTROL_SCHEMA
-from ..store.labs import Lab
 from ..store.service_heartbeats import LOG_READER, NOTIFICATION_SERVICE
 from .health import AGENT_STALE_SECONDS, agent_health
 from .partitions import log_ends

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 
 from sqlalchemy.orm import Session
 
-from ..store.labs import Lab
+from ..domain.lab import Lab
 from . import verdict as verdict_module
 
 

@@ -35,9 +35,6 @@ firsts AS (
     FROM {journal}.log_records WHERE first_of_transaction
 )"""
 
-# Kept for readers of the old name: the truth is the log's first records, one per transaction.
-TRUTH = FIRSTS
-
 # One hash aggregation per transaction over the log's records and the effects together (no
 # DISTINCT, no sort, no join of two big aggregates). A record is consumed once a group applying
 # to this copy has committed past it, or (beyond the committed offset: few records, index

@@ -23,7 +23,6 @@ from .takeaways import takeaways  # noqa: F401 - the guided page's, re-exported
 
 log = logging.getLogger("idempotency_lab.scenarios")
 
-VERB = "scenario.step"
 
 
 def scenario_named(name: str) -> Scenario | None:

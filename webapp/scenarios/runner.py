@@ -9,7 +9,6 @@ between two clicks and the headless runner in memory.
 """
 from __future__ import annotations
 
-import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -96,10 +95,10 @@ class RunState:
 def broker_kind(config: Mapping[str, Any], probe: bool = True) -> tuple[str, str]:
     """(kind, how we know): ``tansu``, ``kafka`` or ``unknown``.
 
-    ``LAB_BROKER_KIND`` (setting or environment) wins; else, where allowed (the CLI and tests,
+    The ``LAB_BROKER_KIND`` setting wins; else, where allowed (the CLI and tests,
     never a web process), one metadata request: Tansu reports the cluster id ``tansu_cluster``.
     """
-    explicit = config.get("LAB_BROKER_KIND") or os.environ.get("LAB_BROKER_KIND")
+    explicit = config.get("LAB_BROKER_KIND")
     if explicit:
         return str(explicit).lower(), "LAB_BROKER_KIND"
     bootstrap = config.get("KAFKA_BOOTSTRAP_SERVERS")

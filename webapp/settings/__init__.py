@@ -14,19 +14,16 @@ import secrets
 from pathlib import Path
 from typing import Any, Mapping
 
-from .model import ConfigError, LabSettings, is_loopback, load_settings, read_secret, value_type, with_password
+from .model import ConfigError, LabSettings, is_loopback, load_settings, read_secret, with_password
 from .reference import reference_markdown
 
-__all__ = ["DEFAULTS", "FLOAT_KEYS", "INTEGER_KEYS", "RUNNING_FILE", "ConfigError", "LabSettings", "is_loopback",
-           "auto_recover_groups", "database_url", "load_config", "reference_markdown", "running_services"]
+__all__ = ["DEFAULTS", "RUNNING_FILE", "ConfigError", "LabSettings", "is_loopback",
+           "auto_recover_groups", "database_url", "environment_settings", "load_config", "reference_markdown", "running_services"]
 
 # Each setting's default outside classroom mode, from the model (tests and the deploy checks read it).
 DEFAULTS: dict[str, Any] = {name: field.default for name, field in LabSettings.model_fields.items()}
 
 
-# The numeric settings by kind (older callers and tests group them so).
-INTEGER_KEYS = {name for name, field in LabSettings.model_fields.items() if value_type(field) is int}
-FLOAT_KEYS = {name for name, field in LabSettings.model_fields.items() if value_type(field) is float}
 RUNNING_FILE = "running.json"
 
 
@@ -83,6 +80,13 @@ def load_config(environ: Mapping[str, str] | None = None, overrides: Mapping[str
     if not config["SECRET_KEY"]:
         config["SECRET_KEY"] = _secret_key(data_dir)
     return config
+
+
+def environment_settings(environ: Mapping[str, str] | None = None) -> LabSettings:
+    """The settings model from the environment alone (None: os.environ), without ``.env`` or a
+    running lab's addresses: for the processes the agent starts, whose settings it put in their
+    environment. A value that does not fit raises ConfigError."""
+    return load_settings(environ, {}, None)
 
 
 def database_url(environ: Mapping[str, str] | None = None) -> str | None:

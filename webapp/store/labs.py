@@ -13,10 +13,11 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from ..domain.lab import Lab
+from ..domain.vocabulary import DEFAULT_GROUP, DEFAULT_STRATEGY
 from . import faultproxies, outside
 from .connection import CONTROL_SCHEMA
 from .migrations import create_lab_schema, upgrade_connection
-from .schema import enter
+from .schema import enter, lab_and_lane_schemas, quoted
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -52,10 +53,7 @@ def seed_accounts(conn: Connection, schema: str) -> None:
 
 def lab_schemas(conn: Connection, lab: Lab) -> list[str]:
     """The lab's schema and its lanes' schemas that exist now."""
-    rows = conn.execute(text("SELECT schema_name FROM information_schema.schemata "
-                             "WHERE schema_name = :s OR schema_name LIKE :lanes"),
-                        {"s": lab.schema, "lanes": f"{lab.schema}\\_\\_%"}).scalars()
-    return sorted(rows)
+    return lab_and_lane_schemas(conn.exec_driver_sql, lab.schema)
 
 
 def retrying_deadlocks(engine: Engine, work: Callable[[Connection], T], attempts: int = DROP_ATTEMPTS) -> T:
@@ -83,18 +81,14 @@ def drop_database_state(conn: Connection, lab: Lab) -> None:
         # An outside consumer's open transaction would hold locks the DROP SCHEMA waits for.
         outside.terminate_sessions(conn, role)
     for schema in lab_schemas(conn, lab):
-        conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        conn.execute(text(f'DROP SCHEMA {quoted(schema)} CASCADE'))
     outside.drop_roles(conn, lab)
-    conn.execute(text(f'DELETE FROM "{CONTROL_SCHEMA}".consumers WHERE lab = :lab'), {"lab": lab.name})
+    conn.execute(text(f'DELETE FROM {quoted(CONTROL_SCHEMA)}.consumers WHERE lab = :lab'), {"lab": lab.name})
     # A command that ended a moment ago may still be read by its waiter (command_channel.wait_for):
     # a guided step's click hands over and its thread then resets this very lab.
-    conn.execute(text(f"DELETE FROM \"{CONTROL_SCHEMA}\".commands WHERE lab = :lab AND status IN ('done', 'failed') "
+    conn.execute(text(f"DELETE FROM {quoted(CONTROL_SCHEMA)}.commands WHERE lab = :lab AND status IN ('done', 'failed') "
                       "AND finished_at < now() - interval '1 minute'"), {"lab": lab.name})
     faultproxies.forget_lab(conn, lab.name)
-
-
-DEFAULT_GROUP = "payments"
-DEFAULT_STRATEGY = "none"
 
 
 def create_database_state(conn: Connection, lab: Lab, partitions: int) -> None:

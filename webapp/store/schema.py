@@ -8,8 +8,9 @@ one lab's path into another's transaction.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from ..domain.lab import LANE_SEPARATOR
 from ..domain.vocabulary import READ_LOCK_TIMEOUT, READ_STATEMENT_TIMEOUT
 from .connection import CONTROL_SCHEMA
 
@@ -32,6 +33,26 @@ ENTER_TO_READ = ("SELECT set_config('search_path', %(schema)s, true), set_config
 def quoted(name: str) -> str:
     """``name`` as a double-quoted PostgreSQL identifier, for the literal SQL that names a schema."""
     return '"' + name.replace('"', '""') + '"'
+
+
+# Which schemas are one lab's: its own and its lanes' (``<lab schema>__<lane>``) that exist now, the
+# lab's own first. psycopg's placeholders: a psycopg connection runs it as is, and so does
+# SQLAlchemy's ``exec_driver_sql``.
+LAB_SCHEMAS_SQL = ("SELECT schema_name FROM information_schema.schemata "
+                   "WHERE schema_name = %(schema)s OR schema_name LIKE %(lanes)s ORDER BY schema_name")
+
+
+def like_escaped(text: str) -> str:
+    """``text`` matched literally by LIKE (its ``_``, ``%`` and backslashes escaped)."""
+    return text.replace("\\", "\\\\").replace("_", "\\_").replace("%", "\\%")
+
+
+def lab_and_lane_schemas(execute: Callable[..., Any], lab_schema: str) -> list[str]:
+    """The schemas of the lab whose own schema is ``lab_schema``: that one (when it exists) and its
+    lanes', sorted (the lab's own first). ``execute`` is a psycopg connection's ``execute`` or a
+    SQLAlchemy connection's ``exec_driver_sql``."""
+    lanes = like_escaped(lab_schema + LANE_SEPARATOR) + "%"
+    return [name for (name,) in execute(LAB_SCHEMAS_SQL, {"schema": lab_schema, "lanes": lanes})]
 
 
 def enter(conn: Connection, schema: str) -> Connection:
@@ -94,11 +115,18 @@ BEGIN
 END $fn$"""
 
 
+# Which schemas are labs: every ``lab_*`` schema but the control one that holds lab tables (a lab's
+# own and its lanes'). psycopg's placeholders, as LAB_SCHEMAS_SQL.
+ALL_LAB_SCHEMAS_SQL = ("SELECT schemaname FROM pg_tables WHERE tablename = 'accounts' AND schemaname LIKE 'lab\\_%%' "
+                       "AND schemaname <> %(control)s ORDER BY schemaname")
+
+
+def every_lab_schema(execute: Callable[..., Any]) -> list[str]:
+    """Every lab and lane schema of the database, sorted. ``execute`` is a psycopg connection's
+    ``execute`` or a SQLAlchemy connection's ``exec_driver_sql``."""
+    return [name for (name,) in execute(ALL_LAB_SCHEMAS_SQL, {"control": CONTROL_SCHEMA})]
+
+
 def all_lab_schemas(conn: Connection) -> list[str]:
-    """Every lab and lane schema of the database: ``lab_*`` schemas but the control one, that hold
-    lab tables."""
-    from sqlalchemy import text
-    rows = conn.execute(text(
-        "SELECT schemaname FROM pg_tables WHERE tablename = 'accounts' AND schemaname LIKE 'lab\\_%' "
-        "AND schemaname <> :control ORDER BY schemaname"), {"control": CONTROL_SCHEMA}).scalars()
-    return list(rows)
+    """Every lab and lane schema of the database, on a SQLAlchemy connection."""
+    return every_lab_schema(conn.exec_driver_sql)

@@ -139,7 +139,7 @@ published_events = Table(
     Column("payload", Text, nullable=False),
     Column("published_at", DateTime(), server_default=func.now(), nullable=False),
     Index("published_events_partition_offset", "partition", "offset"),
-    # Ground truth (verdict.TRUTH: the first credit of each transaction) read in index order,
+    # Ground truth as published (the first credit of each transaction) read in index order,
     # without sorting the journal: the verdict, the accounts and the chart all start from it.
     Index("published_events_truth", "transaction_id", "id",
           postgresql_include=["account_id", "amount_cents", "published_at"],

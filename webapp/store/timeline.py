@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+from .schema import quoted
+
 KINDS = ("published", "delivered", "applied", "absorbed", "dead-lettered", "crashed", "frozen", "thawed",
          "killed", "started", "stopped", "rebalanced", "offsets-reset", "strategy", "fault", "ttl", "lab",
          "commit-failed", "error", "scenario", "outbox", "chaos", "group-stalled", "group-recovered", "recovery",
@@ -26,5 +28,5 @@ def record(execute: Callable[..., Any], kind: str, summary: str, **detail: Any) 
 
 def record_in(execute: Callable[..., Any], schema: str, kind: str, summary: str, **detail: Any) -> None:
     """Append one entry to the timeline of lab schema ``schema``, whatever the connection's search_path."""
-    record(lambda statement, params: execute(statement.replace("INTO timeline", f'INTO "{schema}".timeline', 1),
+    record(lambda statement, params: execute(statement.replace("INTO timeline", f'INTO {quoted(schema)}.timeline', 1),
                                              params), kind, summary, **detail)

@@ -26,6 +26,8 @@ import re
 from datetime import date, datetime, timedelta, timezone
 from typing import Any, Callable
 
+from ..store.schema import quoted
+
 PLAIN = "plain"
 PARTITIONED = "partitioned-by-day"
 LAYOUTS = (PLAIN, PARTITIONED)
@@ -156,7 +158,7 @@ def convert(execute: Execute, target: str, log_schema: str) -> dict[str, int]:
         return {"keys": keys, "without_event_time": 0}
     for statement in PARTITIONED_DDL:
         execute(statement, {})
-    log_records = f'"{log_schema}".log_records'
+    log_records = f'{quoted(log_schema)}.log_records'
     execute("CREATE TEMPORARY TABLE converted_keys ON COMMIT DROP AS "
             "SELECT k.event_id, coalesce(r.occurred_at::timestamptz, k.processed_at) AS occurred_at, "
             "       k.processed_at, r.occurred_at IS NULL AS without_event_time "

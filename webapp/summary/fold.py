@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import psycopg
 
-from ..store.schema import quoted
+from ..store.schema import enter_psycopg, quoted
 from .facts import (
     CONTRIBUTION,
     FACTS,
@@ -131,7 +131,7 @@ def _fold(conn: psycopg.Connection, lab_schema: str) -> dict[str, str]:
                                ).fetchone()[0]
     done: dict[str, str] = {}
     for schema in schemas:
-        conn.execute("SELECT set_config('search_path', %s, true)", [schema])
+        enter_psycopg(conn, schema)
         built = conn.execute("SELECT EXISTS (SELECT 1 FROM verdict_totals) AND NOT EXISTS "
                              "(SELECT 1 FROM verdict_changes WHERE NOT log AND rebuild)").fetchone()[0]
         if log_rebuild or not built:

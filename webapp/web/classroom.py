@@ -28,6 +28,7 @@ from flask import (
 from sqlalchemy.exc import SQLAlchemyError
 
 from .. import ops
+from ..domain import verbs
 from ..domain.lab import Lab
 from ..scenarios.runner import RunState
 from ..store import classroom, command_channel, scenario_runs
@@ -235,7 +236,7 @@ def _open_lab(code: str, name: str, typed_rejoin: str | None) -> tuple[classroom
         raise ops.NoAgent("no lab agent is running")
     try:
         # A whole class joining at once queues its labs at the agents: wait longer than for a click.
-        command_channel.run(db.engine, lab.name, "lab.ensure", {"partitions": _config()["LAB_PARTITIONS"]},
+        command_channel.run(db.engine, lab.name, verbs.LAB_ENSURE, {"partitions": _config()["LAB_PARTITIONS"]},
                      timeout=JOIN_TIMEOUT)
     except command_channel.CommandError as error:
         raise classroom.ClassroomError("class", f"your lab could not be created ({error}): try again") from None
@@ -243,7 +244,7 @@ def _open_lab(code: str, name: str, typed_rejoin: str | None) -> tuple[classroom
         return classroom.add_attendee(db.engine, code, name, lab.name)
     except classroom.NameTaken:
         # Someone joined under this name while the lab was being made: theirs is the name; this lab goes.
-        command_channel.enqueue(db.engine, lab.name, "lab.drop", {})
+        command_channel.enqueue(db.engine, lab.name, verbs.LAB_DROP, {})
         raise
 
 
@@ -341,7 +342,7 @@ def _reset(labs: list[str]) -> None:
         abort(503, "no lab agent is running: nothing can be reset")
     partitions = _config()["LAB_PARTITIONS"]
     for lab in labs:
-        command_channel.enqueue(db.engine, lab, "lab.reset", {"partitions": partitions})
+        command_channel.enqueue(db.engine, lab, verbs.LAB_RESET, {"partitions": partitions})
 
 
 @bp.post("/class/labs/<name>/reset")

@@ -42,7 +42,7 @@ from flask import Blueprint, Flask, Response, current_app, g
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..domain.lab import InvalidLabName, Lab
-from ..store.connection import psycopg_conninfo
+from ..store.connection import psycopg_conninfo, with_reconnect_backoff
 from ..store.lab_changes import CHANNEL
 from .access import current_lab, stream_guard
 from .security import browser_id
@@ -55,7 +55,6 @@ QUEUE_EVENTS = 256     # a viewer this far behind is cut off (it reconnects and 
 KEEPALIVE_SECONDS = 10.0  # a comment line this often: proxies keep the stream, a gone browser is noticed
 LOOK_EVERY_SECONDS = 1.0  # what changes with time alone (ages, a stale heartbeat) writes nothing
 RETRY_MS = 1000        # the browser's reconnect delay after the server ends a stream
-BACKOFF_MAX_SECONDS = 10.0
 SLOW_LOOK_SECONDS = 1.0
 IDLE_SECONDS = 30.0    # with no stream open this long, the listener and pusher stop (the next stream starts them)
 CLOSE = object()
@@ -270,24 +269,33 @@ class Hub:
             thread.start()
 
     def _listen(self, stopped: threading.Event) -> None:
-        backoff = 0.5
         conninfo = psycopg_conninfo(self.app.config["DATABASE_URL"])
-        while not stopped.is_set():
+
+        def listening() -> psycopg.Connection:
+            conn = psycopg.connect(conninfo, autocommit=True, connect_timeout=3)
             try:
-                with psycopg.connect(conninfo, autocommit=True, connect_timeout=3) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
+                conn.execute(f"LISTEN {CHANNEL}")
+            except psycopg.Error:
+                conn.close()
+                raise
+            return conn
+
+        while not stopped.is_set():
+            conn = with_reconnect_backoff(listening, going_on=lambda: not stopped.is_set(), sleep=stopped.wait)
+            if conn is None:
+                break
+            with conn:
+                try:
                     self.announce()  # what changed while no one listened (a new epoch)...
-                    self.listening, backoff = True, 0.5  # ...before a stamp is handed out
+                    self.listening = True  # ...before a stamp is handed out
                     while not stopped.is_set():
                         for notify in conn.notifies(timeout=1.0):
                             self.announce(notify.payload)
-            except psycopg.Error as error:
-                self.listening = False
-                log.warning("lab change feed: %s; listening again in %.1f s", error, backoff)
-                self.announce()  # the pusher's once-a-second look carries on meanwhile
-                stopped.wait(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
-        self.listening = False
+                except psycopg.Error as error:
+                    log.warning("lab change feed: %s; listening again", error)
+                finally:
+                    self.listening = False
+            self.announce()  # the pusher's once-a-second look carries on meanwhile
 
     def _push(self, stopped: threading.Event) -> None:
         idle_since = time.monotonic()

@@ -29,7 +29,7 @@ from sqlalchemy import Connection, create_engine, text
 from sqlalchemy.pool import NullPool
 
 from ..connection import CONTROL_SCHEMA, sqlalchemy_url
-from ..schema import all_lab_schemas
+from ..schema import all_lab_schemas, enter, quoted
 
 HERE = Path(__file__).resolve().parent
 # Alembic says at INFO what plugins it loads on every start: noise in the agent's and launcher's output.
@@ -145,8 +145,8 @@ def create_lab_schema(conn: Connection, schema: str) -> bool:
 
     exists = conn.execute(text("SELECT 1 FROM information_schema.schemata WHERE schema_name = :s"),
                           {"s": schema}).first()
-    conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
-    conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": schema})
+    conn.execute(text(f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)}"))
+    enter(conn, schema)
     for table in lab_tables():
         table.create(conn, checkfirst=True)
     from ..settings_changes import lab_trigger_ddl
@@ -173,11 +173,11 @@ def for_each_lab_schema(conn: Connection, statements: Iterable[str]) -> list[str
     schemas = all_lab_schemas(conn)
     try:
         for schema in schemas:
-            conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": schema})
+            enter(conn, schema)
             for statement in statements:
                 conn.exec_driver_sql(statement)
     finally:
-        conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": before})
+        enter(conn, before)
     return schemas
 
 

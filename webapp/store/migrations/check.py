@@ -17,13 +17,14 @@ import sys
 import uuid
 from typing import Iterable
 
-from sqlalchemy import Column, Connection, Index, Table, create_engine, inspect, text
+from sqlalchemy import Column, Connection, Index, Table, create_engine, inspect
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable
 
 from ..connection import CONTROL_SCHEMA, sqlalchemy_url
+from ..schema import enter, quoted
 from . import BASELINE, VERSION_TABLE, alembic_config, upgrade_connection
 
 DIALECT = postgresql.dialect()
@@ -42,15 +43,15 @@ def build_baseline(conn: Connection, lab_schemas: Iterable[str]) -> None:
     """The schema as the release before migrations left it: control tables, lab schemas, no
     version table."""
     control, lab = baseline_statements()
-    conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{CONTROL_SCHEMA}"')
+    conn.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {quoted(CONTROL_SCHEMA)}")
     for statement in control:
         conn.exec_driver_sql(statement)
     for schema in lab_schemas:
-        conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-        conn.execute(text("SELECT set_config('search_path', :s, true)"), {"s": schema})
+        conn.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)}")
+        enter(conn, schema)
         for statement in lab:
             conn.exec_driver_sql(statement)
-    conn.execute(text("SELECT set_config('search_path', 'public', true)"))
+    enter(conn, "public")
 
 
 def _type(type_) -> str:
@@ -177,7 +178,7 @@ def migrated_differences(url: str) -> tuple[list, list]:
     scratch = f"lab_migrations_draft_{uuid.uuid4().hex[:8]}"
     admin = create_engine(server, poolclass=NullPool, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{scratch}"')
+        conn.exec_driver_sql(f"CREATE DATABASE {quoted(scratch)}")
     engine = create_engine(server.set(database=scratch), poolclass=NullPool)
     try:
         with engine.begin() as conn:
@@ -189,7 +190,7 @@ def migrated_differences(url: str) -> tuple[list, list]:
     finally:
         engine.dispose()
         with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {quoted(scratch)} WITH (FORCE)")
         admin.dispose()
 
 

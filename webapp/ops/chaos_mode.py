@@ -3,7 +3,7 @@ connection cuts on one group, while events flow (the agent carries them out: web
 
 The seed is part of the recorded arguments (drawn here when none is given), so an exported session
 replays the same chaos: the plan is a pure function of the seed and the group's members
-(webapp/domain/chaos.py).
+(webapp/domain/chaos_plan.py).
 """
 from __future__ import annotations
 
@@ -13,17 +13,16 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from sqlalchemy import select
 
-from ..domain.chaos import ACTIONS, DEFAULT_ACTIONS
+from ..domain import verbs
+from ..domain.chaos_plan import ACTIONS, DEFAULT_ACTIONS
 from ..domain.vocabulary import DEFAULT_GROUP, Limits
 from ..domain.waits import WaitTimeout, wait_until
-from ..store import chaos as store
-from ..store import schema
+from ..store import chaos_sessions, schema
 from ..store.command_channel import live_agents
 from ..store.labdata import groups_table
 from .agent_commands import run_command
-from .faults import NoArgs
 from .fields import Number, Whole, named, within
-from .registry import Args, Context, InvalidRequest, NotFound, operation
+from .registry import Args, Context, InvalidRequest, NoArgs, NotFound, operation
 
 # A stop waits for the session to thaw and restart what it holds down (each a command to an agent).
 STOP_TIMEOUT = 45.0
@@ -75,8 +74,8 @@ def session_json(row: dict[str, Any], alive: list[str]) -> dict[str, Any]:
 def _close_orphans(ctx: Context, alive: list[str]) -> None:
     """Sessions whose agent died run no more: say so in their rows."""
     with ctx.engine.begin() as conn:
-        for row in store.of_dead_agents(conn, ctx.lab.name, alive):
-            store.stopped(conn, row["id"], f"its agent {row['agent_id']} is gone")
+        for row in chaos_sessions.of_dead_agents(conn, ctx.lab.name, alive):
+            chaos_sessions.stopped(conn, row["id"], f"its agent {row['agent_id']} is gone")
 
 
 @operation("start_chaos", path="/chaos", status=201, step="chaos", cli="chaos", tags=("faults",),
@@ -90,11 +89,11 @@ def start_chaos(ctx: Context, args: StartChaosArgs) -> dict:
     alive = live_agents(ctx.engine)
     _close_orphans(ctx, alive)
     with ctx.engine.connect() as conn:
-        running = store.active(conn, ctx.lab.name, group_id)
+        running = chaos_sessions.active(conn, ctx.lab.name, group_id)
     if running:
         raise InvalidRequest("group", f"chaos already runs on {group_id} (session {running[0]['id']}, seed "
                                       f"{running[0]['seed']}): stop it first")
-    return run_command(ctx, "chaos.start", {
+    return run_command(ctx, verbs.CHAOS_START, {
         "group_id": group_id, "seed": args.seed, "every_seconds": args.every_seconds, "actions": list(args.actions),
         "down_seconds": args.down_seconds, "max_actions": args.max_actions}, field="group")
 
@@ -106,22 +105,22 @@ def stop_chaos(ctx: Context, args: StopChaosArgs) -> dict:
     alive = live_agents(ctx.engine)
     _close_orphans(ctx, alive)
     with ctx.engine.begin() as conn:
-        asked = store.active(conn, ctx.lab.name, group_id)
+        asked = chaos_sessions.active(conn, ctx.lab.name, group_id)
         for row in asked:
-            store.request_stop(conn, row["id"], "stopped on request")
+            chaos_sessions.request_stop(conn, row["id"], "stopped on request")
     ids = [row["id"] for row in asked]
 
     def all_stopped() -> bool:
         with ctx.engine.connect() as conn:
-            return all(store.status(conn, session_id) == store.STOPPED for session_id in ids)
+            return all(chaos_sessions.status(conn, session_id) == chaos_sessions.STOPPED for session_id in ids)
     try:
         wait_until(all_stopped, timeout=STOP_TIMEOUT, interval=0.1,
                    message="chaos did not stop: its agent is busy or gone")
     except WaitTimeout:
         pass  # the sessions say "stopping"; their agent finishes the undo when it can
     with ctx.engine.connect() as conn:
-        rows = [store.get(conn, session_id) for session_id in ids]
-    return {"stopped": [row["id"] for row in rows if row and row["status"] == store.STOPPED],
+        rows = [chaos_sessions.get(conn, session_id) for session_id in ids]
+    return {"stopped": [row["id"] for row in rows if row and row["status"] == chaos_sessions.STOPPED],
             "sessions": [session_json(row, alive) for row in rows if row]}
 
 
@@ -130,6 +129,6 @@ def stop_chaos(ctx: Context, args: StopChaosArgs) -> dict:
 def get_chaos(ctx: Context, args: NoArgs) -> dict:
     alive = live_agents(ctx.engine)
     with ctx.engine.connect() as conn:
-        rows = store.of_lab(conn, ctx.lab.name)
+        rows = chaos_sessions.of_lab(conn, ctx.lab.name)
     sessions = [session_json(row, alive) for row in rows]
-    return {"running": any(s["status"] != store.STOPPED and s["agent_alive"] for s in sessions), "sessions": sessions}
+    return {"running": any(s["status"] != chaos_sessions.STOPPED and s["agent_alive"] for s in sessions), "sessions": sessions}
