@@ -10,8 +10,8 @@ import random
 
 import pytest
 import yaml
-from support import drop_lab
 
+from support import drop_lab
 from webapp import ops, strategies
 from webapp.domain.lab import Lab
 from webapp.explorer import schedule as schedules
