@@ -154,9 +154,12 @@ class Compiled:
     consumers: list[str]
 
 
-def compile_steps(schedule: Schedule, plan: tuple[tuple[str, str], ...]) -> Compiled:
+def compile_steps(schedule: Schedule, plan: tuple[tuple[str, str], ...],
+                  settled_verdict: dict[str, int] | None = None) -> Compiled:
     """The scenario steps of a schedule: a first consumer, the episodes, and a final wait until the
-    group has committed past every record and each record was consumed."""
+    group has committed past every record, each record was consumed and the verdict shows
+    ``settled_verdict`` (the anomalies a replay waits for: the log reader mirrors the last records
+    a moment after the consumer's commit)."""
     active = "c1"
     consumers = [active]
     steps: list[dict[str, Any]] = [
@@ -219,9 +222,12 @@ def compile_steps(schedule: Schedule, plan: tuple[tuple[str, str], ...]) -> Comp
                  "note": "Its late offset commit fails: its generation is gone."},
             ]
             active = successor
-    steps.append({"wait": {"all": [{"caught_up": GROUP}, {"verdict": {"not_yet_applied": 0}}],
-                           "timeout": SETTLED_TIMEOUT},
-                  "note": "Every record consumed and the group's offset committed past it."})
+    verdict = {"not_yet_applied": 0, **(settled_verdict or {})}
+    steps.append({"wait": {"all": [{"caught_up": GROUP}, {"verdict": verdict}], "timeout": SETTLED_TIMEOUT},
+                  "note": "Every record consumed and the group's offset committed past it"
+                          + (": the verdict shows " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in
+                                                                settled_verdict.items()) if settled_verdict else "")
+                          + "."})
     return Compiled(steps, consumers)
 
 
@@ -230,7 +236,7 @@ def compile_scenario(schedule: Schedule, strategy: str, plan: tuple[tuple[str, s
     """The scenario file's text (YAML) for ``schedule`` against one group using ``strategy``.
     Without ``expect``, it expects only that every record was consumed (an exploring run judges
     the verdict itself)."""
-    compiled = compile_steps(schedule, plan)
+    compiled = compile_steps(schedule, plan, (expect or {}).get("verdict"))
     document: dict[str, Any] = {"title": title}
     if summary:
         document["summary"] = summary
