@@ -6,6 +6,7 @@ a scenario that replays, not how long a search takes (bench/explore.py measures 
 """
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -141,14 +142,23 @@ def test_the_explorer_finds_shrinks_and_hands_back_a_scenario_that_replays(explo
 
 
 @pytest.mark.long
-def test_against_eventid_atomic_it_finds_nothing_and_says_what_it_tried(explore_ctx):
-    _, ctx = explore_ctx
-    seen = []
-    result = explore(ctx, Target(strategy="eventid-atomic"), Budget(runs=2), 15, on_progress=seen.append)
-    assert not result.found and result.runs == 2 and result.scenario_yaml is None
-    assert "2 run(s)" in result.tried and "seed 15" in result.tried and "eventid-atomic" in result.tried
-    assert "did not run as written" not in result.tried
-    assert seen[-1].phase == "done" and not seen[-1].anomaly_found
+def test_against_eventid_atomic_it_finds_nothing_and_says_what_it_tried(app_factory, agent, lab_name):
+    app = app_factory(LAB_NAME=lab_name)
+    result = app.test_cli_runner().invoke(args=["explore", "run", "--strategy", "eventid-atomic", "--runs", "2",
+                                                "--seed", "15", "--json"])
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output)
+    assert not found["found"] and found["runs"] == 2 and found["scenario_yaml"] is None
+    assert "2 run(s)" in found["tried"] and "seed 15" in found["tried"] and "eventid-atomic" in found["tried"]
+    assert "crash" in found["tried"] and "did not run as written" not in found["tried"]
+
+
+def test_the_cli_refuses_an_exploration_without_a_budget_or_with_an_unknown_strategy(app_factory, lab_name):
+    cli = app_factory(LAB_NAME=lab_name).test_cli_runner()
+    no_budget = cli.invoke(args=["explore", "run", "--strategy", "none"])
+    assert no_budget.exit_code == 2 and "give a budget" in no_budget.output
+    unknown = cli.invoke(args=["explore", "run", "--strategy", "nope", "--runs", "1"])
+    assert unknown.exit_code == 2 and "nope" in unknown.output
 
 
 @pytest.mark.long
