@@ -144,6 +144,7 @@ class Explorer:
         self.not_run_as_written = 0
         self.phase = "searching"
         self.found = False
+        self.first_failure_run: int | None = None
         self.cancelled = False
         self.outcomes: dict[Schedule, Outcome] = {}
 
@@ -294,8 +295,6 @@ class Explorer:
         return schedules.compile_scenario(final, self.strategy.name, self.plan, title=title, narrative=narrative,
                                           summary=f"The explorer's shortest schedule that makes {self.strategy.name} "
                                                   f"show {found}.", expect=expect)
-
-    first_failure_run: int | None = None
 
 
 def _settled(snap):
