@@ -46,10 +46,13 @@ def explore_one(app, strategy: str, runs: int, seed: int, reproduce: int) -> dic
     marks: dict[str, float] = {}
 
     def note(progress) -> None:
+        now = time.monotonic() - started
         if progress.anomaly_found and "found" not in marks:
-            marks["found"] = time.monotonic() - started
+            marks["found"] = now
         if progress.phase in ("reproducing", "done") and "shrunk" not in marks and "found" in marks:
-            marks["shrunk"] = time.monotonic() - started
+            # Shrinking ended with the run before this one (its last candidate).
+            marks["shrunk"] = marks["last"]
+        marks["last"] = now
         print(f"    {time.monotonic() - started:6.1f} s  {progress.phase:<11} run {progress.runs_done:>3}  steps {progress.schedule_length or '-':>3}"
               f"  {'anomaly' if progress.anomaly_found else ''}", flush=True)
 

@@ -184,8 +184,8 @@ def compile_steps(schedule: Schedule, plan: tuple[tuple[str, str], ...],
                 {**credit, "note": f"Publish a credit of R$ {episode.cents / 100:.2f} to {episode.account}."},
                 {"wait": {"consumer": active, "state": "crashed", "timeout": FAULT_TIMEOUT}},
                 {"restart": active,
-                 "note": "Restart it: it rejoins the group and resumes from the committed offset (or, with none, "
-                         "where auto.offset.reset=earliest says: the beginning of the log)."},
+                 "note": "Restart it: it rejoins the group and resumes from the partition's committed offset (with "
+                         "none committed, where auto.offset.reset=earliest says: the beginning of the log)."},
             ]
             if not last:
                 steps.append({"wait": {"consumer": active, "state": "running", "assigned": True,
@@ -214,8 +214,8 @@ def compile_steps(schedule: Schedule, plan: tuple[tuple[str, str], ...],
                 {**credit, "note": f"Publish a credit of R$ {episode.cents / 100:.2f} to {episode.account}."},
                 {"wait": {"consumer": active, "state": "frozen", "timeout": FAULT_TIMEOUT}},
                 {"start": {"consumer": successor, "group": GROUP},
-                 "note": "A second member joins; it gets the partition once the frozen member's session (6 s) "
-                         "expires."},
+                 "note": "A second member joins; it gets the partition once the frozen member, which sends no "
+                         "heartbeats, is removed from the group when its session (6 s) expires."},
                 takeover,
                 {"thaw": active, "note": "SIGCONT: the zombie carries on from where it stopped."},
                 {"wait": {"consumer": active, "commit_failures": ">= 1", "timeout": FAULT_TIMEOUT},
