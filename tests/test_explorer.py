@@ -66,6 +66,19 @@ def test_a_crash_compiles_to_the_steps_of_exercise_1():
     assert len(steps) <= len(load(find("1")).steps)
 
 
+def test_the_scenario_handed_back_expects_the_anomaly_and_its_last_wait_waits_for_it():
+    schedule = (Episode("crash", point="after-effect-before-commit"),)
+    expect = {"verdict": {"duplicates_applied": 1}, "accounts": {"acc-1": {"actual": 20000, "expected": 10000}}}
+    text = schedules.compile_scenario(schedule, "none", NONE_PLAN, title="Explored: none", narrative="Found.",
+                                      summary="A crash.", expect=expect)
+    scenario = loads(text)
+    assert [(e.kind, e.target) for e in scenario.expectations] == [
+        ("verdict", {"field": "duplicates_applied"}), ("account", {"account": "acc-1", "field": "actual"}),
+        ("account", {"account": "acc-1", "field": "expected"})]
+    assert scenario.steps[-1].args["all"][1] == {"verdict": {"not_yet_applied": 0, "duplicates_applied": 1}}
+    assert all(step.note for step in scenario.steps if step.action != "wait")
+
+
 def test_a_freeze_waits_for_the_takeover_by_what_the_frozen_transaction_holds():
     """Frozen after a write inside its open transaction, the zombie holds row locks: the successor is
     only waited for until assigned; frozen after a SELECT (or outside a transaction), until caught up."""
