@@ -109,6 +109,23 @@ def test_shrinking_candidates_remove_chunks_move_points_earlier_and_plain_the_cr
     assert schedules.simpler_credits((a, b)) == [(Episode("publish"), b)]
 
 
+def test_shrinking_ends_at_the_smallest_schedule_that_still_fails():
+    points = strategies.get("none").points
+    late = points.index("after-effect-before-commit")
+
+    def fails(schedule) -> bool:  # stands for the verdict: a crash at or after the effect's commit
+        runs.append(schedule)
+        return any(e.kind == "crash" and points.index(e.point) >= late for e in schedule)
+
+    runs: list = []
+    failing = (Episode("publish", account="acc-2"), Episode("restart"),
+               Episode("crash", point="after-commit", account="acc-2", cents=2500), Episode("resend"))
+    assert schedules.shrink(failing, points, fails) == (Episode("crash", point="after-effect-before-commit"),)
+    assert len(runs) == len(set(runs)) and len(runs) <= 12
+    # Told to stop, it hands back the smallest failing schedule so far.
+    assert schedules.shrink(failing, points, fails, may_go_on=lambda: False) == failing
+
+
 def test_a_target_it_cannot_explore_is_refused_with_the_reason():
     ctx = ops.Context(engine=None, lab=Lab("x"))
     for target, budget, words in [(Target(lane="mine"), Budget(runs=1), "lane"),

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -127,6 +127,36 @@ def simpler_credits(schedule: Schedule) -> list[Schedule]:
             candidates.append(schedule[:i] + (replace(episode, account=plain.account, cents=plain.cents),)
                               + schedule[i + 1:])
     return candidates
+
+
+def shrink(failing: Schedule, points: tuple[str, ...], fails: Callable[[Schedule], bool],
+           may_go_on: Callable[[], bool] = lambda: True) -> Schedule:
+    """The smallest schedule reachable from ``failing`` for which ``fails`` holds: ddmin over its
+    episodes (remove halves, then quarters, ... then single episodes; after a removal that still
+    fails, go on from the smaller schedule with coarser chunks again), and, once at single episodes,
+    each fault's point moved earlier and each credit made plainer. Ends when no candidate of the
+    current schedule fails, or when ``may_go_on`` says stop (then the smallest failing one so far)."""
+    current = failing
+    chunks = 2
+    while True:
+        candidates = without_chunks(current, chunks)
+        if chunks >= len(current):
+            candidates += earlier_points(current, points) + simpler_credits(current)
+        smaller = None
+        for candidate in candidates:
+            if not may_go_on():
+                return current
+            if candidate and fails(candidate):
+                smaller = candidate
+                break
+        if smaller is not None:
+            if len(smaller) < len(current):
+                chunks = max(chunks - 1, 2)
+            current = smaller
+        elif chunks < len(current):
+            chunks = min(chunks * 2, len(current))
+        else:
+            return current
 
 
 # --- compilation ------------------------------------------------------------------------------

@@ -228,31 +228,15 @@ class Explorer:
         return None
 
     def shrink(self, failing: Schedule) -> Schedule:
-        """The smallest failing schedule reachable from ``failing``: ddmin over its episodes, then
-        earlier points, then plainer credits; each candidate re-run (a result is remembered)."""
+        """The smallest failing schedule reachable from ``failing`` (schedule.shrink), each candidate
+        run again on real consumers (a result is remembered), within MAX_SHRINK_RUNS and the budget."""
         self.phase = "shrinking"
         budget_end = self.runs + MAX_SHRINK_RUNS
-        current = failing
-        chunks = 2
-        while True:
-            smaller = None
-            candidates = (schedules.without_chunks(current, chunks) if len(current) > 1 else [])
-            candidates += schedules.earlier_points(current, self.points) if chunks >= len(current) else []
-            candidates += schedules.simpler_credits(current) if chunks >= len(current) else []
-            for candidate in candidates:
-                if self.runs >= budget_end or self.out_of_time() or self.stop_requested():
-                    return current
-                if candidate and self.cached(candidate).failed:
-                    smaller = candidate
-                    break
-            if smaller is not None:
-                if len(smaller) < len(current):
-                    chunks = max(chunks - 1, 2)
-                current = smaller
-            elif chunks < len(current):
-                chunks = min(chunks * 2, len(current))
-            else:
-                return current
+
+        def may_go_on() -> bool:
+            return self.runs < budget_end and not self.out_of_time() and not self.stop_requested()
+
+        return schedules.shrink(failing, self.points, lambda candidate: self.cached(candidate).failed, may_go_on)
 
     def reproduce_final(self, scenario_yaml: str, length: int) -> int:
         """How often the scenario file handed back replays to the same verdict, out of ``reproduce`` runs."""
