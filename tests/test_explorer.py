@@ -174,13 +174,15 @@ def test_the_explorer_finds_shrinks_and_hands_back_a_scenario_that_replays(explo
 
 @pytest.mark.long
 def test_against_eventid_atomic_it_finds_nothing_and_says_what_it_tried(app_factory, agent, lab_name):
+    """Seed 42's first schedule is the crash between key and effect that loses eventid-split's credit
+    (the test above): against eventid-atomic the key and the credit commit together."""
     app = app_factory(LAB_NAME=lab_name)
-    result = app.test_cli_runner().invoke(args=["explore", "run", "--strategy", "eventid-atomic", "--runs", "2",
-                                                "--seed", "15", "--json"])
+    result = app.test_cli_runner().invoke(args=["explore", "run", "--strategy", "eventid-atomic", "--runs", "1",
+                                                "--seed", "42", "--json"])
     assert result.exit_code == 0, result.output
     found = json.loads(result.output)
-    assert not found["found"] and found["runs"] == 2 and found["scenario_yaml"] is None
-    assert "2 run(s)" in found["tried"] and "seed 15" in found["tried"] and "eventid-atomic" in found["tried"]
+    assert not found["found"] and found["runs"] == 1 and found["scenario_yaml"] is None
+    assert "1 run(s)" in found["tried"] and "seed 42" in found["tried"] and "eventid-atomic" in found["tried"]
     assert "crash" in found["tried"] and "did not run as written" not in found["tried"]
 
 
