@@ -9,6 +9,7 @@ from __future__ import annotations
 from . import (
     chaos,  # chaos mode
     consumers,
+    explorations,  # the explorer: search, shrink, cancel (a background job)
     faults,
     groups,
     lab,
