@@ -5,6 +5,8 @@ queued exploration and answers at once: the search drives the lab through the sa
 everyone else (this agent carries them out meanwhile), so it never runs on the agent's command
 thread, nor in gunicorn. A watcher thread per process then
 
+- keeps the row fresh while the process lives (store/explorations.py: a row no one refreshes for
+  STALE_SECONDS lost its agent, and no longer holds the lab);
 - enforces a cancel: the process reads the row's flag and stops by itself; if it has not within
   CANCEL_GRACE seconds it gets SIGTERM, then SIGKILL;
 - says how the process ended when it died without saying so itself ("failed", with its exit code
@@ -121,8 +123,10 @@ class Explorations:
             except subprocess.TimeoutExpired:
                 waited += WATCH_INTERVAL
             try:
-                with engine.connect() as conn:
-                    asked = rows.cancel_requested(conn, running.exploration_id)
+                # The agent's beat keeps the row fresh while its process lives (a queued one may take
+                # seconds to import on a busy machine): only a row whose agent is gone goes stale.
+                with engine.begin() as conn:
+                    asked = rows.report(conn, running.exploration_id)
             except SQLAlchemyError as error:  # PostgreSQL restarting: look again on the next turn
                 log.warning("exploration %s: %s", running.exploration_id, str(error).splitlines()[0])
                 continue

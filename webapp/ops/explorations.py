@@ -1,5 +1,6 @@
-"""The explorer as operations: queue a search for the shortest fault schedule that breaks a strategy
-(or a learner's own consumer, on a lane), follow it, cancel it.
+"""The explorer as operations: queue a search for the shortest fault schedule that breaks a strategy,
+follow it, cancel it. A lane (a learner's own consumer) is a target of the explorer's interface, and
+refused here until the search can fault code that runs outside the lab.
 
 ``explore`` writes a queued row (store/explorations.py: one queued or running exploration per lab)
 and asks a lab agent to start its process (``python -m webapp.explorer``, webapp/agent/explorations.py),
@@ -51,8 +52,10 @@ def _new_seed() -> int:
 
 class ExploreArgs(Args):
     strategy: Literal[EXPLORABLE] | None = Field(
-        None, description="the strategy to explore: the lab's consumers run it (give this or lane)")
-    lane: str | None = named("or: the lane of your own consumer to explore (it must be running)")
+        None, description="the strategy to explore: each run starts consumers using it, in a fresh lab of its "
+                          "own (give this or lane)")
+    lane: str | None = named("or: the lane of your own consumer (refused for now: the explorer crashes and freezes "
+                             "the consumers it starts, and yours runs outside the lab)")
     runs: Whole = within(RUNS, "budget: at most this many runs (give runs, minutes or both)")
     minutes: Number = within(MINUTES, "budget: stop searching after this long",
                                     unit=" min")
@@ -106,10 +109,10 @@ def _check_lane(ctx: Context, lane: str) -> None:
         raise NotFound(f"lab {ctx.lab.name} has no lane {lane} for your consumer: create it first (POST /yours)")
 
 
-@operation("explore", path="/explorations", status=201, recorded=False, cli="explore", tags=("explorer",),
-           summary="Search for a fault schedule that breaks a strategy (or your own consumer), shrink it to the "
-                   "shortest that still does, and hand it back as a scenario; runs in the background on a lab "
-                   "agent, its progress in GET /explorations and the Explorer panel")
+@operation("explore", path="/explorations", status=201, cli="explore", tags=("explorer",),
+           summary="Search for a fault schedule that breaks a strategy, shrink it to the shortest that still "
+                   "does, and hand it back as a scenario; runs in the background on a lab agent, its progress in "
+                   "GET /explorations and the Explorer panel")
 def explore(ctx: Context, args: ExploreArgs) -> dict:
     runs, minutes = _budget(ctx, args)
     if args.lane is not None:
@@ -136,7 +139,7 @@ def explore(ctx: Context, args: ExploreArgs) -> dict:
     return {**row_json(row), "pid": started.get("pid")}
 
 
-@operation("cancel_exploration", path="/explorations/cancel", recorded=False, cli="cancel-exploration",
+@operation("cancel_exploration", path="/explorations/cancel", cli="cancel-exploration",
            tags=("explorer",),
            summary="Cancel the lab's running exploration: it stops after the run in progress (forced after "
                    "three minutes); what it found so far is kept")

@@ -18,10 +18,11 @@ QUEUED, RUNNING = "queued", "running"
 ACTIVE_STATES = (QUEUED, RUNNING)
 FOUND, NOTHING_FOUND, CANCELLED, FAILED = "found", "nothing-found", "cancelled", "failed"
 END_STATES = (FOUND, NOTHING_FOUND, CANCELLED, FAILED)
-# A running exploration's process reports at least every HEARTBEAT_SECONDS; a row that has not for
-# STALE_SECONDS lost its process with its agent (nobody was left to say so): it no longer holds the lab.
+# An active exploration's row is refreshed at least every HEARTBEAT_SECONDS, by its process and by the
+# agent watching that process; a row no one refreshed for STALE_SECONDS lost its agent (and the process
+# with it: nobody was left to say so): it no longer holds the lab.
 HEARTBEAT_SECONDS = 1.0
-STALE_SECONDS = 15
+STALE_SECONDS = 30
 
 
 class AlreadyExploring(Exception):
@@ -72,8 +73,8 @@ def end_stale(conn: Connection, lab: str) -> list[int]:
         .where(explorations.c.lab == lab, explorations.c.state.in_(ACTIVE_STATES),
                explorations.c.updated_at < func.now() - text(f"interval '{STALE_SECONDS} seconds'"))
         .values(state=FAILED, finished_at=func.now(), updated_at=func.now(),
-                error=f"its process stopped reporting for {STALE_SECONDS} s: its agent is gone, and the "
-                      "process with it")
+                error=f"nothing reported on it for {STALE_SECONDS} s: its agent is gone, and its process "
+                      "with it")
         .returning(explorations.c.id)).scalars())
 
 
