@@ -4,6 +4,8 @@ exploration run by its own process on the real agent, broker and PostgreSQL, its
 and the Explorer panel, a cancel that stops it and its process, and the panel in every state."""
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -179,3 +181,31 @@ def test_the_panel_shows_each_state(app, lab, lab_name):
         if values["state"] in store.ACTIVE_STATES:  # one active per lab: end it before the next
             with app.app_context(), db.engine.begin() as conn:
                 store.finish(conn, exploration_id, store.CANCELLED, error="test")
+
+
+def test_a_process_that_dies_without_a_word_ends_failed_saying_how(exploring):
+    lab = exploring
+    started = lab.post("/explorations", {"strategy": "eventid-atomic", "runs": 1}, expect=201)
+    # Killed while it is still starting (importing takes seconds), before it started any run: the
+    # agent that watches it is the only one left to say how it ended.
+    os.kill(started["pid"], signal.SIGKILL)
+    ended = wait_exploration(lab, started["id"], lambda r: r["state"] not in store.ACTIVE_STATES, "never ended",
+                             timeout=30)
+    assert ended["state"] == "failed", ended
+    assert "its process ended without a result (killed by SIGKILL)" in ended["error"], ended
+    assert f"exploration-{started['id']}.log" in ended["error"], "it says where the process's output is"
+    # The lab is free again.
+    again = lab.post("/explorations", {"strategy": "eventid-atomic", "runs": 1}, expect=201)
+    lab.post("/explorations/cancel")
+    wait_exploration(lab, again["id"], lambda r: r["state"] not in store.ACTIVE_STATES, "the cancel never took")
+
+
+def test_a_lab_reset_stops_its_exploration(exploring):
+    lab = exploring
+    started = lab.post("/explorations", {"strategy": "eventid-atomic", "runs": 50}, expect=201)
+    wait_exploration(lab, started["id"], lambda r: r["state"] == "running", "never started")
+    lab.post("/lab/reset")
+    ended = wait_exploration(lab, started["id"], lambda r: r["state"] not in store.ACTIVE_STATES,
+                             "the reset did not stop it")
+    assert ended["state"] == "cancelled" and ended["error"] == "the lab was reset or deleted while it ran", ended
+    wait_until(lambda: process_gone(started["pid"]), timeout=10, message=f"process {started['pid']} still there")
