@@ -140,9 +140,11 @@ for _op in ops.OPERATIONS.values():
 
 
 def init_app(app: Flask) -> None:
+    from .explore import explore_cli
     from .housekeeping import register
     from .scenarios import scenario_cli
 
     register(lab_cli)  # lab list, lab prune
     app.cli.add_command(lab_cli)
     app.cli.add_command(scenario_cli)
+    app.cli.add_command(explore_cli)

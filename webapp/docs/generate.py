@@ -10,6 +10,7 @@ import click
 
 from .. import ops
 from ..cli import lab_cli
+from ..cli.explore import explore_cli
 from ..cli.scenarios import scenario_cli
 from ..scenarios import built_in, load
 from ..scenarios.claims import claims_markdown
@@ -121,7 +122,7 @@ def _command_section(prefix: str, name: str, command: click.Command) -> str:
 
 
 def cli_reference() -> str:
-    """Every `flask lab` and `flask scenario` command with its options, from the click commands the
+    """Every `flask lab`, `flask scenario` and `flask explore` command with its options, from the click commands the
     CLI builds out of the operation registry."""
     parts = ["## `flask --app app lab`\n"]
     parts += [_command_section("flask --app app lab", name, command)
@@ -129,6 +130,9 @@ def cli_reference() -> str:
     parts.append("## `flask --app app scenario`\n")
     parts += [_command_section("flask --app app scenario", name, command)
               for name, command in sorted(scenario_cli.commands.items())]
+    parts.append("## `flask --app app explore`\n")
+    parts += [_command_section("flask --app app explore", name, command)
+              for name, command in sorted(explore_cli.commands.items())]
     return "\n".join(parts)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -129,6 +129,36 @@ def simpler_credits(schedule: Schedule) -> list[Schedule]:
     return candidates
 
 
+def shrink(failing: Schedule, points: tuple[str, ...], fails: Callable[[Schedule], bool],
+           may_go_on: Callable[[], bool] = lambda: True) -> Schedule:
+    """The smallest schedule reachable from ``failing`` for which ``fails`` holds: ddmin over its
+    episodes (remove halves, then quarters, ... then single episodes; after a removal that still
+    fails, go on from the smaller schedule with coarser chunks again), and, once at single episodes,
+    each fault's point moved earlier and each credit made plainer. Ends when no candidate of the
+    current schedule fails, or when ``may_go_on`` says stop (then the smallest failing one so far)."""
+    current = failing
+    chunks = 2
+    while True:
+        candidates = without_chunks(current, chunks)
+        if chunks >= len(current):
+            candidates += earlier_points(current, points) + simpler_credits(current)
+        smaller = None
+        for candidate in candidates:
+            if not may_go_on():
+                return current
+            if candidate and fails(candidate):
+                smaller = candidate
+                break
+        if smaller is not None:
+            if len(smaller) < len(current):
+                chunks = max(chunks - 1, 2)
+            current = smaller
+        elif chunks < len(current):
+            chunks = min(chunks * 2, len(current))
+        else:
+            return current
+
+
 # --- compilation ------------------------------------------------------------------------------
 
 def holds_row_locks(plan: tuple[tuple[str, str], ...], point: str) -> bool:
@@ -154,9 +184,12 @@ class Compiled:
     consumers: list[str]
 
 
-def compile_steps(schedule: Schedule, plan: tuple[tuple[str, str], ...]) -> Compiled:
+def compile_steps(schedule: Schedule, plan: tuple[tuple[str, str], ...],
+                  settled_verdict: dict[str, int] | None = None) -> Compiled:
     """The scenario steps of a schedule: a first consumer, the episodes, and a final wait until the
-    group has committed past every record and each record was consumed."""
+    group has committed past every record, each record was consumed and the verdict shows
+    ``settled_verdict`` (the anomalies a replay waits for: the log reader mirrors the last records
+    a moment after the consumer's commit)."""
     active = "c1"
     consumers = [active]
     steps: list[dict[str, Any]] = [
@@ -181,8 +214,8 @@ def compile_steps(schedule: Schedule, plan: tuple[tuple[str, str], ...]) -> Comp
                 {**credit, "note": f"Publish a credit of R$ {episode.cents / 100:.2f} to {episode.account}."},
                 {"wait": {"consumer": active, "state": "crashed", "timeout": FAULT_TIMEOUT}},
                 {"restart": active,
-                 "note": "Restart it: it rejoins the group and resumes from the committed offset (or, with none, "
-                         "where auto.offset.reset=earliest says: the beginning of the log)."},
+                 "note": "Restart it: it rejoins the group and resumes from the partition's committed offset (with "
+                         "none committed, where auto.offset.reset=earliest says: the beginning of the log)."},
             ]
             if not last:
                 steps.append({"wait": {"consumer": active, "state": "running", "assigned": True,
@@ -211,17 +244,20 @@ def compile_steps(schedule: Schedule, plan: tuple[tuple[str, str], ...]) -> Comp
                 {**credit, "note": f"Publish a credit of R$ {episode.cents / 100:.2f} to {episode.account}."},
                 {"wait": {"consumer": active, "state": "frozen", "timeout": FAULT_TIMEOUT}},
                 {"start": {"consumer": successor, "group": GROUP},
-                 "note": "A second member joins; it gets the partition once the frozen member's session (6 s) "
-                         "expires."},
+                 "note": "A second member joins; it gets the partition once the frozen member, which sends no "
+                         "heartbeats, is removed from the group when its session (6 s) expires."},
                 takeover,
                 {"thaw": active, "note": "SIGCONT: the zombie carries on from where it stopped."},
                 {"wait": {"consumer": active, "commit_failures": ">= 1", "timeout": FAULT_TIMEOUT},
                  "note": "Its late offset commit fails: its generation is gone."},
             ]
             active = successor
-    steps.append({"wait": {"all": [{"caught_up": GROUP}, {"verdict": {"not_yet_applied": 0}}],
-                           "timeout": SETTLED_TIMEOUT},
-                  "note": "Every record consumed and the group's offset committed past it."})
+    verdict = {"not_yet_applied": 0, **(settled_verdict or {})}
+    steps.append({"wait": {"all": [{"caught_up": GROUP}, {"verdict": verdict}], "timeout": SETTLED_TIMEOUT},
+                  "note": "Every record consumed and the group's offset committed past it"
+                          + (": the verdict shows " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in
+                                                                settled_verdict.items()) if settled_verdict else "")
+                          + "."})
     return Compiled(steps, consumers)
 
 
@@ -230,7 +266,7 @@ def compile_scenario(schedule: Schedule, strategy: str, plan: tuple[tuple[str, s
     """The scenario file's text (YAML) for ``schedule`` against one group using ``strategy``.
     Without ``expect``, it expects only that every record was consumed (an exploring run judges
     the verdict itself)."""
-    compiled = compile_steps(schedule, plan)
+    compiled = compile_steps(schedule, plan, (expect or {}).get("verdict"))
     document: dict[str, Any] = {"title": title}
     if summary:
         document["summary"] = summary

@@ -10,8 +10,9 @@
 2. **shrinking**: ddmin over the failing schedule's episodes (drop chunks, then single episodes),
    then each fault's point moved earlier, then credits made plainer; every candidate is run again
    and kept only if it fails too, until no candidate of the smallest failing schedule fails.
-3. **reproducing**: the final schedule is run ``reproduce`` more times; the result says how often
-   it failed.
+3. **reproducing**: the scenario file handed back (the final schedule, expecting the anomalies and
+   balances its run showed) is replayed ``reproduce`` times; the result says how often every
+   expectation held again.
 
 ``ctx`` is an ``ops.Context``: its engine and config (the app's settings, as the scenario runner
 takes them) are what the runs use; its lab is the lab that asked, and no run touches it: every run
@@ -143,6 +144,7 @@ class Explorer:
         self.not_run_as_written = 0
         self.phase = "searching"
         self.found = False
+        self.first_failure_run: int | None = None
         self.cancelled = False
         self.outcomes: dict[Schedule, Outcome] = {}
 
@@ -161,24 +163,36 @@ class Explorer:
     def length(self, schedule: Schedule) -> int:
         return len(schedules.compile_steps(schedule, self.plan).steps)
 
-    def run(self, schedule: Schedule) -> Outcome:
-        """Run ``schedule`` in a fresh lab, judge it, drop the lab; report progress."""
-        text = schedules.compile_scenario(schedule, self.strategy.name, self.plan, title="Explorer run",
-                                          narrative=schedules.describe(schedule))
-        scenario = loads(text, source="<explorer>", name="explore")
+    def in_fresh_lab(self, scenario_yaml: str, judge: Callable[[Lab, RunState], Any]) -> Any:
+        """Run a scenario file's text in a fresh lab, judge it there, drop the lab."""
+        scenario = loads(scenario_yaml, source="<explorer>", name="explore")
         lab = Lab(f"explore_{secrets.token_hex(4)}")
         state = RunState(scenario=scenario.name, lab=lab.name)
         try:
             Runner(self.ctx.engine, scenario, state, broker=self.broker, config=self.ctx.config).run_all()
-            outcome = self.judge(lab, state)
+            return judge(lab, state)
         finally:
             command_channel.run(self.ctx.engine, lab.name, "lab.drop", {}, timeout=DROP_TIMEOUT)
+
+    def run(self, schedule: Schedule) -> Outcome:
+        """Run ``schedule`` in a fresh lab and judge it by the verdict; report progress."""
+        text = schedules.compile_scenario(schedule, self.strategy.name, self.plan, title="Explorer run",
+                                          narrative=schedules.describe(schedule))
+        outcome = self.in_fresh_lab(text, self.judge)
         self.runs += 1
         self.not_run_as_written += not outcome.ran
         self.outcomes[schedule] = outcome
         self.found = self.found or outcome.failed
         self.on_progress(Progress(self.phase, self.runs, self.length(schedule), self.found))
         return outcome
+
+    def replay(self, scenario_yaml: str, length: int) -> bool:
+        """Run the scenario file handed back, as a learner would: whether every expectation held
+        (the same anomalies, the same balances); report progress."""
+        passed = self.in_fresh_lab(scenario_yaml, lambda lab, state: state.status == "passed")
+        self.runs += 1
+        self.on_progress(Progress(self.phase, self.runs, length, self.found))
+        return passed
 
     def judge(self, lab: Lab, state: RunState) -> Outcome:
         steps_held = state.status in ("passed", "failed") and all(s["status"] == "ok" for s in state.steps)
@@ -214,40 +228,25 @@ class Explorer:
         return None
 
     def shrink(self, failing: Schedule) -> Schedule:
-        """The smallest failing schedule reachable from ``failing``: ddmin over its episodes, then
-        earlier points, then plainer credits; each candidate re-run (a result is remembered)."""
+        """The smallest failing schedule reachable from ``failing`` (schedule.shrink), each candidate
+        run again on real consumers (a result is remembered), within MAX_SHRINK_RUNS and the budget."""
         self.phase = "shrinking"
         budget_end = self.runs + MAX_SHRINK_RUNS
-        current = failing
-        chunks = 2
-        while True:
-            smaller = None
-            candidates = (schedules.without_chunks(current, chunks) if len(current) > 1 else [])
-            candidates += schedules.earlier_points(current, self.points) if chunks >= len(current) else []
-            candidates += schedules.simpler_credits(current) if chunks >= len(current) else []
-            for candidate in candidates:
-                if self.runs >= budget_end or self.out_of_time() or self.stop_requested():
-                    return current
-                if candidate and self.cached(candidate).failed:
-                    smaller = candidate
-                    break
-            if smaller is not None:
-                if len(smaller) < len(current):
-                    chunks = max(chunks - 1, 2)
-                current = smaller
-            elif chunks < len(current):
-                chunks = min(chunks * 2, len(current))
-            else:
-                return current
 
-    def reproduce_final(self, final: Schedule) -> int:
+        def may_go_on() -> bool:
+            return self.runs < budget_end and not self.out_of_time() and not self.stop_requested()
+
+        return schedules.shrink(failing, self.points, lambda candidate: self.cached(candidate).failed, may_go_on)
+
+    def reproduce_final(self, scenario_yaml: str, length: int) -> int:
+        """How often the scenario file handed back replays to the same verdict, out of ``reproduce`` runs."""
         self.phase = "reproducing"
-        failed = 0
+        passed = 0
         for _ in range(self.reproduce):
             if self.stop_requested():
                 break
-            failed += self.run(final).failed
-        return failed
+            passed += self.replay(scenario_yaml, length)
+        return passed
 
     # --- what it says -----------------------------------------------------------------------
 
@@ -261,7 +260,7 @@ class Explorer:
                 f"one or two faults each among {kinds}, at the crash points {points}, with credits to "
                 f"{' and '.join(schedules.ACCOUNTS)}{unfinished}")
 
-    def scenario_yaml(self, final: Schedule, outcome: Outcome, original: Schedule, reproduced: int,
+    def scenario_yaml(self, final: Schedule, outcome: Outcome, original: Schedule, reproduced: int | None,
                       attempts: int) -> str:
         found = ", ".join(f"{name.replace('_', ' ')} {count}" for name, count in outcome.anomalies.items())
         title = f"Explored: {self.strategy.name} — {found}"
@@ -270,8 +269,9 @@ class Explorer:
             f"`{self.strategy.name}`. Run {self.first_failure_run} was the first whose verdict showed an anomaly "
             f"({found}). Its schedule had {len(original)} episode(s) ({self.length(original)} steps); shrinking "
             f"(fewer episodes, earlier crash points, plainer credits, each candidate run again) left "
-            f"{len(final)} episode(s): {schedules.describe(final)}. Run again {attempts} time(s), it failed "
-            f"{reproduced}.\n\n"
+            f"{len(final)} episode(s): {schedules.describe(final)}."
+            + (f" This file, replayed {attempts} time(s), showed the same verdict {reproduced} time(s)."
+               if attempts else "") + "\n\n"
             + (f"**Why:** {outcome.why}\n" if outcome.why else ""))
         expect: dict[str, Any] = {"verdict": dict(outcome.anomalies)}
         if outcome.accounts:
@@ -279,8 +279,6 @@ class Explorer:
         return schedules.compile_scenario(final, self.strategy.name, self.plan, title=title, narrative=narrative,
                                           summary=f"The explorer's shortest schedule that makes {self.strategy.name} "
                                                   f"show {found}.", expect=expect)
-
-    first_failure_run: int | None = None
 
 
 def _settled(snap):
@@ -307,13 +305,17 @@ def explore(ctx: ops.Context, target: Target, budget: Budget, seed: int, *,
                            tried=explorer.tried(), scenario_yaml=None)
     explorer.first_failure_run = explorer.runs
     final = explorer.shrink(failing)
-    outcome = explorer.outcomes[final]  # the run that made it the final one (reproducing runs it again)
-    reproduced = explorer.reproduce_final(final) if not explorer.cancelled else 0
+    outcome = explorer.outcomes[final]
+    length = explorer.length(final)
+    # Reproducing replays the file itself: it says "it failed again" only when the file's own
+    # expectations (the anomalies and balances this run saw) held again.
+    draft = explorer.scenario_yaml(final, outcome, failing, None, 0)
+    reproduced = explorer.reproduce_final(draft, length) if not explorer.cancelled else 0
     attempts = explorer.reproduce if not explorer.cancelled else 0
-    on_progress(Progress("done", explorer.runs, explorer.length(final), True))
+    on_progress(Progress("done", explorer.runs, length, True))
     return Exploration(found=True, cancelled=explorer.cancelled, runs=explorer.runs,
                        seconds=round(time.monotonic() - explorer.started, 1),
-                       schedule_length=explorer.length(final), original_length=explorer.length(failing),
+                       schedule_length=length, original_length=explorer.length(failing),
                        reproduced=reproduced, reproduce_attempts=attempts, why=outcome.why,
                        tried=explorer.tried(),
                        scenario_yaml=explorer.scenario_yaml(final, outcome, failing, reproduced, attempts))
