@@ -209,3 +209,13 @@ def test_a_lab_reset_stops_its_exploration(exploring):
                              "the reset did not stop it")
     assert ended["state"] == "cancelled" and ended["error"] == "the lab was reset or deleted while it ran", ended
     wait_until(lambda: process_gone(started["pid"]), timeout=10, message=f"process {started['pid']} still there")
+
+
+def test_the_dashboard_has_the_explorer_form_and_panel_and_the_form_says_what_is_wrong(lab):
+    page = lab.client.get("/").get_data(as_text=True)
+    assert 'id="panel-explorer"' in page and 'id="form-explore"' in page, "the form and the panel are on the page"
+    refused = lab.client.post("/controls/op/explore", data={"strategy": "none", "runs": "0"})
+    assert refused.status_code == 422, refused.get_data(as_text=True)
+    assert "must be a whole number from 1 to 10000" in refused.get_data(as_text=True)
+    nothing = lab.client.post("/controls/op/cancel_exploration", data={})
+    assert nothing.status_code == 422 and "no exploration is queued or running" in nothing.get_data(as_text=True)

@@ -25,6 +25,7 @@ from ..domain.vocabulary import OUTSIDE_STRATEGY
 from ..domain.waits import WaitTimeout, wait_until
 from ..store import explorations as store
 from ..store import labdata, schema
+from ..store.classroom import lab_count_limit_reached
 from . import limits
 from .agent_commands import run_command
 from .faults import NoArgs
@@ -122,6 +123,9 @@ def explore(ctx: Context, args: ExploreArgs) -> dict:
         raise InvalidRequest("lane", "the explorer cannot explore your own consumer yet: it crashes and freezes "
                                      "the consumers it starts, and yours runs outside the lab; explore a strategy")
     with ctx.engine.begin() as conn:
+        refused = lab_count_limit_reached(conn, ctx.config)
+        if refused:  # each run makes a lab of its own (dropped after it)
+            raise Busy(f"the explorer runs each schedule in a fresh lab, and {refused}")
         store.end_stale(conn, ctx.lab.name)
         try:
             row = store.create(conn, ctx.lab.name, strategy=args.strategy, lane=args.lane, budget_runs=runs,
