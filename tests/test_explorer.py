@@ -149,7 +149,6 @@ def explore_ctx(app_factory, agent, lab_name):
 
 @pytest.mark.long
 @pytest.mark.parametrize("strategy, seed, exercise, anomaly", [
-    ("none", 18, "1", "duplicates_applied"),
     ("eventid-split", 42, "4", "effects_lost"),
     ("check-then-act", 82, "3", "duplicates_applied"),
 ])
@@ -170,6 +169,23 @@ def test_the_explorer_finds_shrinks_and_hands_back_a_scenario_that_replays(explo
     assert result.why in document["narrative"]
     # Reproducing replayed this very file through the scenario runner: every expectation held.
     assert len(loads(result.scenario_yaml).steps) == result.schedule_length
+
+
+@pytest.mark.long
+def test_the_cli_finds_nones_double_credit_and_writes_the_scenario_file(app_factory, agent, lab_name, tmp_path):
+    app = app_factory(LAB_NAME=lab_name)
+    out = tmp_path / "found.yaml"
+    result = app.test_cli_runner().invoke(args=["explore", "run", "--strategy", "none", "--runs", "3", "--seed", "18",
+                                                "--reproduce", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "  searching   run   1  7 steps    anomaly" in result.output
+    assert "found in 3 run(s)" in result.output and "same verdict 1/1" in result.output
+    assert "why: P0@0 was applied by c1" in result.output
+    scenario = load(out)
+    assert len(scenario.steps) <= len(load(find("1")).steps)
+    assert [(e.target.get("field"), e.comparison) for e in scenario.expectations if e.kind == "verdict"] == [
+        ("duplicates_applied", ("==", 1))]
+    assert [s.args.get("point") for s in scenario.steps if s.action == "arm"] == ["after-effect-before-commit"]
 
 
 @pytest.mark.long

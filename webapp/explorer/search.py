@@ -145,6 +145,7 @@ class Explorer:
         self.phase = "searching"
         self.found = False
         self.first_failure_run: int | None = None
+        self.first_unfinished: str | None = None   # why the first run that did not run as written did not
         self.cancelled = False
         self.outcomes: dict[Schedule, Outcome] = {}
 
@@ -181,6 +182,8 @@ class Explorer:
         outcome = self.in_fresh_lab(text, self.judge)
         self.runs += 1
         self.not_run_as_written += not outcome.ran
+        if not outcome.ran and self.first_unfinished is None:
+            self.first_unfinished = outcome.reason
         self.outcomes[schedule] = outcome
         self.found = self.found or outcome.failed
         self.on_progress(Progress(self.phase, self.runs, self.length(schedule), self.found))
@@ -254,8 +257,8 @@ class Explorer:
         kinds = ", ".join(schedules.FAULT_KINDS)
         points = ", ".join(self.points)
         stopped = " (cancelled)" if self.cancelled else ""
-        unfinished = (f"; {self.not_run_as_written} of them did not run as written (a wait timed out)"
-                      if self.not_run_as_written else "")
+        unfinished = (f"; {self.not_run_as_written} of them did not run as written, so were not judged "
+                      f"(the first: {self.first_unfinished})" if self.not_run_as_written else "")
         return (f"{self.runs} run(s){stopped} of schedules from seed {self.seed} against {self.strategy.name}: "
                 f"one or two faults each among {kinds}, at the crash points {points}, with credits to "
                 f"{' and '.join(schedules.ACCOUNTS)}{unfinished}")
