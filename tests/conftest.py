@@ -102,6 +102,8 @@ class AppFactory:
             "WTF_CSRF_ENABLED": False,
             # The shared broker keeps every record in memory: loads and synthetic keys stay small here.
             "LAB_MAX_LOAD_EVENTS": 20_000, "LAB_MAX_WARMUP_KEYS": 20_000,
+            # An exploration a test starts (or the API's fuzzing does) ends within minutes.
+            "LAB_EXPLORER_MAX_RUNS": 50, "LAB_EXPLORER_MAX_MINUTES": 3.0,
             # A test client asserts right after it acts: fingerprints per request. The browser
             # tests' server (serve_app) runs with the default, as a viewer's browser sees it.
             "LIVE_CACHE_SECONDS": 0,

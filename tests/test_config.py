@@ -34,6 +34,7 @@ PROCESS_ENVIRONMENT = {"LAB_AGENT_ID", "LAB_NOTIFY_LISTEN", AGENT_PID, HOLD_ACK_
 CLASSROOM_CEILINGS = {"LAB_MAX_LOAD_EVENTS": 50_000, "LAB_MAX_LOAD_RATE": 2_000, "LAB_MAX_WARMUP_KEYS": 100_000,
                       "LAB_MAX_RECORD_VALUE_BYTES": 64 * 1024, "LAB_MAX_RECORD_HEADERS": 16,
                       "LAB_MAX_RECORD_HEADER_BYTES": 1024, "MAX_CONTENT_LENGTH": 512 * 1024,
+                      "LAB_EXPLORER_MAX_RUNS": 20, "LAB_EXPLORER_MAX_MINUTES": 10.0,
                       # not a ceiling, but a classroom default too: stalled groups recovered without a click
                       "LAB_AUTO_RECOVER_GROUPS": 1}
 

@@ -42,6 +42,8 @@ from ..store import consumers as consumer_rows
 from ..store.schema import quoted
 from . import chaos, setup
 from .context import AgentContext
+from .explorations import RUNS as EXPLORATION_RUNS
+from .explorations import start_exploration
 from .load import RUNS as LOAD_RUNS
 from .load import start_load
 from .periodic import snapshot_offsets
@@ -104,7 +106,8 @@ def quiesce(agent: AgentContext, lab: Lab) -> None:
     """Stop what writes into a lab's topic and tables before they are deleted: its consumers (on
     whichever agent runs them), a running load (it would produce into the topic being deleted) and a
     running dedup warm-up (it would insert into the tables being deleted); close the agent's
-    producers of the lab."""
+    producers of the lab. A running exploration goes first: it would start consumers again."""
+    EXPLORATION_RUNS.stop(agent.engine, lab, "the lab was reset or deleted while it ran")
     with agent.engine.connect() as conn:
         rows = consumer_rows.live(conn, lab.name)
     for row in rows:
@@ -516,4 +519,5 @@ HANDLERS: dict[str, Handler] = {
     verbs.CHAOS_START: chaos.start,
     verbs.LOAD_START: start_load,
     verbs.DEDUP_WARMUP: start_warmup,
+    verbs.EXPLORATION_START: start_exploration,
 }

@@ -29,6 +29,7 @@ GROUP_RECOVER = "group.recover"
 CHAOS_START = "chaos.start"
 LOAD_START = "load.start"
 DEDUP_WARMUP = "dedup.warmup"
+EXPLORATION_START = "exploration.start"
 # Run by the agent started with the scenarios' handler (``python -m webapp.agent``): a guided
 # scenario's step, carried out on the agent's side.
 SCENARIO_STEP = "scenario.step"

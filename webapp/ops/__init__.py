@@ -9,6 +9,7 @@ from __future__ import annotations
 from . import (
     chaos_mode,  # chaos mode
     consumers,
+    explorations,  # the explorer: search, shrink, cancel (a background job)
     faults,
     groups,
     lab,

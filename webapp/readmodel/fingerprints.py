@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from ..domain.lab import Lab
 from ..domain.vocabulary import DEDUP_TABLES
+from ..store import explorations
 from ..store.connection import CONTROL_SCHEMA
 from ..store.consumers import LIVE_STATES
 from ..store.schema import quoted
@@ -85,4 +86,5 @@ def fingerprint_parts(session: Session, lab: Lab) -> dict[str, Any]:
     parts["outbox"] = outbox_readmodel.fingerprint(session)
     parts["notifications"] = notifications_readmodel.fingerprint(session)
     parts.update(scale_readmodel.fingerprint_parts(session))  # load runs, dedup tables at scale
+    parts["explorations"] = explorations.fingerprint(session.connection(), lab.name)  # the explorer's runs
     return parts

@@ -234,6 +234,14 @@ class LabSettings(BaseSettings):
         "class, 100,000: a dedup table big enough to see the index and the TTL at work; thirty labs of a "
         "million keys each (exercise 18 as run alone) would be 30 million rows in the shared PostgreSQL.",
         classroom=100_000, ge=1)
+    LAB_EXPLORER_MAX_RUNS: int | None = setting(
+        None, "Runs of one exploration (the explorer). Unset: only the operation's own bound (10,000). In a "
+        "class, 20: each run starts consumers, publishes and injects faults on the shared broker and PostgreSQL, "
+        "and an exploration asked for minutes only stops at this many runs too.", classroom=20, ge=1)
+    LAB_EXPLORER_MAX_MINUTES: float | None = setting(
+        None, "Minutes of one exploration. Unset: only the operation's own bound (a day). In a class, 10: a "
+        "search and its shrinking fit in an exercise, and an exploration asked for runs only stops after this "
+        "long too.", classroom=10.0, gt=0)
     LAB_MAX_RECORD_VALUE_BYTES: int | None = setting(
         None, "Bytes of a raw record's value (produce raw). Unset: only the operation's own bound (512 KiB). "
         "In a class, 64 KiB: far above any payment event, and the broker keeps every record in memory.",

@@ -786,6 +786,39 @@ chaos_sessions = Table(
 )
 
 
+# The explorer's runs (webapp/explorer): one row per exploration of a lab, written by the request that
+# queues it, by its process as it searches (progress, the cancel it reads) and by the agent that
+# watches that process (how it ended when it dies). At most one queued or running per lab.
+explorations = Table(
+    "explorations", metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("lab", String(32), index=True, nullable=False),
+    Column("strategy", String(64)),  # the target: a strategy, or a lane (a learner's own consumer)
+    Column("lane", String(64)),
+    Column("budget_runs", Integer()),
+    Column("budget_minutes", Double()),
+    Column("seed", BigInteger, nullable=False),
+    # queued | running | found | nothing-found | cancelled | failed
+    Column("state", String(16), default="queued", server_default="queued", nullable=False),
+    Column("phase", String(32)),
+    Column("runs_done", Integer(), default=0, server_default="0", nullable=False),
+    Column("schedule_length", Integer()),
+    Column("result", JSONB),  # Exploration.to_dict(): the scenario YAML, why, reproduced K of N, tried
+    Column("error", Text),  # why it failed or was cancelled
+    Column("cancel_requested", Boolean(), default=False, server_default="false", nullable=False),
+    Column("agent_id", String(128)),
+    Column("pid", Integer()),
+    Column("created_at", DateTime(timezone=True), server_default=func.now(), nullable=False),
+    Column("started_at", DateTime(timezone=True)),
+    Column("updated_at", DateTime(timezone=True), server_default=func.now(), nullable=False),
+    Column("finished_at", DateTime(timezone=True)),
+    # One exploration at a time per lab: a second insert while one is queued or running fails here,
+    # even when two requests race.
+    Index("ux_lab_control_explorations_active", "lab", unique=True,
+          postgresql_where=text("state IN ('queued', 'running')")),
+    schema=CONTROL_SCHEMA,
+)
+
 # Record and replay: every operation performed on the lab, in order, with what the lab
 # looked like just before it (the wait a replay repeats) and what it returned.
 session_log = Table(

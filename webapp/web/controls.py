@@ -83,7 +83,7 @@ def run_form(form: str, render: Renderer, action: Callable[[dict[str, Any]], str
     try:
         notice = said_with_unseen(action(values))
     except ops.InvalidRequest as error:
-        field = error.field if error.field in (fields or FORM_FIELDS[form]) else "form"
+        field = error.field if error.field in (fields if fields is not None else FORM_FIELDS[form]) else "form"
         # The agent's reasons start with the field's name; next to the field it goes without saying.
         message = error.message.removeprefix(f"{error.field}: ")
         return render(form=form, values=values, errors={field: message}, status=422)

@@ -44,6 +44,10 @@ def _operation(op: ops.Operation, components: dict[str, Any]) -> dict[str, Any]:
     if op.name in ops.scale.HEAVY_JOBS:
         spec["responses"]["409"] = _answer("the lab runs a heavy job already (a load or a dedup warm-up): the "
                                            "error says which and how to stop it", ERROR)
+    if op.name == "explore":
+        spec["responses"]["409"] = _answer("the lab runs an exploration already (one at a time per lab; the error "
+                                           "says which and how to cancel it), or the server holds as many labs as "
+                                           "it allows (LAB_MAX_LABS): each run needs one of its own", ERROR)
     if op.step:
         spec["x-scenario-step"] = op.step
     if parameters:

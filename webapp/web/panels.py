@@ -246,6 +246,13 @@ def outbox_panel(lab, session, args) -> dict[str, Any]:
     return outbox(session)
 
 
+@panel("explorer", depends=("explorations",))
+def explorer_panel(lab, session, args) -> dict[str, Any]:
+    """The explorer: the lab's newest exploration (progress, a Cancel button) and its result."""
+    from .explorations import panel_data
+    return panel_data(ops.call("get_explorations", ops.Context(db.engine, lab), {})["explorations"])
+
+
 @panel("group_controls", depends=("groups",), template="controls/groups.html", may_be_stale=False)
 def group_controls(lab, session, args) -> dict[str, Any]:
     """The forms that list the lab's groups: they refresh when a group is created."""
