@@ -16,8 +16,7 @@ import socket
 import sys
 import threading
 import time
-from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import psycopg
 from confluent_kafka import KafkaException
@@ -28,9 +27,9 @@ from ..domain.lab import Lab
 from ..kafka import producer
 from ..kafka.admin import admin_client
 from ..settings import auto_recover_groups, load_config
+from ..store import command_channel, group_health, schema, timeline
 from ..store import commands as command_rows
 from ..store import consumers as consumer_rows
-from ..store import group_health, schema, timeline
 from ..store.commands import CHANNEL
 from ..store.connection import connect, sqlalchemy_url
 from ..store.labs import ensure_control_schema
@@ -99,19 +98,16 @@ class Agent:
         self.workers = CommandWorkers(self, command_workers)
         # The tick and the workers' kill and stop handlers reap: each exit is recorded once.
         self._reaping = threading.Lock()
+        self._recoveries: dict[tuple[str, str], int] = {}  # (lab, group) -> its automatic recovery's command
 
     # --- what handlers use ----------------------------------------------------------------------
 
-    @contextmanager
-    def in_lab(self, lab: Lab) -> Iterator[None]:
-        """A transaction on the agent's psycopg connection working in the lab's schema."""
-        with self.conn.transaction():
-            schema.enter_psycopg(self.conn, lab.schema)
-            yield
-
     def say(self, lab: Lab, kind: str, summary: str, **detail: Any) -> None:
-        with self.in_lab(lab):
-            timeline.record(self.conn.execute, kind, summary, **detail)
+        """A line on the lab's timeline, on a pooled connection: the reaping that says it runs on the
+        main loop's thread or a worker's, and the main loop's own connection is its alone."""
+        with self.engine.begin() as conn:
+            schema.enter(conn, lab.schema)
+            timeline.record(conn.exec_driver_sql, kind, summary, **detail)
 
     def spawn(self, lab: Lab, consumer_id: int, name: str) -> int:
         process = self.pool.spawn(lab.name, consumer_id, name)
@@ -166,7 +162,9 @@ class Agent:
     def watch_groups(self) -> None:
         """Each lab's groups: a stall and a recovery written once to the timeline (store/group_health.py);
         with automatic recovery on, a group stalled past its threshold recovered (at most once per
-        threshold, so a broker that refuses the group again is not hammered)."""
+        threshold, so a broker that refuses the group again is not hammered). The recovery is a
+        command of this agent's, carried out by a worker in the lab's turn: it restarts members and
+        waits for their assignment, which the tick must not wait for."""
         for lab in self.housekeeping.known_labs():
             try:
                 stalled = group_health.write_transitions(self.conn.execute, lab)
@@ -174,12 +172,23 @@ class Agent:
                     started = row["recovery_started_at"]
                     if started is not None and (row["now"] - started).total_seconds() < health.stall_after:
                         continue
-                    HANDLERS["group.recover"](self, lab, {"group": health.group_id, "automatic": True})
-            except (psycopg.Error, KafkaException, LookupError, ValueError) as problem:
+                    self.recover_automatically(lab, health.group_id)
+            except (psycopg.Error, SQLAlchemyError, KafkaException, LookupError, ValueError) as problem:
                 # A lab dropped meanwhile, PostgreSQL or the broker away: looked at again next tick.
                 log.warning("lab %s: group health: %s", lab.name, str(problem).splitlines()[0] if str(problem) else problem)
                 if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     self.conn.rollback()
+
+    def recover_automatically(self, lab: Lab, group_id: str) -> None:
+        """Enqueue the group's recovery for this agent, unless one is still queued or running."""
+        key = (lab.name, group_id)
+        earlier = self._recoveries.get(key)
+        if earlier is not None:
+            with self.engine.connect() as conn:
+                if command_rows.outcome(conn, earlier)[0] in (command_rows.PENDING, command_rows.RUNNING):
+                    return
+        self._recoveries[key] = command_channel.enqueue(self.engine, lab.name, "group.recover",
+                                                        {"group": group_id, "automatic": True}, self.id)
 
     def run(self) -> int:
         try:

@@ -118,10 +118,10 @@ def place(conn: Connection, command_id: int) -> Place:
     status, verb, lab = conn.execute(select(T.c.status, T.c.verb, T.c.lab).where(T.c.id == command_id)).one()
     if status != PENDING:
         return Place(status, verb, 0, 0)
-    ahead = conn.execute(select(T.c.lab == lab, func.count()).where(T.c.id < command_id, T.c.status.in_((PENDING, RUNNING)))
-                         .group_by(T.c.lab == lab)).all()
-    counts = {same: n for same, n in ahead}
-    return Place(status, verb, counts.get(False, 0), counts.get(True, 0))
+    other_labs, same_lab = conn.execute(
+        select(func.count().filter(T.c.lab != lab), func.count().filter(T.c.lab == lab))
+        .where(T.c.id < command_id, T.c.status.in_((PENDING, RUNNING)))).one()
+    return Place(status, verb, other_labs, same_lab)
 
 
 def renew_leases(conn: Connection, agent_id: str, lease_seconds: float) -> int:
