@@ -184,6 +184,9 @@ def test_the_claim_gives_a_labs_commands_one_at_a_time_in_order_and_other_labs_b
     first, second = _claim(engine), _claim(engine)
     assert (first.id, second.id) == (a1, b1), "lab b's command waits behind lab a's running one"
     assert _claim(engine) is None, "lab a's second command was claimed while its first ran"
+    # A guided click's hand-over only starts the step's thread: it does not wait for the lab's turn.
+    hand_over = command_channel.enqueue(engine, "t_lab_a", "scenario.step", {"run_id": 1})
+    assert _claim(engine).id == hand_over
     with engine.begin() as conn:
         command_rows.finish(conn, a1, {})
     assert _claim(engine).id == a2

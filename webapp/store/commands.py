@@ -72,6 +72,11 @@ def withdraw(conn: Connection, command_id: int, reason: str) -> bool:
 
 # --- the agents' side -----------------------------------------------------------------------
 
+# Commands that only hand work over to a thread of the agent and answer at once (a guided click,
+# whose step then enqueues the lab's commands itself): outside their lab's order, neither waiting
+# for its running command nor holding its next one.
+HAND_OVERS = ("scenario.step",)
+
 # Claims of every agent and worker thread take turns (a transaction-level advisory lock): two
 # claims at once could otherwise both see a lab idle and take two of its commands side by side.
 CLAIM_LOCK = 0x1AB_C1A1
@@ -85,17 +90,18 @@ def claim(conn: Connection, agent_id: str, lease_seconds: float) -> Claimed | No
     lab's oldest pending one (of those this agent may take) and no command of its lab is running.
     A command addressed to this agent waits only for this agent's own command of its lab: another
     agent's running command may be the one waiting for it (a reset stopping the consumers this
-    agent runs)."""
+    agent runs). A hand-over (HAND_OVERS) is outside its lab's order."""
     conn.execute(select(func.pg_advisory_xact_lock(CLAIM_LOCK)))
     running, earlier = T.alias("running"), T.alias("earlier")
     for_me = or_(T.c.agent_id.is_(None), T.c.agent_id == agent_id)
     lab_busy = select(running.c.id).where(
-        running.c.lab == T.c.lab, running.c.status == RUNNING,
+        running.c.lab == T.c.lab, running.c.status == RUNNING, running.c.verb.not_in(HAND_OVERS),
         or_(T.c.agent_id.is_(None), running.c.claimed_by == agent_id)).exists()
     queued_before = select(earlier.c.id).where(
-        earlier.c.lab == T.c.lab, earlier.c.status == PENDING, earlier.c.id < T.c.id,
+        earlier.c.lab == T.c.lab, earlier.c.status == PENDING, earlier.c.id < T.c.id, earlier.c.verb.not_in(HAND_OVERS),
         or_(earlier.c.agent_id.is_(None), earlier.c.agent_id == agent_id)).exists()
-    oldest = (select(T.c.id).where(T.c.status == PENDING, for_me, ~lab_busy, ~queued_before)
+    in_turn = or_(T.c.verb.in_(HAND_OVERS), and_(~lab_busy, ~queued_before))
+    oldest = (select(T.c.id).where(T.c.status == PENDING, for_me, in_turn)
               .order_by(T.c.id).limit(1).with_for_update(skip_locked=True).scalar_subquery())
     row = conn.execute(update(T).where(T.c.id == oldest)
                        .values(status=RUNNING, claimed_by=agent_id, lease_expires_at=func.now() + _seconds(lease_seconds))
