@@ -195,16 +195,20 @@ class Sidecar:
         self.exits: list[int] = []
         # Two labs' resets may hold it at once (the agent's command workers): the first hold holds
         # it, the last one's end lets it go; the tick's ensure() leaves a held sidecar alone.
-        self._hold_lock = threading.Condition()
+        self._hold_lock = threading.Lock()
         self._holders = 0
         self._release: Callable[[], None] | None = None
 
     def ensure(self, now: bool = False) -> None:
         """Start it if it is not running (at most once per RESTART_AFTER seconds, unless ``now``);
-        never while it is held."""
-        with self._hold_lock:
+        never while it is held, nor while a hold is being taken (the tick does not wait for one)."""
+        if not self._hold_lock.acquire(blocking=False):
+            return
+        try:
             if self._holders == 0:
                 self._ensure(now)
+        finally:
+            self._hold_lock.release()
 
     def _ensure(self, now: bool) -> None:
         if self.process is not None:
