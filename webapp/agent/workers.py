@@ -166,10 +166,6 @@ class CommandWorkers:
         with self._lock:
             return set(self._held)
 
-    def busy(self) -> int:
-        with self._lock:
-            return len(self._held)
-
     def stop(self, timeout: float | None = None) -> list[str]:
         """No more claims; wait for the commands being carried out to end. The names of the threads
         still busy after ``timeout`` seconds (None: wait for them all)."""
