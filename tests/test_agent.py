@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -540,6 +541,36 @@ def test_a_log_reader_that_cannot_acknowledge_a_hold_is_stopped_then_started_aga
         with sidecar.held(timeout=15.0):  # a running reader acknowledges: held, not restarted
             held = sidecar.process
         assert sidecar.process is held and held.poll() is None
+    finally:
+        sidecar.stop()
+
+
+def test_two_resets_at_once_share_the_log_readers_hold_and_the_last_lets_it_go(services, tmp_path):
+    """Two labs' resets on two command workers hold the reader at once: it is not started again
+    (by the first hold's end, nor by the tick's ensure) until the last hold has ended."""
+    from webapp.agent.processes import Sidecar
+    sidecar = Sidecar("log reader", "webapp.logreader",
+                      service_env(services, PYTHONPATH=str(ROOT)), tmp_path, False, holdable=True)
+    sidecar.ensure(now=True)
+    try:
+        frozen = sidecar.process
+        frozen.send_signal(signal.SIGSTOP)  # it cannot acknowledge: a hold stops it for the block
+        first_holds, first_may_end = threading.Event(), threading.Event()
+
+        def first_reset() -> None:
+            with sidecar.held(timeout=1.0):
+                first_holds.set()
+                first_may_end.wait(30)
+        first = threading.Thread(target=first_reset)
+        first.start()
+        assert first_holds.wait(30), "the first hold never began"
+        with sidecar.held(timeout=1.0):
+            first_may_end.set()
+            first.join(30)
+            sidecar.ensure(now=True)  # the agent's tick, meanwhile
+            assert sidecar.process is None or sidecar.process.poll() is not None, \
+                "the reader was started again while a reset still held it"
+        assert sidecar.process is not frozen and sidecar.process.poll() is None, "the last hold did not let it go"
     finally:
         sidecar.stop()
 

@@ -12,7 +12,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from webapp.domain.waits import wait_until
-from webapp.store import command_channel
+from webapp.store import agents, command_channel
 from webapp.store import commands as command_rows
 from webapp.store.connection import sqlalchemy_url
 from webapp.store.migrations import upgrade
@@ -160,3 +160,113 @@ def test_a_command_an_agent_claimed_but_did_not_finish_by_the_deadline_is_left_r
     with engine.begin() as conn:
         assert command_rows.outcome(conn, command_id)[0] == command_rows.RUNNING
         command_rows.finish(conn, command_id, {"ok": True})
+
+
+# --- the claim: a lab's commands one at a time and in order, other labs' beside them -------------
+
+def _no_command_waiting(engine) -> None:
+    """Earlier tests of this module leave commands behind; the claim tests start from none waiting."""
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE lab_control.commands SET status = 'failed', error = 'cleared by a test' "
+                          "WHERE status IN ('pending', 'running')"))
+
+
+def _claim(engine, agent_id: str = "test-agent"):
+    with engine.begin() as conn:
+        return command_rows.claim(conn, agent_id, 60)
+
+
+def test_the_claim_gives_a_labs_commands_one_at_a_time_in_order_and_other_labs_beside_them(engine):
+    _no_command_waiting(engine)
+    a1 = command_channel.enqueue(engine, "t_lab_a", "publish", {"n": 1})
+    a2 = command_channel.enqueue(engine, "t_lab_a", "publish", {"n": 2})
+    b1 = command_channel.enqueue(engine, "t_lab_b", "publish", {"n": 1})
+    first, second = _claim(engine), _claim(engine)
+    assert (first.id, second.id) == (a1, b1), "lab b's command waits behind lab a's running one"
+    assert _claim(engine) is None, "lab a's second command was claimed while its first ran"
+    # A guided click's hand-over only starts the step's thread: it does not wait for the lab's turn.
+    hand_over = command_channel.enqueue(engine, "t_lab_a", "scenario.step", {"run_id": 1})
+    assert _claim(engine).id == hand_over
+    with engine.begin() as conn:
+        command_rows.finish(conn, a1, {})
+    assert _claim(engine).id == a2
+
+
+def test_a_command_addressed_to_an_agent_is_not_held_by_another_agents_command_of_the_lab(engine):
+    """A reset running on one agent waits for the consumers another agent runs to stop: that stop,
+    addressed to the other agent, must not wait for the reset."""
+    _no_command_waiting(engine)
+    reset = command_channel.enqueue(engine, "t_lab_c", "group.reset", {})
+    assert _claim(engine, "agent-one").id == reset
+    stop = command_channel.enqueue(engine, "t_lab_c", "consumer.stop", {"consumer_id": 1}, "agent-two")
+    assert _claim(engine, "agent-two").id == stop
+    # Within one agent the lab's order holds for addressed commands too.
+    kill = command_channel.enqueue(engine, "t_lab_c", "consumer.kill", {"consumer_id": 1}, "agent-two")
+    assert _claim(engine, "agent-two") is None
+    with engine.begin() as conn:
+        command_rows.finish(conn, stop, {})
+    assert _claim(engine, "agent-two").id == kill
+
+
+# --- the patient waiter (a guided step) ----------------------------------------------------------
+
+def _live_agent(engine, agent_id: str = "test-agent") -> None:
+    with engine.begin() as conn:
+        agents.beat(conn, agent_id, "test-host", 1, None)
+
+
+def test_a_patient_waiter_says_why_it_waits_and_waits_past_its_deadline_while_an_agent_lives(engine):
+    _no_command_waiting(engine)
+    _live_agent(engine)
+    ahead = command_channel.enqueue(engine, "t_other_lab", "lab.reset", {})
+    mine = command_channel.enqueue(engine, "t_patient", "publish", {})
+    notes: list[tuple[float, str]] = []  # (when, what the waiter said)
+    outcome: dict[str, object] = {}
+    started = time.monotonic()
+
+    def said(text_: str) -> bool:
+        return any(note == text_ for _, note in notes)
+
+    def wait() -> None:
+        try:
+            outcome["result"] = command_channel.wait_for(engine, mine, timeout=0.5,
+                                                         waiting=lambda note: notes.append((time.monotonic(), note)))
+        except command_channel.CommandError as error:
+            outcome["result"] = error
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    try:
+        wait_until(lambda: said("waiting for the lab agent: 1 command of other labs ahead"), timeout=10,
+                   message=lambda: f"the waiter never said it was queued: {notes[-3:]}")
+        # Still reading (and saying why) at twice its deadline: it waits on, the command left queued.
+        wait_until(lambda: any(when > started + 1.0 for when, _ in notes), timeout=10,
+                   message="the waiter stopped reading its command")
+        assert waiter.is_alive() and not outcome, outcome
+        assert _claim(engine).id == ahead and _claim(engine).id == mine
+        wait_until(lambda: any(note.startswith("the agent is carrying out publish (started ") for _, note in notes),
+                   timeout=10, message=lambda: f"the waiter never said the command runs: {notes[-3:]}")
+        with engine.begin() as conn:
+            command_rows.finish(conn, mine, {"published": 1})
+        waiter.join(timeout=10)
+        assert outcome == {"result": {"published": 1}}
+    finally:
+        with engine.begin() as conn:
+            agents.remove(conn, "test-agent")
+        waiter.join(timeout=10)
+
+
+def test_a_patient_waiter_still_ends_on_a_failure_and_without_a_live_agent(engine):
+    _no_command_waiting(engine)
+    _live_agent(engine)
+    try:
+        failing = command_channel.enqueue(engine, "t_patient", "publish", {})
+        finish_later(engine, failing, lambda conn, i: command_rows.fail(conn, i, "amount: not a number", "rejected"))
+        with pytest.raises(command_channel.CommandError, match="amount: not a number"):
+            command_channel.wait_for(engine, failing, timeout=30, waiting=lambda note: None)
+    finally:
+        with engine.begin() as conn:
+            agents.remove(conn, "test-agent")
+    # No agent alive: past its deadline the patient waiter withdraws the command, as any waiter does.
+    orphan = command_channel.enqueue(engine, "t_patient", "publish", {})
+    with pytest.raises(command_channel.CommandTimedOut, match="no lab agent finished"):
+        command_channel.wait_for(engine, orphan, timeout=0.5, waiting=lambda note: None)

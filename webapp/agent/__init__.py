@@ -5,6 +5,7 @@ Web processes never touch Kafka: they write commands to PostgreSQL (webapp/store
 what the agents and the consumers report there. An agent
 - claims commands with a lease and carries them out (queue.py, handlers.py): publish,
   start/stop/kill/freeze/thaw/restart consumers, reset a group's offsets, ensure or reset a lab;
+  several at once on its command workers (workers.py), a lab's one at a time in their order;
 - owns the consumer processes on its host (processes.py) and records how each one ended;
 - beats on a thread of its own, reaps what dead agents left (commands, consumers), looks at the
   broker, snapshots committed offsets and runs scheduled TTL cleanups (periodic.py).

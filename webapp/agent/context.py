@@ -1,4 +1,5 @@
-"""What a command's handler may use of the agent that runs it (loop.Agent is one).
+"""What a command's handler may use of the agent that runs it (workers.WorkerContext: the agent's
+shared objects and the worker thread's own connection).
 
 Handlers (handlers.py, chaos.py) are typed against this protocol, not against the loop: the loop
 imports the handlers, never the other way round.

@@ -1,8 +1,10 @@
-"""The agent's main loop: claim a command, carry it out, reap children, housekeeping; repeat.
+"""The agent's main loop: reap children, housekeeping, wake the command workers; repeat.
 
-``python -m webapp.agent`` (or ``flask --app app lab agent``). Its id is unique per process start
-(``host:pid:<6 hex>``). First SIGTERM (or Ctrl-C): finish the current command, stop the consumers,
-leave. Second: exit at once.
+Commands are claimed and carried out by the agent's command workers (workers.py,
+LAB_AGENT_COMMAND_WORKERS threads), so a slow command of one lab neither holds another lab's nor
+this loop's tick. ``python -m webapp.agent`` (or ``flask --app app lab agent``). Its id is unique
+per process start (``host:pid:<6 hex>``). First SIGTERM (or Ctrl-C): finish the commands being
+carried out, stop the consumers, leave. Second: exit at once.
 """
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ import secrets
 import signal
 import socket
 import sys
+import threading
 import time
-from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import psycopg
 from confluent_kafka import KafkaException
@@ -22,19 +24,18 @@ from sqlalchemy import create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..domain.lab import Lab
-from ..domain.waits import WaitTimeout
 from ..kafka import producer
 from ..kafka.admin import admin_client
 from ..settings import auto_recover_groups, load_config
 from ..store import command_channel, group_health, schema, timeline
 from ..store import commands as command_rows
 from ..store import consumers as consumer_rows
-from ..store.commands import CHANNEL, Claimed
+from ..store.commands import CHANNEL
 from ..store.connection import connect, sqlalchemy_url
 from ..store.labs import ensure_control_schema
 from . import chaos, queue
 from .dedup_sampler import DedupSampler
-from .handlers import HANDLERS, CommandRejected, Handler
+from .handlers import HANDLERS, Handler
 from .load import RUNS as LOAD_RUNS
 from .notify_service import URL_VARIABLE as NOTIFY_URL
 from .notify_service import notification_service
@@ -42,12 +43,11 @@ from .periodic import Heartbeat, Housekeeping, SummaryFolder
 from .processes import Pool, Sidecar
 from .relays import RelayKeeper
 from .warmup import RUNS as WARMUP_RUNS
+from .workers import CommandWorkers
 
 log = logging.getLogger("idempotency_lab.agent")
 
-# Failures that fail the command (with their message) and leave the agent running.
-COMMAND_FAILURES = (CommandRejected, LookupError, ValueError, KafkaException, WaitTimeout, command_channel.CommandError,
-                    psycopg.Error, SQLAlchemyError)
+DEFAULT_COMMAND_WORKERS = 8
 
 
 def new_agent_id(host: str, pid: int) -> str:
@@ -56,12 +56,15 @@ def new_agent_id(host: str, pid: int) -> str:
 
 class Agent:
     def __init__(self, database_url: str, bootstrap_servers: str, producer_bootstrap_servers: str | None = None,
-                 data_dir: str = ".lab", log_to_stdout: bool = False, auto_recover: bool = False):
+                 data_dir: str = ".lab", log_to_stdout: bool = False, auto_recover: bool = False,
+                 command_workers: int = DEFAULT_COMMAND_WORKERS):
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.id = new_agent_id(self.host, self.pid)
         self.stopping = False
-        self.engine = create_engine(sqlalchemy_url(database_url), pool_size=2, max_overflow=2, pool_pre_ping=True,
-                                    connect_args={"connect_timeout": 3})
+        # Each command worker may hold a pooled connection for its claim and result, besides the
+        # main loop's, the guided runs' and the handlers' short reads.
+        self.engine = create_engine(sqlalchemy_url(database_url), pool_size=2 + command_workers, max_overflow=4,
+                                    pool_pre_ping=True, connect_args={"connect_timeout": 3})
         with self.engine.begin() as conn:
             ensure_control_schema(conn)
         # psycopg for LISTEN, the producer's journal and the lab-schema work; SQLAlchemy for the control plane.
@@ -91,19 +94,20 @@ class Agent:
                                                 "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers,
                                                 "KAFKA_PRODUCER_BOOTSTRAP_SERVERS": self.producer_bootstrap_servers},
                                   self.pool.log_dir, log_to_stdout, self.id)
+        # The commands, carried out on threads of their own: the tick below never waits for them.
+        self.workers = CommandWorkers(self, command_workers)
+        # The tick and the workers' kill and stop handlers reap: each exit is recorded once.
+        self._reaping = threading.Lock()
+        self._recoveries: dict[tuple[str, str], int] = {}  # (lab, group) -> its automatic recovery's command
 
     # --- what handlers use ----------------------------------------------------------------------
 
-    @contextmanager
-    def in_lab(self, lab: Lab) -> Iterator[None]:
-        """A transaction on the agent's psycopg connection working in the lab's schema."""
-        with self.conn.transaction():
-            schema.enter_psycopg(self.conn, lab.schema)
-            yield
-
     def say(self, lab: Lab, kind: str, summary: str, **detail: Any) -> None:
-        with self.in_lab(lab):
-            timeline.record(self.conn.execute, kind, summary, **detail)
+        """A line on the lab's timeline, on a pooled connection: the reaping that says it runs on the
+        main loop's thread or a worker's, and the main loop's own connection is its alone."""
+        with self.engine.begin() as conn:
+            schema.enter(conn, lab.schema)
+            timeline.record(conn.exec_driver_sql, kind, summary, **detail)
 
     def spawn(self, lab: Lab, consumer_id: int, name: str) -> int:
         process = self.pool.spawn(lab.name, consumer_id, name)
@@ -113,6 +117,10 @@ class Agent:
 
     def reap_children(self) -> None:
         """Record how each exited consumer process ended."""
+        with self._reaping:
+            self._reap_children()
+
+    def _reap_children(self) -> None:
         for consumer_id, code in self.pool.reap():
             with self.engine.begin() as conn:
                 row = consumer_rows.get(conn, consumer_id)
@@ -140,25 +148,6 @@ class Agent:
 
     # --- the loop -------------------------------------------------------------------------------
 
-    def carry_out(self, command: Claimed) -> None:
-        try:
-            handler = HANDLERS.get(command.verb)
-            if handler is None:
-                raise CommandRejected(f"unknown command {command.verb!r}")
-            result = handler(self, Lab(command.lab), command.args or {})
-            queue.finish(self.engine, command.id, result)
-        except COMMAND_FAILURES as error:
-            kind = "not found" if isinstance(error, LookupError) else "rejected"
-            log.warning("command %s %s %s: %s", command.id, command.verb, kind, error)
-            if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                self.conn.rollback()
-            queue.fail(self.engine, command.id, str(error), kind)
-        except Exception as error:  # a bug: fail this command, keep serving the others
-            log.exception("command %s %s", command.id, command.verb)
-            if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                self.conn.rollback()
-            queue.fail(self.engine, command.id, f"the agent failed: {type(error).__name__}: {error}", "internal")
-
     def tick(self) -> None:
         if not self.housekeeping.due():
             return
@@ -173,7 +162,9 @@ class Agent:
     def watch_groups(self) -> None:
         """Each lab's groups: a stall and a recovery written once to the timeline (store/group_health.py);
         with automatic recovery on, a group stalled past its threshold recovered (at most once per
-        threshold, so a broker that refuses the group again is not hammered)."""
+        threshold, so a broker that refuses the group again is not hammered). The recovery is a
+        command of this agent's, carried out by a worker in the lab's turn: it restarts members and
+        waits for their assignment, which the tick must not wait for."""
         for lab in self.housekeeping.known_labs():
             try:
                 stalled = group_health.write_transitions(self.conn.execute, lab)
@@ -181,12 +172,23 @@ class Agent:
                     started = row["recovery_started_at"]
                     if started is not None and (row["now"] - started).total_seconds() < health.stall_after:
                         continue
-                    HANDLERS["group.recover"](self, lab, {"group": health.group_id, "automatic": True})
-            except (psycopg.Error, KafkaException, LookupError, ValueError) as problem:
+                    self.recover_automatically(lab, health.group_id)
+            except (psycopg.Error, SQLAlchemyError, KafkaException, LookupError, ValueError) as problem:
                 # A lab dropped meanwhile, PostgreSQL or the broker away: looked at again next tick.
                 log.warning("lab %s: group health: %s", lab.name, str(problem).splitlines()[0] if str(problem) else problem)
                 if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     self.conn.rollback()
+
+    def recover_automatically(self, lab: Lab, group_id: str) -> None:
+        """Enqueue the group's recovery for this agent, unless one is still queued or running."""
+        key = (lab.name, group_id)
+        earlier = self._recoveries.get(key)
+        if earlier is not None:
+            with self.engine.connect() as conn:
+                if command_rows.outcome(conn, earlier)[0] in (command_rows.PENDING, command_rows.RUNNING):
+                    return
+        self._recoveries[key] = command_channel.enqueue(self.engine, lab.name, "group.recover",
+                                                        {"group": group_id, "automatic": True}, self.id)
 
     def run(self) -> int:
         try:
@@ -197,18 +199,16 @@ class Agent:
             if self.notify_service is not None:
                 self.notify_service.ensure(now=True)
             self.conn.execute(f"LISTEN {CHANNEL}")
-            log.info("lab agent %s ready", self.id)
+            self.workers.start()
+            log.info("lab agent %s ready (%d command workers)", self.id, self.workers.count)
             while not self.stopping:
                 try:
+                    # The workers carry out the commands: the reaping of exited consumers, the
+                    # committed offsets and group health go on however long a command takes
+                    # (bench/classroom.py at 30: a crash not shown while one thread served a reset).
                     self.tick()
-                    while not self.stopping and (command := queue.claim(self.engine, self.id)) is not None:
-                        self.carry_out(command)
-                        # Between two commands too: a class's stream of commands must not hold off
-                        # the reaping of exited consumers, the committed offsets and group health
-                        # (bench/classroom.py at 30: minutes without a tick, guided waits gave up).
-                        self.tick()
                     for _ in self.conn.notifies(timeout=0.25, stop_after=1):
-                        pass
+                        self.workers.wake()
                 except (psycopg.OperationalError, SQLAlchemyError) as error:
                     # PostgreSQL restarting: the agent waits for it and carries on.
                     self.reconnect(error)
@@ -238,14 +238,15 @@ class Agent:
             return
 
     def fail_interrupted(self) -> None:
-        """Nothing runs while we reconnect: a command still ``running`` under our claim lost its
-        result with the connection. Fail it with the reason rather than leave it leased for ever."""
+        """A command still ``running`` under our claim that no worker carries out any more lost its
+        result with the connection. Fail it with the reason rather than leave it leased for ever; a
+        command a worker still holds is the worker's to end."""
         try:
+            held = self.workers.held()
             with self.engine.begin() as conn:
                 for command in command_rows.of_agents(conn, [self.id]):
-                    if command.status == command_rows.RUNNING:
-                        command_rows.fail(conn, command.id, "PostgreSQL restarted while the agent carried it out; "
-                                          "its result is unknown: look at the lab, then try again", "interrupted",
+                    if command.status == command_rows.RUNNING and command.id not in held:
+                        command_rows.fail(conn, command.id, queue.INTERRUPTED, "interrupted",
                                           only_if=command_rows.RUNNING)
         except SQLAlchemyError as error:
             log.warning("could not fail the interrupted commands: %s", str(error).splitlines()[0])
@@ -254,6 +255,9 @@ class Agent:
         """Stop the consumers (gracefully, SIGKILL after their deadline) and the log mirror, record
         how each ended, fail what was still addressed to us, remove our row."""
         try:
+            busy = self.workers.stop()  # the commands being carried out end first
+            if busy:
+                log.warning("still carrying out commands at shutdown: %s", ", ".join(busy))
             LOAD_RUNS.stop_all()
             WARMUP_RUNS.stop_all()
             self.dedup_sampler.stop()
@@ -286,7 +290,8 @@ def main(extra_handlers: Mapping[str, Handler] | None = None) -> int:
         HANDLERS.setdefault(verb, handler)
     agent = Agent(config["DATABASE_URL"], config["KAFKA_BOOTSTRAP_SERVERS"],
                   config["KAFKA_PRODUCER_BOOTSTRAP_SERVERS"], config["LAB_DATA_DIR"],
-                  log_to_stdout=config["LAB_LOG_TO_STDOUT"], auto_recover=auto_recover_groups(config))
+                  log_to_stdout=config["LAB_LOG_TO_STDOUT"], auto_recover=auto_recover_groups(config),
+                  command_workers=config["LAB_AGENT_COMMAND_WORKERS"])
 
     def on_term(signum, frame):
         if agent.stopping:

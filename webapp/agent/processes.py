@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from ..domain.vocabulary import AGENT_PID, HOLD_ACK_FD, HOLD_DONE, HOLD_READY
 from .forks import ForkedProcess, ForkServer
@@ -89,6 +89,9 @@ class Pool:
         if not log_to_stdout:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         self.children: dict[int, Child] = {}  # consumer id -> its process
+        # The agent's command workers and its tick use the pool at once: the children's map is
+        # read and changed under this lock (a signal and a wait happen outside it).
+        self._lock = threading.Lock()
         self.env: dict[str, str] = {}  # what every consumer is told on top of the agent's environment
         # Consumers are forked by the fork server (forks.py); its own lines go to its log file.
         self.forks = ForkServer(None if log_to_stdout else self.log_dir / "consumer-fork-server.log")
@@ -107,11 +110,16 @@ class Pool:
         label = f"{lab}/{name}"
         log = None if self.log_to_stdout else self.log_dir / f"{lab}-consumer-{consumer_id}.log"
         process = self.forks.spawn(argv, env, log, prefix=f"[{label}] ")
-        self.children[consumer_id] = Child(process, label)
+        with self._lock:
+            self.children[consumer_id] = Child(process, label)
         return process
 
+    def _child(self, consumer_id: int) -> Child | None:
+        with self._lock:
+            return self.children.get(consumer_id)
+
     def running(self, consumer_id: int) -> ForkedProcess:
-        child = self.children.get(consumer_id)
+        child = self._child(consumer_id)
         if child is None or child.process.poll() is not None:
             raise NotRunning(f"consumer {consumer_id} is not running")
         return child.process
@@ -132,28 +140,33 @@ class Pool:
 
     def stop(self, consumer_id: int, timeout: float = STOP_TIMEOUT) -> None:
         """SIGTERM (after SIGCONT: a frozen process must run to hear it); SIGKILL after ``timeout``."""
-        child = self.children.get(consumer_id)
+        child = self._child(consumer_id)
         if child is None or child.process.poll() is not None:
             return
         child.process.send_signal(signal.SIGCONT)
         stop_process(child.process, timeout=timeout)
 
     def forget(self, consumer_id: int) -> None:
-        self.children.pop(consumer_id, None)
+        with self._lock:
+            self.children.pop(consumer_id, None)
 
     def reap(self) -> list[tuple[int, int]]:
         """(consumer id, exit code) of every child that exited and is not forgotten yet: the caller
         forgets each once its end is recorded, so an end it could not record (PostgreSQL down) is
         returned again by the next call."""
         ended = []
-        for consumer_id, child in list(self.children.items()):
+        with self._lock:
+            children = list(self.children.items())
+        for consumer_id, child in children:
             code = child.process.poll()
             if code is not None:
                 ended.append((consumer_id, code))
         return ended
 
     def stop_all(self) -> None:
-        for consumer_id in list(self.children):
+        with self._lock:
+            consumer_ids = list(self.children)
+        for consumer_id in consumer_ids:
             self.stop(consumer_id)
         self.forks.stop()
 
@@ -180,9 +193,24 @@ class Sidecar:
         self._ready = False  # it said its signal handlers are installed
         self.started_at = 0.0
         self.exits: list[int] = []
+        # Two labs' resets may hold it at once (the agent's command workers): the first hold holds
+        # it, the last one's end lets it go; the tick's ensure() leaves a held sidecar alone.
+        self._hold_lock = threading.Lock()
+        self._holders = 0
+        self._release: Callable[[], None] | None = None
 
     def ensure(self, now: bool = False) -> None:
-        """Start it if it is not running (at most once per RESTART_AFTER seconds, unless ``now``)."""
+        """Start it if it is not running (at most once per RESTART_AFTER seconds, unless ``now``);
+        never while it is held, nor while a hold is being taken (the tick does not wait for one)."""
+        if not self._hold_lock.acquire(blocking=False):
+            return
+        try:
+            if self._holders == 0:
+                self._ensure(now)
+        finally:
+            self._hold_lock.release()
+
+    def _ensure(self, now: bool) -> None:
         if self.process is not None:
             code = self.process.poll()
             if code is None:
@@ -261,7 +289,23 @@ class Sidecar:
         """The sidecar held off its work for the block: SIGUSR1 once it has said it is ready
         (HOLD_READY), acknowledged (HOLD_DONE) on its pipe; SIGUSR2 after. One that cannot be held
         (not running, not holdable, no answer within ``timeout`` s) is stopped for the block
-        instead and started again after it."""
+        instead and started again after it. Blocks of several threads at once share one hold,
+        ended by the last of them."""
+        with self._hold_lock:
+            if self._holders == 0:
+                self._release = self._hold(timeout)
+            self._holders += 1
+        try:
+            yield
+        finally:
+            with self._hold_lock:
+                self._holders -= 1
+                if self._holders == 0 and self._release is not None:
+                    release, self._release = self._release, None
+                    release()
+
+    def _hold(self, timeout: float | None) -> Callable[[], None]:
+        """Hold the sidecar off its work; the function that lets it go again."""
         timeout = self.HOLD_TIMEOUT if timeout is None else timeout
         process = self.process
         holding = False
@@ -274,13 +318,13 @@ class Sidecar:
                 holding = self._await(HOLD_DONE, deadline)
         if not holding:
             self.stop()
-        try:
-            yield
-        finally:
+
+        def release() -> None:
             if holding and process.poll() is None:
                 process.send_signal(signal.SIGUSR2)
             else:
-                self.ensure(now=True)
+                self._ensure(now=True)
+        return release
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.process is None or self.process.poll() is not None:

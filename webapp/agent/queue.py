@@ -36,7 +36,7 @@ from ..store.schema import enter
 log = logging.getLogger("idempotency_lab.agent")
 
 LEASE_SECONDS = AGENT_FRESH_SECONDS
-UNCLAIMED_SECONDS = 60.0
+UNCLAIMED_SECONDS = commands.PATIENCE_SECONDS
 PRUNE_AGENTS_AFTER = 600.0  # seconds of silence after which a dead agent's row is deleted
 
 
@@ -53,6 +53,16 @@ def finish(engine: Engine, command_id: int, result: dict) -> None:
 def fail(engine: Engine, command_id: int, error: str, kind: str) -> None:
     with engine.begin() as conn:
         commands.fail(conn, command_id, error, kind)
+
+
+INTERRUPTED = ("PostgreSQL restarted while the agent carried it out; its result is unknown: look at the lab, "
+               "then try again")
+
+
+def interrupted(engine: Engine, command_id: int) -> None:
+    """Fail a running command whose result was lost with the database connection, with the reason."""
+    with engine.begin() as conn:
+        commands.fail(conn, command_id, INTERRUPTED, "interrupted", only_if=commands.RUNNING)
 
 
 def died(agent_id: str | None, age: float | None, successor: str | None = None) -> str:
@@ -139,7 +149,7 @@ class Reaper:
                 log.warning("command %s %s failed: %s", command.id, command.verb, died(command.agent_id, command.age))
         for command in commands.unclaimed(conn, UNCLAIMED_SECONDS):
             reason = (f"no lab agent took it within {UNCLAIMED_SECONDS:.0f} s: none was running, "
-                      "or all were busy")
+                      "or the queue before it did not move")
             commands.fail(conn, command.id, reason, "no agent", only_if=commands.PENDING)
         orphans = [row for row in consumer_rows.orphaned(conn, agents.live_ids(conn))
                    if not self.visibly_alive(row.agent_id)]

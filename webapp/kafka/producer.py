@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,9 @@ class Publisher:
     def __init__(self, bootstrap_servers: str, max_producers: int = MAX_PRODUCERS):
         self.bootstrap_servers = bootstrap_servers
         self.max_producers = max_producers
+        # The agent's command workers publish for several labs at once: the map of producers is
+        # read and changed under this lock (each confluent-kafka Producer is thread-safe itself).
+        self._lock = threading.RLock()
         # Least recently used first.
         self._producers: collections.OrderedDict[tuple[str, bool, int | None, str, int | None], SequencedProducer] = \
             collections.OrderedDict()
@@ -80,6 +84,11 @@ class Publisher:
         """The lab's producer with these settings; PublishError naming the field when librdkafka
         refuses them (an idempotent producer without its terms: acks=all, retries >= 1, at most 5
         requests in flight)."""
+        with self._lock:
+            return self._producer(lab, idempotent, max_in_flight, acks, retries)
+
+    def _producer(self, lab: Lab, idempotent: bool, max_in_flight: int | None, acks: str,
+                  retries: int | None) -> SequencedProducer:
         setting = (lab.name, idempotent, max_in_flight, acks, retries)
         if setting in self._producers:
             self._producers.move_to_end(setting)
@@ -100,8 +109,10 @@ class Publisher:
 
     def forget(self, lab: Lab) -> None:
         """Flush and close the lab's producers (the lab is being reset or dropped)."""
-        for setting in [setting for setting in self._producers if setting[0] == lab.name]:
-            self._producers.pop(setting).producer.flush(5)
+        with self._lock:
+            forgotten = [self._producers.pop(setting) for setting in list(self._producers) if setting[0] == lab.name]
+        for sequenced in forgotten:
+            sequenced.producer.flush(5)
 
     def send(self, lab: Lab, topic: str, records: list[tuple[bytes | None, bytes]], idempotent: bool,
              max_in_flight: int | None = None, acks: str = "all", retries: int | None = None) -> list[Report]:
@@ -133,9 +144,11 @@ class Publisher:
         return [report or Report(None, None, "no delivery report") for report in reports]
 
     def close(self) -> None:
-        for sequenced in self._producers.values():
+        with self._lock:
+            closing = list(self._producers.values())
+            self._producers.clear()
+        for sequenced in closing:
             sequenced.producer.flush(5)
-        self._producers.clear()
 
 
 RAW_MAX_BYTES = Limits.RAW_VALUE_BYTES

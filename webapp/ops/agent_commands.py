@@ -19,7 +19,8 @@ def run_command(ctx: Context, verb: str, args: dict[str, Any], *, agent_id: str 
                 field: str = "request", timeout: float = 30.0) -> dict:
     """Carry out ``verb`` on an agent; its refusals become InvalidRequest naming their field."""
     try:
-        return command_channel.run(ctx.engine, ctx.lab.name, verb, args, agent_id=agent_id, timeout=timeout)
+        return command_channel.run(ctx.engine, ctx.lab.name, verb, args, agent_id=agent_id, timeout=timeout,
+                                   waiting=ctx.waiting)
     except command_channel.CommandNotFound as error:
         raise NotFound(str(error)) from None
     except command_channel.NoAgent:

@@ -69,6 +69,9 @@ class Context:
     engine: Engine
     lab: Lab
     config: Mapping[str, Any] = field(default_factory=dict)
+    # Set by a caller no request holds open (a guided step): the agent's commands are waited for
+    # patiently, and this is told why one has not ended yet (store/command_channel.wait_for).
+    waiting: Callable[[str], None] | None = None
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Mapping
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from ..settings import load_config
 from ..store import command_channel, scenario_runs
@@ -44,6 +46,33 @@ def release(engine: Engine, run_id: int, run: RunState | None = None) -> None:
         scenario_runs.release(conn, run_id)
 
 
+# How often the running step's "waiting for ..." line is written on the run's row at most.
+NOTE_EVERY = 1.0
+
+
+class WaitingNote:
+    """Guided mode's ``waiting``: what the running step waits for (a command queued at the agent or
+    being carried out, a wait step's condition), written on the run's row for the page, at most
+    every NOTE_EVERY seconds."""
+
+    def __init__(self, engine: Engine, run_id: int):
+        self.engine, self.run_id = engine, run_id
+        self.last: str | None = None
+        self.written_at = 0.0
+
+    def __call__(self, waiting: str) -> None:
+        now = time.monotonic()
+        if waiting == self.last or now - self.written_at < NOTE_EVERY:
+            return
+        try:
+            with self.engine.begin() as conn:
+                scenario_runs.note_waiting(conn, self.run_id, waiting)
+        except SQLAlchemyError as error:  # the line is a courtesy: the step goes on without it
+            log.info("guided run %s: could not note what it waits for: %s", self.run_id, str(error).splitlines()[0])
+            return
+        self.last, self.written_at = waiting, now
+
+
 def run_guided_step(engine: Engine, run_id: int, config: Mapping[str, Any] | None = None,
                     probe: bool = True) -> dict[str, Any]:
     """One click of a claimed guided run: prepare a fresh lab, or the next step, or the expectations.
@@ -58,13 +87,15 @@ def run_guided_step(engine: Engine, run_id: int, config: Mapping[str, Any] | Non
             return {"run_id": run_id, "error": "no such run or scenario"}
         run = RunState.from_dict(row["progress"])
         run.error = None
+        run.waiting = None
         # The agent's settings (its environment and .env), classroom ceilings included: a guided
         # step is bound by what the lab's own requests are.
         config = dict(config if config is not None else load_config())
         journal.install()
         broker, _ = broker_kind(config, probe=probe)
         try:
-            Runner(engine, scenario, run, broker=broker, config=config).advance()
+            Runner(engine, scenario, run, broker=broker, config=config,
+                   waiting=WaitingNote(engine, run_id)).advance()
         except command_channel.NoAgent as problem:
             run.error = str(problem)
         except OPERATION_ERRORS as problem:

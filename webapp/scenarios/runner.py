@@ -69,6 +69,7 @@ class RunState:
     status: str = "ready"                # ready | running | passed | failed | not-run | error
     reason: str | None = None
     error: str | None = None             # why the last click could not act (guided mode), shown once
+    waiting: str | None = None           # guided mode: what the step running now waits for, while it runs
     consumers: dict[str, int] = field(default_factory=dict)
     events: dict[str, str] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
@@ -271,12 +272,16 @@ Echo = Callable[[str, dict[str, Any]], None]
 
 class Runner:
     def __init__(self, engine: Engine, scenario: Scenario, run: RunState, *, broker: str = "unknown",
-                 echo: Echo | None = None, config: Mapping[str, Any] | None = None):
+                 echo: Echo | None = None, config: Mapping[str, Any] | None = None,
+                 waiting: Callable[[str], None] | None = None):
+        """``waiting``: guided mode's; told what a step waits for while it waits (the agent's commands
+        are then waited for patiently: a busy agent is slow, not failed)."""
         self.engine = engine
         self.scenario = scenario
         self.run = run
         self.lab = Lab(run.lab)
-        self.ctx = ops.Context(engine, self.lab, dict(config or {}))
+        self.ctx = ops.Context(engine, self.lab, dict(config or {}), waiting=waiting)
+        self.waiting = waiting
         self.broker = broker
         self.echo = echo or (lambda kind, data: None)
 
@@ -466,6 +471,9 @@ class Runner:
         def holds() -> bool:
             nonlocal seen
             ok, seen = evaluate(condition, observe(self.engine, self.lab), self.run)
+            if self.waiting is not None and not ok:
+                self.waiting(f"waiting until {describe_condition(condition)} "
+                             f"({time.monotonic() - started:.0f} of {step.args['timeout']:g} s); the lab shows: {seen}")
             return ok
 
         try:

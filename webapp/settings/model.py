@@ -206,6 +206,11 @@ class LabSettings(BaseSettings):
         0, "1: the agent recovers a stalled consumer group by itself (restart its members, then a fresh "
         "group id carrying the committed offsets over), once the stall has lasted its threshold. On in a "
         "class: nobody watches thirty status bars.", classroom=1)
+    LAB_AGENT_COMMAND_WORKERS: int = setting(
+        8, "Commands one lab agent carries out at once, each on a thread with its own PostgreSQL connection: "
+        "commands of different labs run side by side, a lab's own commands one at a time in their order. "
+        "A class's guided steps (a publish, a consumer's start, a lab's reset) then wait for their own lab, "
+        "not behind thirty others'.", ge=1, le=64)
     LAB_MAX_LABS: int = setting(
         60, "Labs this database may hold: past it `/join` refuses a new attendee and a scenario run refuses "
         "to open a fresh lab; 0: no limit.", ge=0)

@@ -11,12 +11,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import psycopg
 from sqlalchemy import Engine
 
-from ..domain.waits import WaitTimeout, wait_until
 from . import agents as agent_rows
 from . import commands as command_rows
 from .connection import connect
@@ -175,31 +174,65 @@ def done_listener(engine: Engine) -> DoneListener:
         return listener
 
 
-def wait_for(engine: Engine, command_id: int, timeout: float) -> dict[str, Any]:
+def _commands(count: int) -> str:
+    return f"{count} command{'' if count == 1 else 's'}"
+
+
+def describe_wait(place: command_rows.Place, running_for: float | None) -> str:
+    """Why a command has not ended yet, in an attendee's words."""
+    if place.status == command_rows.RUNNING:
+        return f"the agent is carrying out {place.verb} (started {running_for or 0:.0f} s ago)"
+    said = f"waiting for the lab agent: {_commands(place.ahead_other_labs)} of other labs ahead"
+    if place.ahead_same_lab:
+        said += f", and {_commands(place.ahead_same_lab)} of this lab before it"
+    return said
+
+
+Waiting = Callable[[str], None]
+
+
+def wait_for(engine: Engine, command_id: int, timeout: float, *, waiting: Waiting | None = None) -> dict[str, Any]:
     """Block until the command is done; its result, or CommandError with the agent's reason.
 
     The waiter is woken by this process's listener (:class:`DoneListener`) when an agent announces
     the command's end, and reads the command's row then, and at least every WAKE_EVERY seconds;
     each read borrows a connection for one statement. A command still pending at the deadline is
-    withdrawn, so no agent carries it out later, when nobody waits for it any more."""
+    withdrawn, so no agent carries it out later, when nobody waits for it any more.
+
+    ``waiting``: a patient waiter (a guided step, which nobody's request holds open). It is told at
+    each read why the command has not ended (:func:`describe_wait`), and waits past ``timeout``
+    while a lab agent is alive to take or finish it, up to PATIENCE_SECONDS in all. A command that
+    failed, or whose agent died (the reaper fails it), still ends the wait with the reason."""
     listener = done_listener(engine)
     watch = listener.watch(command_id)  # before the first read: an end announced after it wakes us
+    started = time.monotonic()
+    deadline = started + timeout
+    patience = started + (max(timeout, command_rows.PATIENCE_SECONDS) if waiting else timeout)
+    running_since: float | None = None
 
-    def ended() -> tuple[str, dict[str, Any] | None, str | None] | None:
+    def read() -> tuple[str, dict[str, Any] | None, str | None]:
+        nonlocal running_since
         watch.ended.clear()
         with engine.connect() as conn:
             row = command_rows.outcome(conn, command_id)
+            place = command_rows.place(conn, command_id) if waiting is not None else None
         watch.looked.set()
-        if row[0] in (command_rows.DONE, command_rows.FAILED):
-            return row
-        watch.ended.wait(WAKE_EVERY)
-        return None
+        if place is not None and place.status in (command_rows.PENDING, command_rows.RUNNING):
+            if place.status == command_rows.RUNNING and running_since is None:
+                running_since = time.monotonic()
+            waiting(describe_wait(place, None if running_since is None else time.monotonic() - running_since))
+        return row
 
     try:
-        try:
-            status, result, error = wait_until(ended, timeout=timeout, interval=0, message="")
-        except WaitTimeout:
-            status, result, error = _at_the_deadline(engine, command_id, timeout)
+        while True:
+            status, result, error = read()
+            if status in (command_rows.DONE, command_rows.FAILED):
+                break
+            now = time.monotonic()
+            if now >= deadline and (now >= patience or not live_agents(engine)):
+                status, result, error = _at_the_deadline(engine, command_id, now - started)
+                break
+            watch.ended.wait(min(WAKE_EVERY, max(0.0, (deadline if now < deadline else patience) - now)))
     finally:
         listener.forget(watch)
     if status == command_rows.DONE:
@@ -226,8 +259,8 @@ def _at_the_deadline(engine: Engine, command_id: int, timeout: float) -> tuple[s
 
 
 def run(engine: Engine, lab: str, verb: str, args: dict[str, Any] | None = None, *,
-        agent_id: str | None = None, timeout: float = 30.0) -> dict[str, Any]:
-    """Enqueue a command and wait for its result."""
+        agent_id: str | None = None, timeout: float = 30.0, waiting: Waiting | None = None) -> dict[str, Any]:
+    """Enqueue a command and wait for its result (``waiting``: patiently, see :func:`wait_for`)."""
     if not live_agents(engine):
         raise NoAgent("no lab agent is running: start the lab with `make run`, or `flask --app app lab agent`")
-    return wait_for(engine, enqueue(engine, lab, verb, args, agent_id), timeout)
+    return wait_for(engine, enqueue(engine, lab, verb, args, agent_id), timeout, waiting=waiting)

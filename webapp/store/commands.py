@@ -20,6 +20,9 @@ CHANNEL = "lab_commands"
 DONE_CHANNEL = "lab_command_done"
 
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+# How long a patient waiter (a guided step) waits for a command queued at a live agent or being
+# carried out; a command still pending after it is failed by the reaper (nobody waits for it).
+PATIENCE_SECONDS = 600.0
 
 
 def _seconds(seconds: float):
@@ -69,16 +72,62 @@ def withdraw(conn: Connection, command_id: int, reason: str) -> bool:
 
 # --- the agents' side -----------------------------------------------------------------------
 
-def claim(conn: Connection, agent_id: str, lease_seconds: float) -> Claimed | None:
-    """The oldest pending command for this agent (or for any agent), now running under its lease.
+# Commands that only hand work over to a thread of the agent and answer at once (a guided click,
+# whose step then enqueues the lab's commands itself): outside their lab's order, neither waiting
+# for its running command nor holding its next one.
+HAND_OVERS = ("scenario.step",)
 
-    FOR UPDATE SKIP LOCKED: agents claiming at once each get a different command, none waits."""
-    oldest = (select(T.c.id).where(T.c.status == PENDING, or_(T.c.agent_id.is_(None), T.c.agent_id == agent_id))
+# Claims of every agent and worker thread take turns (a transaction-level advisory lock): two
+# claims at once could otherwise both see a lab idle and take two of its commands side by side.
+CLAIM_LOCK = 0x1AB_C1A1
+
+
+def claim(conn: Connection, agent_id: str, lease_seconds: float) -> Claimed | None:
+    """The oldest pending command this agent may take (addressed to it or to any agent), now running
+    under its lease; None when there is none.
+
+    A lab's commands run one at a time and in their order: a command is taken only when it is its
+    lab's oldest pending one (of those this agent may take) and no command of its lab is running.
+    A command addressed to this agent waits only for this agent's own command of its lab: another
+    agent's running command may be the one waiting for it (a reset stopping the consumers this
+    agent runs). A hand-over (HAND_OVERS) is outside its lab's order."""
+    conn.execute(select(func.pg_advisory_xact_lock(CLAIM_LOCK)))
+    running, earlier = T.alias("running"), T.alias("earlier")
+    for_me = or_(T.c.agent_id.is_(None), T.c.agent_id == agent_id)
+    lab_busy = select(running.c.id).where(
+        running.c.lab == T.c.lab, running.c.status == RUNNING, running.c.verb.not_in(HAND_OVERS),
+        or_(T.c.agent_id.is_(None), running.c.claimed_by == agent_id)).exists()
+    queued_before = select(earlier.c.id).where(
+        earlier.c.lab == T.c.lab, earlier.c.status == PENDING, earlier.c.id < T.c.id, earlier.c.verb.not_in(HAND_OVERS),
+        or_(earlier.c.agent_id.is_(None), earlier.c.agent_id == agent_id)).exists()
+    in_turn = or_(T.c.verb.in_(HAND_OVERS), and_(~lab_busy, ~queued_before))
+    oldest = (select(T.c.id).where(T.c.status == PENDING, for_me, in_turn)
               .order_by(T.c.id).limit(1).with_for_update(skip_locked=True).scalar_subquery())
     row = conn.execute(update(T).where(T.c.id == oldest)
                        .values(status=RUNNING, claimed_by=agent_id, lease_expires_at=func.now() + _seconds(lease_seconds))
                        .returning(T.c.id, T.c.lab, T.c.verb, T.c.args)).first()
     return Claimed(*row) if row else None
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a command stands: its status and verb and, while it is pending, the unfinished (pending
+    or running) commands created before it, of other labs and of its own lab."""
+    status: str
+    verb: str
+    ahead_other_labs: int
+    ahead_same_lab: int
+
+
+def place(conn: Connection, command_id: int) -> Place:
+    """The command's place in the queue (see :class:`Place`)."""
+    status, verb, lab = conn.execute(select(T.c.status, T.c.verb, T.c.lab).where(T.c.id == command_id)).one()
+    if status != PENDING:
+        return Place(status, verb, 0, 0)
+    other_labs, same_lab = conn.execute(
+        select(func.count().filter(T.c.lab != lab), func.count().filter(T.c.lab == lab))
+        .where(T.c.id < command_id, T.c.status.in_((PENDING, RUNNING)))).one()
+    return Place(status, verb, other_labs, same_lab)
 
 
 def renew_leases(conn: Connection, agent_id: str, lease_seconds: float) -> int:

@@ -51,6 +51,14 @@ def save(conn: Connection, run_id: int, progress: Mapping[str, Any], status: str
                  {"p": json.dumps(progress, default=str), "s": status, "id": run_id})
 
 
+def note_waiting(conn: Connection, run_id: int, waiting: str) -> None:
+    """What the run's running step waits for (its progress's ``waiting``), while the run is busy;
+    it also keeps the run's claim fresh."""
+    conn.execute(text(f"UPDATE {C}.scenario_runs SET progress = jsonb_set(progress, '{{waiting}}', "
+                      "to_jsonb(CAST(:w AS text))), updated_at = now() WHERE id = :id AND busy"),
+                 {"w": waiting, "id": run_id})
+
+
 def release(conn: Connection, run_id: int) -> None:
     conn.execute(text(f"UPDATE {C}.scenario_runs SET busy = false WHERE id = :id"), {"id": run_id})
 
