@@ -308,8 +308,9 @@ def main() -> int:
         # Each lab figure next to a bare loop of the same shape, in rounds that alternate which of the
         # two runs first: this machine's speed drifts (disk flushes, checkpoints, its neighbours) by
         # more than the gap being measured, and a median of neighbouring pairs drifts less.
-        print(f"\n{args.rounds} rounds a case; medians (ev/s), and the median of each round's ratio\n")
-        print(f"{'case':44} {'bare loop':>10} {'lab':>9} {'ratio':>6}  {'each round':>s}")
+        print(f"\n{args.rounds} rounds a case; medians (ev/s), and the median of each round's ratio; the machine's "
+              "1-minute load average as the case began and ended\n")
+        print(f"{'case':44} {'bare loop':>10} {'lab':>9} {'ratio':>6}  {'each round':<24} load")
         cases = []  # (title, bare loop's shape, lab consumer's shape, credits)
         for name in args.strategies:
             if "per-message" in args.modes:
@@ -323,6 +324,7 @@ def main() -> int:
         for title, bare_shape, (name, batch_size, commit_mode), credits in cases:
             stack.events = credits
             bares, labs = [], []
+            load_before = os.getloadavg()[0]
             for round_ in range(args.rounds):
                 runs = [lambda: bares.append(bare_loop(stack, **bare_shape)),
                         lambda: labs.append(lab_consumer(stack, name, batch_size, commit_mode=commit_mode))]
@@ -330,7 +332,8 @@ def main() -> int:
                     run()
             ratios = [lab / bare for bare, lab in zip(bares, labs)]
             each = " ".join(f"{r:.2f}" for r in ratios)
-            print(f"{title:44} {median(bares):>10,.0f} {median(labs):>9,.0f} {median(ratios):>5.2f}x  {each}",
+            print(f"{title:44} {median(bares):>10,.0f} {median(labs):>9,.0f} {median(ratios):>5.2f}x  {each:<24} "
+                  f"{load_before:.1f} -> {os.getloadavg()[0]:.1f}",
                   flush=True)
     return 0
 
