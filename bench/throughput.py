@@ -21,8 +21,13 @@ Lab consumers: ``python -m webapp.consumer`` processes, as the lab agent starts 
 strategy in per-message mode (sync commits; eventid-atomic also async) and in batch mode. Each lab
 figure is printed with its ratio to the bare loop of the same shape (per-message sync, per-message
 async, batch): ``--rounds`` pairs (default 3), each pair run back to back, which of the two first
-alternating from round to round; the medians, and the median of the pairs' ratios. ``--consumer-root`` runs the lab's consumers from another
-checkout (``git archive HEAD | tar -x -C DIR``: the same figures before a change).
+alternating from round to round; the medians, and the median of the pairs' ratios; the machine's
+1-minute load average as the case began and ended. Under each case, the CPU time per record (user and
+system, from /proc) of the loop's process and its PostgreSQL backend, and of the lab consumer's
+process and its two backends (control and effects): the work each does per record, which the
+machine's load moves far less than the wall clock (waiting to be scheduled costs no CPU).
+``--consumer-root`` runs the lab's consumers from another checkout (``git archive HEAD | tar -x -C
+DIR``: the same figures before a change).
 
 ``--profile`` instead drains N credits with one per-message eventid-atomic consumer under cProfile
 and prints where its time goes.
@@ -37,6 +42,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
 from statistics import median
@@ -105,6 +111,33 @@ def rate(count_: int, seconds: float) -> float:
     return count_ / seconds if seconds > 0 else float("inf")
 
 
+@dataclass
+class Run:
+    """One drain: records per second (wall clock), and the CPU time it took per record, the
+    client's process and its PostgreSQL backends together (None where /proc cannot tell)."""
+    rate: float
+    cpu_ms_per_record: float | None
+
+
+def cpu_seconds(pids: list[int]) -> float | None:
+    """The CPU time (user + system) the processes ``pids`` have used so far, from /proc (Linux)."""
+    total = 0
+    try:
+        for pid in pids:
+            # After the command's closing parenthesis, field 3 (state) on: utime and stime are 14 and 15.
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            total += int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ms_per_record(before: float | None, after: float | None, records: int) -> float | None:
+    if before is None or after is None or records <= 0:
+        return None
+    return (after - before) * 1000 / records
+
+
 # --- bare limits --------------------------------------------------------------------------------
 
 def bare_events(stack: Stack) -> list[events.PaymentEvent]:
@@ -164,7 +197,7 @@ def postgres_alone(stack: Stack, batch_size: int | None) -> float:
         return rate(len(work), time.perf_counter() - started)
 
 
-def bare_loop(stack: Stack, asynchronous: bool = False, batch_size: int | None = None) -> float:
+def bare_loop(stack: Stack, asynchronous: bool = False, batch_size: int | None = None) -> Run:
     """poll -> transaction -> commit per message (or consume(n) -> batch transaction -> commit)."""
     lab = stack.fresh_lab()
     acknowledged = {"offset": -1, "error": None}
@@ -180,6 +213,8 @@ def bare_loop(stack: Stack, asynchronous: bool = False, batch_size: int | None =
     done, started = 0, None
     try:
         with bare_connection(stack, lab) as conn:
+            # This process (the loop and its client's threads) and its PostgreSQL backend.
+            pids = [os.getpid(), conn.info.backend_pid]
             while done < stack.events:
                 if batch_size is None:
                     message = consumer.poll(0.2)
@@ -190,7 +225,7 @@ def bare_loop(stack: Stack, asynchronous: bool = False, batch_size: int | None =
                 if not messages:
                     continue
                 if started is None:
-                    started = time.perf_counter()
+                    started, cpu_before = time.perf_counter(), cpu_seconds(pids)
                 if batch_size is None:
                     message = messages[0]
                     one_transaction(conn, events.decode(message.value()), message.offset())
@@ -208,7 +243,8 @@ def bare_loop(stack: Stack, asynchronous: bool = False, batch_size: int | None =
                 wait_until(answered, timeout=60, interval=0,
                            message=lambda: "the bare loop's last asynchronous commit was not acknowledged "
                                            f"(last commit error: {acknowledged['error']})")
-            return rate(done, time.perf_counter() - started)
+            return Run(rate(done, time.perf_counter() - started),
+                       cpu_ms_per_record(cpu_before, cpu_seconds(pids), done))
     finally:
         consumer.close()
 
@@ -216,7 +252,7 @@ def bare_loop(stack: Stack, asynchronous: bool = False, batch_size: int | None =
 # --- the lab's consumers ---------------------------------------------------------------------------
 
 def lab_consumer(stack: Stack, strategy: str, batch_size: int, commit_mode: str = "sync",
-                 profile_to: Path | None = None) -> float:
+                 profile_to: Path | None = None) -> Run:
     """A consumer process of the lab drains the topic; records per second from its first delivery
     to the last record applied and committed."""
     lab = stack.fresh_lab()
@@ -240,6 +276,9 @@ def lab_consumer(stack: Stack, strategy: str, batch_size: int, commit_mode: str 
         # One connection for the whole watch, opened before the clock starts: a new connection per
         # look (a backend forked 20 times a second) took CPU from the consumer being measured.
         watcher = connect(stack.url, schema=lab.schema, autocommit=True)
+        # CPU from the first look that finds a delivery: the consumer's process and its backends
+        # (control and effects, named by application_name), and the offset it had reached.
+        cpu = {"before": None, "first_offset": None}
         try:
             def drained():
                 if process.poll() is not None:
@@ -252,21 +291,44 @@ def lab_consumer(stack: Stack, strategy: str, batch_size: int, commit_mode: str 
                     "extract(epoch FROM localtimestamp - (SELECT delivered_at FROM deliveries ORDER BY id LIMIT 1))"
                     "::float").fetchone()
                 asked = time.monotonic()
+                if last is not None and cpu["first_offset"] is None:
+                    cpu["pids"] = [process.pid, *(row[0] for row in watcher.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s",
+                        [f"lab {lab.name} c1 %"]))]
+                    cpu["before"], cpu["first_offset"] = cpu_seconds(cpu["pids"]), last
                 if last is None or last < stack.events - 1:
                     return None
                 committed = committed_offsets(admin, group_id, lab.topic)
-                return first_age + time.monotonic() - asked if committed.get(0) == stack.events else None
+                if committed.get(0) != stack.events:
+                    return None
+                cpu["after"] = cpu_seconds(cpu["pids"])
+                return first_age + time.monotonic() - asked
             # Every 10 ms: a batch case drains 5,000 credits in about 0.4 s, and the end is seen at
             # most one interval late.
             seconds = wait_until(drained, timeout=600, interval=0.01,
                                  message=f"{strategy} never drained {stack.events} records")
-            return rate(stack.events, seconds)
+            return Run(rate(stack.events, seconds), cpu_ms_per_record(
+                cpu["before"], cpu["after"], stack.events - 1 - cpu["first_offset"]))
         finally:
             watcher.close()
             stop_process(process, timeout=30)
             log.close()
     finally:
         engine.dispose()
+
+
+def print_cpu(bares: list[Run], labs: list[Run]) -> None:
+    """A case's CPU per record, bare loop and lab: the work each does, whatever the machine's load
+    does to the wall clock (a record that waits to be scheduled costs time, not CPU)."""
+    pairs = [(bare.cpu_ms_per_record, lab.cpu_ms_per_record) for bare, lab in zip(bares, labs)]
+    pairs = [(bare, lab) for bare, lab in pairs if bare is not None and lab is not None]
+    if not pairs:
+        print(f"{'':4}CPU per record: not measured (no /proc)", flush=True)
+        return
+    bare, lab = median(b for b, _ in pairs), median(lab for _, lab in pairs)
+    each = " ".join(f"{b:.3f}/{lab_:.3f}" for b, lab_ in pairs)
+    print(f"{'':4}CPU ms per record, client process and its PostgreSQL backends: bare {bare:.3f}, lab {lab:.3f} "
+          f"(lab/bare {lab / bare:.2f}); each round bare/lab {each}", flush=True)
 
 
 def print_profile(path: Path, limit: int = 28) -> None:
@@ -294,7 +356,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-throughput-") as tmp, Stack(Path(tmp), args.events) as stack:
         if args.profile:
             out = Path(tmp) / f"consumer-{uuid.uuid4().hex[:6]}.prof"
-            figure = lab_consumer(stack, "eventid-atomic", 1, profile_to=out)
+            figure = lab_consumer(stack, "eventid-atomic", 1, profile_to=out).rate
             wait_until(out.exists, timeout=30, message="the profile was not written")
             print(f"per-message eventid-atomic under cProfile: {figure:,.0f} ev/s")
             print_profile(out)
@@ -308,8 +370,9 @@ def main() -> int:
         # Each lab figure next to a bare loop of the same shape, in rounds that alternate which of the
         # two runs first: this machine's speed drifts (disk flushes, checkpoints, its neighbours) by
         # more than the gap being measured, and a median of neighbouring pairs drifts less.
-        print(f"\n{args.rounds} rounds a case; medians (ev/s), and the median of each round's ratio\n")
-        print(f"{'case':44} {'bare loop':>10} {'lab':>9} {'ratio':>6}  {'each round':>s}")
+        print(f"\n{args.rounds} rounds a case; medians (ev/s), and the median of each round's ratio; the machine's "
+              "1-minute load average as the case began and ended\n")
+        print(f"{'case':44} {'bare loop':>10} {'lab':>9} {'ratio':>6}  {'each round':<24} load")
         cases = []  # (title, bare loop's shape, lab consumer's shape, credits)
         for name in args.strategies:
             if "per-message" in args.modes:
@@ -323,15 +386,17 @@ def main() -> int:
         for title, bare_shape, (name, batch_size, commit_mode), credits in cases:
             stack.events = credits
             bares, labs = [], []
+            load_before = os.getloadavg()[0]
             for round_ in range(args.rounds):
                 runs = [lambda: bares.append(bare_loop(stack, **bare_shape)),
                         lambda: labs.append(lab_consumer(stack, name, batch_size, commit_mode=commit_mode))]
                 for run in runs if round_ % 2 == 0 else reversed(runs):
                     run()
-            ratios = [lab / bare for bare, lab in zip(bares, labs)]
+            ratios = [lab.rate / bare.rate for bare, lab in zip(bares, labs)]
             each = " ".join(f"{r:.2f}" for r in ratios)
-            print(f"{title:44} {median(bares):>10,.0f} {median(labs):>9,.0f} {median(ratios):>5.2f}x  {each}",
-                  flush=True)
+            print(f"{title:44} {median(b.rate for b in bares):>10,.0f} {median(lab.rate for lab in labs):>9,.0f} "
+                  f"{median(ratios):>5.2f}x  {each:<24} {load_before:.1f} -> {os.getloadavg()[0]:.1f}")
+            print_cpu(bares, labs)
     return 0
 
 
