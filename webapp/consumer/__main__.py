@@ -14,7 +14,7 @@ import psycopg
 
 from ..domain.lab import Lab
 from ..store.connection import CONTROL_SCHEMA, connect
-from .loop import ConsumerProcess, _signals
+from .loop import ConsumerProcess, handling_signals
 
 log = logging.getLogger("idempotency_lab.consumer")
 
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     process = ConsumerProcess(lab=Lab(args.lab), consumer_id=args.consumer_id, name=row[0], group_id=row[1],
                               database_url=database_url,
                               bootstrap_servers=os.environ["KAFKA_BOOTSTRAP_SERVERS"])
-    with _signals(process):
+    with handling_signals(process):
         return process.run()
 
 
