@@ -17,8 +17,8 @@ inside it leaves it open until the next process with the same ``transactional.id
 aborts it at ``init_transactions`` (or ``transaction.timeout.ms`` passes), so the offset is not
 committed and the record comes back.
 
-A commit that fails for good (a zombie's: its generation is gone) is counted and said on the
-timeline; the record comes back to whoever owns its partition next.
+A commit that fails for good (a zombie's, whose generation is gone; an asynchronous one, which is
+not retried) is counted, kept as the consumer's last error and said on the timeline.
 """
 from __future__ import annotations
 

@@ -205,7 +205,6 @@ class ConsumerProcess:
             self._dedup_layout = (schema, bool(row and row[0]))
         return self._dedup_layout[1]
 
-
     def check_in(self) -> None:
         """On the heartbeat: read the settings again (also while idle: a switch to batch mode
         shows), and stop when the consumer's row is gone (a lab reset) or its agent died."""
@@ -262,7 +261,8 @@ class ConsumerProcess:
             return False
 
     def on_error(self, error: KafkaError) -> None:
-        """A fatal error ends the process; a passing one (the broker away for a while) is reported."""
+        """A fatal error ends the process; a passing one (librdkafka retries it itself: a lost broker
+        connection, a timeout) is noted on the report; the end of a partition is no error."""
         if error.fatal():
             raise KafkaException(error)
         if error.code() == KafkaError._PARTITION_EOF:

@@ -65,8 +65,8 @@ def post(url: str, body: dict[str, Any], key: str | None, timeout: float = CALL_
 
 
 class Notifier:
-    """One consumer's notifications. ``process`` is the consumer (webapp/consumer/loop.py): its
-    checkpoints, heartbeat, control connection, names and report."""
+    """One consumer's notifications. ``process`` is the consumer (loop.ConsumerProcess): its crash
+    points (``effects``), reporter, control connection, names and report."""
 
     def __init__(self, process: Any, url: str | None = None):
         self.process = process
