@@ -23,6 +23,11 @@ from confluent_kafka import Message, TopicPartition
 from ..domain import events
 from ..strategies.base import ABSORBED, APPLIED, DEAD_LETTERED
 from ..strategies.batching import RECORD_DELIVERIES_BATCH, BatchRejected, Item
+from .commit import Committer
+from .context import EffectsContext
+from .deadletter import DeadLetters
+from .report import Reporter
+from .retry import Retries
 
 
 class ConsumerProcess(Protocol):
@@ -36,11 +41,11 @@ class ConsumerProcess(Protocol):
     report: Any                  # control.Report
     strategy_name: str
     batch_span: str | None
-    effects: Any                 # context.EffectsContext: the effects connection, the crash points
-    retries: Any                 # retry.Retries
-    dead_letters: Any            # deadletter.DeadLetters
-    committer: Any               # commit.Committer
-    reporter: Any                # report.Reporter
+    effects: EffectsContext      # the effects connection, the ledger, the crash points
+    retries: Retries
+    dead_letters: DeadLetters
+    committer: Committer
+    reporter: Reporter
 
     def refresh_settings(self) -> None: ...
     def current_strategy(self) -> Any: ...
@@ -150,8 +155,8 @@ class BatchLoop:
         """A batch that could not be applied as a whole: its records through the per-message path."""
         p = self.process
         text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        p.reporter.say("error", f"{p.name}: a batch of {len(records)} was rolled back ({type(error).__name__}: {text}); "
-                        "its records are applied one by one")
+        p.reporter.say("error", f"{p.name}: a batch of {len(records)} was rolled back "
+                                f"({type(error).__name__}: {text}); its records are applied one by one")
         for message in records:
             if p.retries.waiting(message.topic(), message.partition()):
                 continue  # its partition waits for a retry and was sought back: the rest of it comes again

@@ -90,8 +90,9 @@ class Notifier:
                 self._notify(event)
             except NotificationStopped as stopped:
                 # The credit is committed: its offset is committed too, and the message is lost. Said so.
-                self.process.reporter.say("error", f"{self.process.name} stopped before the notification service answered: "
-                                  f"the message for {event.event_id} was not sent ({stopped})", event_id=event.event_id)
+                self.process.reporter.say("error", f"{self.process.name} stopped before the notification service "
+                                          f"answered: the message for {event.event_id} was not sent ({stopped})",
+                                          event_id=event.event_id)
 
     @staticmethod
     def _notifies(event: events.PaymentEvent | None, outcome: str) -> bool:
@@ -122,7 +123,7 @@ class Notifier:
                 process.report.last_error = f"{error}; attempt {attempt}, again in {delay:g} s"
                 if attempt == 1:
                     process.reporter.say("error", f"{process.name}: {error}; retrying until it answers",
-                                 event_id=body["event_id"])
+                                         event_id=body["event_id"])
                 process.reporter.heartbeat(force=True)
                 if process.stopping:
                     raise NotificationStopped(str(error)) from None
