@@ -92,7 +92,7 @@ def test_a_new_producer_under_the_same_transactional_id_aborts_the_open_transact
     its successor's init_transactions (same transactional.id) aborts it, so the group's committed
     offset is still the one before. The fenced producer's commit then fails: Kafka says
     PRODUCER_FENCED (fatal); Tansu lets it time out (measured 2026-12-05), and the lab aborts and
-    drops such a producer either way (consumer/loop.py)."""
+    drops such a producer either way (consumer/commit.py)."""
     bootstrap = services.bootstrap_servers
     topic = f"broker-fence-{uuid.uuid4().hex[:8]}"
     topics_with_a_payment(bootstrap, topic)

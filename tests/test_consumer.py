@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from sqlalchemy import text
 
-from webapp.consumer.loop import BACKOFF_SECONDS, MAX_ATTEMPTS
+from webapp.consumer.retry import BACKOFF_SECONDS, MAX_ATTEMPTS
 from webapp.domain import events
 from webapp.domain.group_health import SESSION_TIMEOUT_MS
 from webapp.domain.vocabulary import DEDUP_TABLES

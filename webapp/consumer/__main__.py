@@ -13,7 +13,7 @@ import psycopg
 
 from ..domain.lab import Lab
 from ..store.connection import CONTROL_SCHEMA, connect, with_reconnect_backoff
-from .loop import ConsumerProcess, _signals
+from .loop import ConsumerProcess, handling_signals
 
 # A consumer (re)started while PostgreSQL restarts (chaos does that) waits for it, as a running
 # one does, rather than die at its first statement; past this, it fails with the reason.
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     process = ConsumerProcess(lab=Lab(args.lab), consumer_id=args.consumer_id, name=row[0], group_id=row[1],
                               database_url=database_url,
                               bootstrap_servers=os.environ["KAFKA_BOOTSTRAP_SERVERS"])
-    with _signals(process):
+    with handling_signals(process):
         return process.run()
 
 

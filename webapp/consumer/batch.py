@@ -21,8 +21,13 @@ import psycopg
 from confluent_kafka import Message, TopicPartition
 
 from ..domain import events
-from ..strategies.base import ABSORBED, APPLIED
+from ..strategies.base import ABSORBED, APPLIED, DEAD_LETTERED
 from ..strategies.batching import RECORD_DELIVERIES_BATCH, BatchRejected, Item
+from .commit import Committer
+from .context import EffectsContext
+from .deadletter import DeadLetters
+from .report import Reporter
+from .retry import Retries
 
 
 class ConsumerProcess(Protocol):
@@ -34,21 +39,18 @@ class ConsumerProcess(Protocol):
     consumer: Any                # confluent_kafka.Consumer
     current: Message | None
     report: Any                  # control.Report
-    retrying: dict[tuple[str, int], Any]
     strategy_name: str
     batch_span: str | None
+    effects: EffectsContext      # the effects connection, the ledger, the crash points
+    retries: Retries
+    dead_letters: DeadLetters
+    committer: Committer
+    reporter: Reporter
 
-    def execute(self, statement: str, params: dict[str, Any]) -> psycopg.Cursor: ...
-    def transaction(self) -> Any: ...
-    def checkpoint(self, point: str) -> None: ...
     def refresh_settings(self) -> None: ...
+    def current_strategy(self) -> Any: ...
+    def on_error(self, error: Any) -> None: ...
     def process(self, message: Message) -> None: ...
-    def commit_offsets(self, offsets: list[TopicPartition], before_commit: str | None = None) -> None: ...
-    def dead_letter(self, message: Message, reason: str, event: events.PaymentEvent | None = None) -> None: ...
-    def _current_strategy(self) -> Any: ...
-    def _ensure_effects_conn(self) -> None: ...
-    def _on_error(self, error: Any) -> None: ...
-    def _say(self, kind: str, summary: str, **detail: Any) -> None: ...
 
 
 def span(messages: list[Message]) -> str:
@@ -80,13 +82,13 @@ class BatchLoop:
     # --- the strategy's batch context -------------------------------------------------------
 
     def execute(self, statement: str, params: dict[str, Any]) -> psycopg.Cursor:
-        return self.process.execute(statement, params)
+        return self.process.effects.execute(statement, params)
 
     def transaction(self):
-        return self.process.transaction()
+        return self.process.effects.transaction()
 
     def checkpoint(self, point: str) -> None:
-        self.process.checkpoint(point)
+        self.process.effects.checkpoint(point)
 
     def record_batch(self, items: list[Item]) -> None:
         if not items:
@@ -108,7 +110,7 @@ class BatchLoop:
         records = []
         for message in messages:
             if message.error():
-                p._on_error(message.error())
+                p.on_error(message.error())
             else:
                 records.append(message)
         if records:
@@ -125,39 +127,37 @@ class BatchLoop:
                 valid.append(message)
             except events.InvalidEvent as invalid:
                 p.current = message
-                p.dead_letter(message, invalid.reason)
-                p.report.counts.dead_lettered += 1
+                p.dead_letters.send(message, invalid.reason)
+                p.reporter.count(DEAD_LETTERED)
                 p.current = None
         p.batch_span = span(records)
         try:
             if items:
-                p._ensure_effects_conn()
-                strategy = p._current_strategy()
+                p.effects.ensure_connected()
+                strategy = p.current_strategy()
                 strategy.apply_batch(self, items)
         except (BatchRejected, events.InvalidEvent, psycopg.Error) as error:
             # The strategy's transaction was rolled back when the error left it.
             p.batch_span = None
             self._one_by_one(valid, error)
             return
-        counts = p.report.counts
-        counts.applied += sum(1 for i in items if i.outcome == APPLIED)
-        counts.absorbed += sum(1 for i in items if i.outcome == ABSORBED)
+        for outcome in (APPLIED, ABSORBED):
+            p.reporter.count(outcome, sum(1 for i in items if i.outcome == outcome))
         offsets = next_offsets(records)
         for tp in offsets:
-            p.retrying.pop((tp.topic, tp.partition), None)
+            p.retries.done(tp.topic, tp.partition)
             p.report.applied_positions[str(tp.partition)] = tp.offset
-        p.commit_offsets(offsets, before_commit="after-effect-before-commit")
-        p.checkpoint("after-commit")
+        p.committer.commit_offsets(offsets, before_commit="after-effect-before-commit")
+        p.effects.checkpoint("after-commit")
         p.batch_span = None
 
     def _one_by_one(self, records: list[Message], error: Exception) -> None:
         """A batch that could not be applied as a whole: its records through the per-message path."""
         p = self.process
         text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        p._say("error", f"{p.name}: a batch of {len(records)} was rolled back ({type(error).__name__}: {text}); "
-                        "its records are applied one by one")
+        p.reporter.say("error", f"{p.name}: a batch of {len(records)} was rolled back "
+                                f"({type(error).__name__}: {text}); its records are applied one by one")
         for message in records:
-            retry = p.retrying.get((message.topic(), message.partition()))
-            if retry is not None and retry.paused:
+            if p.retries.waiting(message.topic(), message.partition()):
                 continue  # its partition waits for a retry and was sought back: the rest of it comes again
             p.process(message)

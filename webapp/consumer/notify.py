@@ -65,8 +65,8 @@ def post(url: str, body: dict[str, Any], key: str | None, timeout: float = CALL_
 
 
 class Notifier:
-    """One consumer's notifications. ``process`` is the consumer (webapp/consumer/loop.py): its
-    checkpoints, heartbeat, control connection, names and report."""
+    """One consumer's notifications. ``process`` is the consumer (loop.ConsumerProcess): its crash
+    points (``effects``), reporter, control connection, names and report."""
 
     def __init__(self, process: Any, url: str | None = None):
         self.process = process
@@ -90,8 +90,9 @@ class Notifier:
                 self._notify(event)
             except NotificationStopped as stopped:
                 # The credit is committed: its offset is committed too, and the message is lost. Said so.
-                self.process._say("error", f"{self.process.name} stopped before the notification service answered: "
-                                  f"the message for {event.event_id} was not sent ({stopped})", event_id=event.event_id)
+                self.process.reporter.say("error", f"{self.process.name} stopped before the notification service "
+                                          f"answered: the message for {event.event_id} was not sent ({stopped})",
+                                          event_id=event.event_id)
 
     @staticmethod
     def _notifies(event: events.PaymentEvent | None, outcome: str) -> bool:
@@ -99,13 +100,13 @@ class Notifier:
 
     def _notify(self, event: events.PaymentEvent) -> None:
         process = self.process
-        process.checkpoint("before-notify")
+        process.effects.checkpoint("before-notify")
         key = event.event_id if self.settings.idempotency_key else None
         body = {"lab": process.lab.name, "account_id": event.account_id, "event_id": event.event_id,
                 "amount_cents": event.amount_cents, "text": message_text(event.amount_cents)}
         status, replayed = self._until_answered(body, key)
         self._record_sent(event, key, status, replayed)
-        process.checkpoint("after-notify-before-commit")
+        process.effects.checkpoint("after-notify-before-commit")
 
     def _until_answered(self, body: dict[str, Any], key: str | None) -> tuple[int, bool]:
         """Call until the service answers; a backoff between attempts, the consumer's card says why."""
@@ -121,9 +122,9 @@ class Notifier:
                 delay = BACKOFF_SECONDS[min(attempt, len(BACKOFF_SECONDS)) - 1]
                 process.report.last_error = f"{error}; attempt {attempt}, again in {delay:g} s"
                 if attempt == 1:
-                    process._say("error", f"{process.name}: {error}; retrying until it answers",
-                                 event_id=body["event_id"])
-                process.heartbeat(force=True)
+                    process.reporter.say("error", f"{process.name}: {error}; retrying until it answers",
+                                         event_id=body["event_id"])
+                process.reporter.heartbeat(force=True)
                 if process.stopping:
                     raise NotificationStopped(str(error)) from None
                 process.keep_alive(delay)  # polls meanwhile: the consumer stays in its group

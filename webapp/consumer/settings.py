@@ -65,7 +65,7 @@ class GroupSettings:
 
     @property
     def transactional_commits(self) -> bool:
-        """The offsets committed in a Kafka transaction of the consumer's own (loop.py)."""
+        """The offsets committed in a Kafka transaction of the consumer's own (commit.py)."""
         return self.commit_mode == "transactional"
 
 

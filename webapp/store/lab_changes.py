@@ -17,7 +17,7 @@ such transaction per record, every consumer's commit woke every listener (bench/
 eight writers beside sixty listeners committed 1,153 transactions a second announcing, 3,468
 quiet). A consumer announces its work instead through its report (its row in the consumers
 control table, below), which it writes at once after an effect that follows a quiet spell and at
-most twice a second under load (webapp/consumer/loop.py).
+most twice a second under load (webapp/consumer/report.py).
 
 What changes with time alone (the agent's heartbeat growing old, a key's age) writes nothing:
 web/push.py looks again once a second per lab as well.
