@@ -15,7 +15,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from typing import Any, Mapping
 
 import psycopg
@@ -31,7 +30,7 @@ from ..store import command_channel, group_health, schema, timeline
 from ..store import commands as command_rows
 from ..store import consumers as consumer_rows
 from ..store.commands import CHANNEL
-from ..store.connection import connect, sqlalchemy_url
+from ..store.connection import connect, sqlalchemy_url, with_reconnect_backoff
 from ..store.labs import ensure_control_schema
 from . import chaos, queue
 from .dedup_sampler import DedupSampler
@@ -221,21 +220,24 @@ class Agent:
         heartbeat thread and the consumers reconnect on their own; a command whose result could not
         be written stays running under our lease until it is carried out again or withdrawn."""
         log.warning("database connection lost (%s); waiting for PostgreSQL", str(error).splitlines()[0])
-        delay = 0.1
-        while not self.stopping:
-            try:
-                conn = connect(self.database_url, autocommit=True)
-                conn.execute(f"LISTEN {CHANNEL}")
-            except psycopg.OperationalError:
-                time.sleep(delay)  # a backoff between connection attempts, not a guess at a condition
-                delay = min(delay * 2, 2.0)
-                continue
-            broken, self.conn = self.conn, conn
-            self.housekeeping.conn = conn
-            broken.close()
-            self.fail_interrupted()
-            log.info("database connection back")
-            return
+        conn = with_reconnect_backoff(self._open_listening, going_on=lambda: not self.stopping)
+        if conn is None:
+            return  # stopping
+        broken, self.conn = self.conn, conn
+        self.housekeeping.conn = conn
+        broken.close()
+        self.fail_interrupted()
+        log.info("database connection back")
+
+    def _open_listening(self) -> psycopg.Connection:
+        """A new connection listening on the commands' channel."""
+        conn = connect(self.database_url, autocommit=True)
+        try:
+            conn.execute(f"LISTEN {CHANNEL}")
+        except psycopg.OperationalError:
+            conn.close()
+            raise
+        return conn
 
     def fail_interrupted(self) -> None:
         """A command still ``running`` under our claim that no worker carries out any more lost its

@@ -51,7 +51,8 @@ from ..domain.lab import Lab
 from ..domain.vocabulary import AGENT_PID, KAFKA_DEBUG, SETTINGS_CHANNEL
 from ..kafka.config import consumer_config
 from ..kafka.group import group_generation
-from ..store.connection import connect
+from ..store import consumer_groups
+from ..store.connection import connect, with_reconnect_backoff
 from ..strategies.base import ABSORBED, DEAD_LETTERED, UNIQUE_VIOLATION_REASON
 from . import settings as group_settings
 from .batch import BatchLoop
@@ -146,18 +147,14 @@ class ConsumerProcess:
     # --- settings ----------------------------------------------------------------------
 
     def _group_settings(self) -> tuple[str, str]:
-        row = self.control_conn.execute(
-            f'SELECT strategy, effects_schema FROM "{self.lab.schema}".consumer_groups WHERE group_id = %s',
-            [self.group_id]).fetchone()
-        if row is None:
+        found = consumer_groups.strategy_and_effects_schema(self.control_conn.execute, self.lab.schema, self.group_id)
+        if found is None:
             raise RuntimeError(f"group {self.group_id} is not defined in lab {self.lab.name}")
-        return row
+        return found
 
     def _on_unique_violation(self) -> str:
-        row = self.control_conn.execute(
-            f'SELECT on_unique_violation FROM "{self.lab.schema}".consumer_groups WHERE group_id = %s',
-            [self.group_id]).fetchone()
-        return row[0] if row and row[0] in strategies.ON_UNIQUE_VIOLATION else "already-processed"
+        meaning = consumer_groups.on_unique_violation(self.control_conn.execute, self.lab.schema, self.group_id)
+        return meaning if meaning in strategies.ON_UNIQUE_VIOLATION else "already-processed"
 
     def _read_settings(self) -> tuple:
         """The control row and the group's settings, in one query (consumer/settings.py)."""
@@ -363,25 +360,24 @@ class ConsumerProcess:
     def _control_lost(self, error: psycopg.OperationalError) -> None:
         """Wait for PostgreSQL and open the control connection again."""
         log.warning("control connection lost (%s); waiting for PostgreSQL", str(error).splitlines()[0])
-        delay = 0.1
-        while not self.stopping:
-            conn = None
-            try:
-                conn = connect(self.database_url, autocommit=True,
-                               application_name=f"lab {self.lab.name} {self.name} control")
-                self._listen(conn)
-            except psycopg.OperationalError:
-                if conn is not None:
-                    conn.close()
-                time.sleep(delay)  # a backoff between connection attempts
-                delay = min(delay * 2, 2.0)
-                continue
-            broken, self.control_conn = self.control_conn, conn
-            self.control.conn = conn
-            broken.close()
-            self.settings_notified = True  # what changed while it was away was told to nobody
-            log.info("control connection back")
-            return
+        conn = with_reconnect_backoff(self._open_control, going_on=lambda: not self.stopping)
+        if conn is None:
+            return  # stopping: the loop's finally closes what is left
+        broken, self.control_conn = self.control_conn, conn
+        self.control.conn = conn
+        broken.close()
+        self.settings_notified = True  # what changed while it was away was told to nobody
+        log.info("control connection back")
+
+    def _open_control(self) -> psycopg.Connection:
+        """A new control connection, listening for the lab's settings changes."""
+        conn = connect(self.database_url, autocommit=True, application_name=f"lab {self.lab.name} {self.name} control")
+        try:
+            self._listen(conn)
+        except psycopg.OperationalError:
+            conn.close()
+            raise
+        return conn
 
 
     # --- rebalances ----------------------------------------------------------------------
