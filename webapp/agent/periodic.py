@@ -31,11 +31,10 @@ from ..domain.vocabulary import (
     DEFAULT_TTL_SECONDS,
     LANE_IDLE_IN_TRANSACTION_SECONDS,
     LANE_STATEMENT_SECONDS,
-    OUTSIDE_STRATEGY,
 )
 from ..kafka.admin import admin_client, broker_error, committed_offsets_of
 from ..store import agents, commands, consumer_groups, labdata, outside, schema, timeline
-from ..store.connection import CONTROL_SCHEMA, connect, sqlalchemy_url
+from ..store.connection import connect, sqlalchemy_url
 from ..store.schema import quoted
 from ..strategies import ttl
 from ..summary import fold
@@ -321,14 +320,7 @@ class Housekeeping:
         and, with no consumer at all, by the broker: Apache Kafka deletes an empty group's offsets
         after offsets.retention.minutes. Snapshot a lab whose consumers reported lately, a group
         never snapshotted (and, run() adds, any lab's groups at least every IDLE_SNAPSHOT_SECONDS)."""
-        return self.conn.execute(
-            f"SELECT EXISTS (SELECT 1 FROM {CONTROL_SCHEMA}.consumers WHERE lab = %s "
-            "AND heartbeat_at > now() - interval '30 seconds')"
-            f' OR EXISTS (SELECT 1 FROM {quoted(lab.schema)}.consumer_groups g WHERE NOT EXISTS ('
-            f'   SELECT 1 FROM {quoted(lab.schema)}.group_offsets o WHERE o.group_id = g.group_id))'
-            # An outside consumer sends the lab no heartbeats: its offsets may move any time.
-            f' OR EXISTS (SELECT 1 FROM {quoted(lab.schema)}.consumer_groups WHERE strategy = %s)',
-            [lab.name, OUTSIDE_STRATEGY]).fetchone()[0]
+        return consumer_groups.offsets_may_have_moved(self.conn.execute, lab.name, lab.schema)
 
     def scheduled_ttl(self, lab: Lab) -> None:
         rows = dict(self.conn.execute(f'SELECT key, value FROM {quoted(lab.schema)}.settings '

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..domain.vocabulary import OUTSIDE_STRATEGY
+from .connection import CONTROL_SCHEMA
 from .schema import quoted
 
 Execute = Callable[..., Any]
@@ -79,3 +81,16 @@ def group_ids(execute: Execute, schema: str) -> list[str]:
     if not _has_table(execute, schema):
         return []
     return [group_id for (group_id,) in execute(f"SELECT group_id FROM {quoted(schema)}.consumer_groups")]
+
+
+def offsets_may_have_moved(execute: Execute, lab_name: str, schema: str) -> bool:
+    """Whether a group's committed offsets may have moved since their last snapshot: one of the
+    lab's consumers reported in the last 30 s, a group was never snapshotted, or a group is a
+    learner's own consumer's (it sends the lab no heartbeats: its offsets may move any time)."""
+    return execute(
+        f"SELECT EXISTS (SELECT 1 FROM {CONTROL_SCHEMA}.consumers WHERE lab = %s "
+        "AND heartbeat_at > now() - interval '30 seconds')"
+        f" OR EXISTS (SELECT 1 FROM {quoted(schema)}.consumer_groups g WHERE NOT EXISTS ("
+        f"   SELECT 1 FROM {quoted(schema)}.group_offsets o WHERE o.group_id = g.group_id))"
+        f" OR EXISTS (SELECT 1 FROM {quoted(schema)}.consumer_groups WHERE strategy = %s)",
+        (lab_name, OUTSIDE_STRATEGY)).fetchone()[0]
