@@ -17,10 +17,11 @@ pytestmark = pytest.mark.browser
 def test_the_group_cards_recover_button_gets_a_group_the_broker_assigns_nothing_applying_again(
         services, serve_app, lab, browser_page):
     """A member of the test's own that heartbeats without polling holds the group's partition, so
-    the lab's c1 joins and is assigned nothing (on Tansu a restart does not free it either:
-    docs/concepts/broker.md). The card shows the group rebalancing (or stalled) with its Recover button; the
-    click restarts c1 and, the broker still assigning nothing, moves the group to a fresh Kafka
-    group id with its committed offsets: the records published meanwhile are applied."""
+    the lab's c1 joins and is assigned nothing: the rebalance waits for that member, which never
+    rejoins, and restarting c1 does not change that. The card shows the group rebalancing (or
+    stalled) with its Recover button; the click restarts c1 and, the broker still assigning
+    nothing, moves the group to a fresh Kafka group id with its committed offsets: the credit
+    published meanwhile is applied."""
     from playwright.sync_api import expect
     page = browser_page
     hostage = member_that_never_polls(services, lab)
