@@ -88,6 +88,8 @@ def test_chaos_kills_freezes_and_restarts_as_its_seed_says_then_every_member_run
     """After chaos every member runs again; the group then applies a credit by itself, or (Tansu can
     leave a group chaos churned with no member assigned: docs/concepts/chaos.md, "Group health and
     recovery") the lab shows it stalled, and the lab's recovery gets it applying."""
+    # Not "leaves the group running": on this machine the same seed left the group stalled in two runs of three,
+    # so a test of that claim would fail on the broker's wedge, not on anything the lab does.
     atomic(lab)
     ids = [start(lab, "c1"), start(lab, "c2")]
     settings = {"seed": 7, "every_seconds": 0.4, "down_seconds": 1.0, "actions": ["kill", "freeze", "restart"],
@@ -108,7 +110,7 @@ def test_chaos_kills_freezes_and_restarts_as_its_seed_says_then_every_member_run
     assert all(d["seed"] == 7 and d["session"] == session["id"] for d in entries)
     # What it froze was thawed, what it killed started again: every member runs at the end.
     for consumer_id in ids:
-        lab.wait_state(consumer_id, "running", "starting", timeout=60)
+        lab.wait_state(consumer_id, "running", timeout=60)  # past "starting": its process polls
     assert {d["action"] for d in entries} >= {"start", "stop"}
     applied_once = lambda s: s["verdict"]["status"] == "exactly-once"  # noqa: E731
     stalled = lambda s: next(g["health"] for g in s["groups"])["state"] == "stalled"  # noqa: E731

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -71,20 +72,53 @@ def tables_of(html: str) -> list[list[list[str]]]:
     return parser.tables
 
 
+def build(config: Path, target: Path) -> subprocess.CompletedProcess:
+    """``mkdocs build --strict`` of ``config`` into ``target``, as `make docs` runs it, with its log.
+
+    Not --quiet: with it MkDocs drops its warnings before --strict counts them, and the build passes."""
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config),
+                           "--site-dir", str(target)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+
+
+def warnings_of(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in (result.stdout + result.stderr).splitlines() if line.startswith(("WARNING", "ERROR"))]
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     """The site, built once for this module with `mkdocs build --strict`, as `make docs` does."""
     target = tmp_path_factory.mktemp("site")
     started = time.monotonic()
-    # Not --quiet: the log is read, so that a warning fails here even where --strict would let it pass.
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(target)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    result = build(ROOT / "mkdocs.yml", target)
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
     assert time.monotonic() - started < 60, "the docs build should take seconds"
-    warnings = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith(("WARNING", "ERROR"))]
-    assert not warnings, "the docs build warned:\n" + "\n".join(warnings)
+    # Read as well, so that a warning fails here even if a later MkDocs stopped counting one.
+    assert not warnings_of(result), "the docs build warned:\n" + "\n".join(warnings_of(result))
     return target
+
+
+def test_a_page_with_a_broken_link_fails_the_build(tmp_path):
+    """The build the tests run fails on a warning: a copy of the docs, one page of it given a link to
+    a page that does not exist, does not build, and the log names the link."""
+    docs = tmp_path / "docs"
+    shutil.copytree(ROOT / "docs", docs)
+    page = docs / "getting-started.md"
+    page.write_text(page.read_text() + "\nSee [the missing page](no-such-page.md).\n")
+    config = (ROOT / "mkdocs.yml").read_text()
+    # The copy's docs, the real theme and hooks: the same site but for the one link.
+    for relative, absolute in (("docs_dir: docs", f"docs_dir: {docs}"),
+                               ("custom_dir: webapp/docs/theme", f"custom_dir: {ROOT / 'webapp/docs/theme'}"),
+                               ("- webapp/docs/hooks.py", f"- {ROOT / 'webapp/docs/hooks.py'}")):
+        assert relative in config, f"mkdocs.yml no longer says {relative!r}: update this test's copy"
+        config = config.replace(relative, absolute)
+    (tmp_path / "mkdocs.yml").write_text(config)
+
+    result = build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert result.returncode != 0, "a page with a broken link built under --strict:\n" + result.stderr[-3000:]
+    broken = [line for line in warnings_of(result) if "no-such-page.md" in line]
+    assert broken and "getting-started.md" in broken[0], "\n".join(warnings_of(result))
 
 
 def test_the_site_builds_strictly_with_a_page_per_exercise_and_every_setting(site):

@@ -447,6 +447,41 @@ def test_api_blocks_and_unblocks_a_consumers_commits_and_a_block_ends_on_its_own
         f"fault proxy blocks {name}'s offset commits for 1 s: they no longer reach the broker (its fetches still do)"]
 
 
+
+def test_a_lab_consumer_whose_commits_are_blocked_applies_but_its_offset_stays_on_the_broker_until_let_through(
+        proxied_lab, stack):
+    """block_commits (exercise 17's step) by its effect on a lab consumer: while blocked it applies
+    the next credit, its synchronous commit fails and is retried, and the broker's committed offset
+    does not move; let through, the retried commit lands."""
+    lab = proxied_lab
+    consumer_id = lab.start_consumer_here("none")
+    lab.wait_assigned(consumer_id)
+    partition = lab.journal_partition(lab.publish_credit(100, idempotent=True)["event_id"])
+    lab.wait_caught_up()
+    # What the broker holds, asked by a client of the test's own (its client id is no lab consumer's).
+    admin = admin_client(stack.broker.bootstrap_servers)
+
+    def committed() -> int | None:
+        return committed_offsets(admin, lab.lab.group_id("payments"), lab.lab.topic)[partition]
+    before = committed()
+    assert before is not None, "the consumer's first commit never reached the broker"
+
+    lab.post(f"/consumers/{consumer_id}/commits-blocked", {"seconds": 120})
+    applied = lab.consumer(consumer_id)["applied"]
+    assert lab.journal_partition(lab.publish_credit(200, idempotent=True)["event_id"]) == partition  # acc-1's
+    failing = lab.wait_consumer(
+        consumer_id, lambda c: c["applied"] == applied + 1 and "failed" in (c["last_error"] or ""),
+        "the consumer never applied the credit with its commit failing", timeout=60)
+    assert failing["last_error"].startswith(f"commit of offset {before + 1} on partition {partition} failed"), \
+        failing["last_error"]
+    assert committed() == before, "a commit reached the broker while the consumer's commits were blocked"
+
+    lab.post(f"/consumers/{consumer_id}/commits-blocked", {"blocked": False})
+    wait_until(lambda: committed() == before + 1, timeout=60,
+               message=lambda: f"the retried commit never landed once let through: {committed()}, "
+                               f"{lab.consumer(consumer_id)['last_error']}")
+    assert lab.consumer(consumer_id)["state"] == "running"
+
 def test_a_consumer_with_no_connection_through_the_proxy_is_refused_not_pretended_blocked(proxied_lab):
     consumer_id = proxied_lab.start_consumer_here("none")
     proxied_lab.wait_assigned(consumer_id)

@@ -141,6 +141,9 @@ def test_a_postgresql_restart_under_a_running_lab(stack, recovery_lab):
         stack.postgres.stop()  # SIGINT to the postmaster, mid-flight: the consumers' transactions are open
     finally:
         holder.close()
+    # Down for real: PostgreSQL refuses a new connection.
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(psycopg_conninfo(stack.database_url), connect_timeout=5).close()
     for path in ("/api/v1/state", "/", "/live", "/panels/verdict"):
         response = lab.client.get(path)
         assert response.status_code == 503, f"{path}: {response.status_code} {response.get_data(as_text=True)[:300]}"

@@ -3,6 +3,8 @@ browsers as far as the server can tell: separate cookies) join one class over re
 with the session's PostgreSQL, broker and lab agent."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytestmark = pytest.mark.browser
@@ -114,5 +116,41 @@ def test_an_exercise_the_instructor_starts_reaches_an_open_dashboard_by_its_titl
         expect(board.locator("[data-board-notice]")).to_contain_text("started")
         expect(dora.locator("[data-my-run]")).to_contain_text("Your exercise: 1 · A naive consumer credits twice",
                                                              timeout=15_000)
+    finally:
+        other.close()
+
+
+def test_leaving_the_class_signs_out_every_browser_of_the_attendee_and_the_rejoin_code_reopens_the_lab(
+        class_url, class_code, browser_page):
+    """The button on the join page: this browser and a second one that opened her lab with her rejoin
+    code are both sent to the join form; the lab stays, and her name with the rejoin code reopens it."""
+    from playwright.sync_api import expect
+    erin = browser_page
+    join_form = re.compile(re.escape(class_url) + r"/join(\?.*)?$")
+    submit_join(erin, class_url, "erin", class_code)
+    code = erin.locator("[data-rejoin-code]").get_attribute("data-rejoin-code")
+    erin.get_by_role("link", name="Open your lab").click()
+    lab = erin.locator("[data-classroom-banner] code").first.inner_text()
+
+    other = erin.context.browser.new_context()
+    try:
+        second = other.new_page()
+        submit_join(second, class_url, "erin", class_code, rejoin=code)
+        second.get_by_role("link", name="Open your lab").click()
+        expect(second.locator("[data-classroom-banner]")).to_contain_text("You are erin")
+
+        erin.goto(f"{class_url}/join")
+        erin.get_by_role("button", name="Leave the class").click()
+        expect(erin).to_have_url(join_form)
+        expect(erin.locator("#join-name")).to_be_visible()
+        # Neither browser reaches her lab now: the dashboard sends each to the join form.
+        for page in (erin, second):
+            page.goto(class_url)
+            expect(page).to_have_url(join_form)
+            expect(page.locator("[data-classroom-banner]")).to_have_count(0)
+
+        submit_join(erin, class_url, "erin", class_code, rejoin=code)
+        erin.get_by_role("link", name="Open your lab").click()
+        expect(erin.locator("[data-classroom-banner] code").first).to_have_text(lab)
     finally:
         other.close()

@@ -241,3 +241,41 @@ def test_every_consumer_state_keeps_its_text_readable_and_notices_use_the_consum
     finally:
         lab.post(f"/consumers/{ids['frozen']}/stop")
         lab.post(f"/consumers/{ids['stepping']}/stop")
+
+
+def test_a_presenter_refused_a_stream_polls_its_step_line_and_panels(serve_app, agent, app_factory, class_code,
+                                                                     browser_page):
+    """Past the server's cap of live streams the presenter's stream is refused: the page says it
+    polls, and what the attendee does in another tab (a credit, an exercise started) reaches its
+    panels and its step line with no stream and no reload."""
+    from playwright.sync_api import expect
+
+    from support import CLASS_TOKEN, drop_class_labs
+    url = serve_app(LAB_CLASS_CODE=class_code, LAB_TOKEN=CLASS_TOKEN, LIVE_STREAMS_PER_WORKER=0)
+    try:
+        page = browser_page
+        join(page, url, "Ana", class_code)
+        presenter = page.context.new_page()
+        requested = []
+        presenter.on("request", lambda request: requested.append(request.url.split("?", 1)[0]))
+        presenter.goto(f"{url}/present")
+        expect(presenter.locator("#live-indicator")).to_have_attribute("data-mode", "poll")
+        expect(presenter.locator("#present-guide .present-step")).to_have_text("no exercise running")
+
+        page.goto(url)
+        form = page.locator("#form-publish")
+        form.locator("[name=account_id]").select_option("acc-3")
+        form.locator("[name=amount]").fill("7.00")
+        form.get_by_role("button", name="Publish").click()
+        expect(page.locator("#form-publish .banner.ok")).to_contain_text("Published 1 normal record", timeout=15_000)
+        expect(presenter.locator('#panel-accounts tr[data-account="acc-3"] [data-expected]')).to_have_text(
+            "7.00", timeout=15_000)
+
+        page.goto(f"{url}/scenarios/")
+        page.locator(f'[data-scenario="{EXERCISE}"]').get_by_role("button", name="Start").click()
+        expect(presenter.locator("#present-guide .present-title")).to_have_text(
+            "1 · A naive consumer credits twice", timeout=15_000)
+        assert f"{url}/present/guide" in requested and f"{url}/live" in requested, requested
+        assert requested.count(f"{url}/present/stream") == 1, "the page asked again for the stream it was refused"
+    finally:
+        drop_class_labs(app_factory(), class_code)

@@ -13,6 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
+import psutil
 import psycopg
 import pytest
 from sqlalchemy import text
@@ -283,16 +284,29 @@ def test_the_faults_on_your_consumer_act_cut_its_connections_and_keep_its_commit
         lab.credit("acc-1", 300)  # its next commit (asynchronous: covers the one kept) gets through
         wait_committed(3, "the commits never reached the broker once unblocked")
 
+        held = wait_until(lambda: connections_to(consumer.pid, info["bootstrap_servers"]), timeout=10,
+                          message="the consumer holds no connection to its bootstrap address")
         cut_before = proxy("connections_cut")
         cut = lab.post("/yours/cut", {"lane": "mine"})
         assert cut["connections_cut"] >= 1, cut
         assert proxy("connections_cut") >= cut_before + cut["connections_cut"]
+        # The consumer's own connections were closed, and it opened new ones.
+        wait_until(lambda: (now := connections_to(consumer.pid, info["bootstrap_servers"])) and not now & held,
+                   timeout=30, message=lambda: f"the consumer's connections {held} were not replaced: "
+                                               f"{connections_to(consumer.pid, info['bootstrap_servers'])}")
         lab.credit("acc-1", 400)
         wait_committed(4, "the consumer never carried on after its connections were cut")
         assert lane_balance(graded_app, lab, "acc-1") == 1000
         assert consumer.poll() is None, log.read_text()[-2000:]
     finally:
         stop_process(consumer)
+
+
+def connections_to(pid: int, address: str) -> set[tuple[str, int]]:
+    """The local addresses of a process's established TCP connections to ``address``'s port."""
+    port = int(address.rsplit(":", 1)[1])
+    return {tuple(c.laddr) for c in psutil.Process(pid).net_connections(kind="tcp")
+            if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED}
 
 
 def lane_balance(app, lab, account_id: str) -> int:
