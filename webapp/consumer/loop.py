@@ -53,6 +53,7 @@ from ..kafka.config import consumer_config
 from ..kafka.group import group_generation
 from ..store import consumer_groups
 from ..store.connection import connect, with_reconnect_backoff
+from ..store.schema import quoted
 from ..strategies.base import ABSORBED, DEAD_LETTERED, UNIQUE_VIOLATION_REASON
 from . import settings as group_settings
 from .batch import BatchLoop
@@ -198,7 +199,7 @@ class ConsumerProcess:
         schema = self.group.effects_schema
         if getattr(self, "_dedup_layout", (None, False))[0] != schema:
             row = self.control_conn.execute("SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s)",
-                                            [f'"{schema}".processed_events']).fetchone()
+                                            [f"{quoted(schema)}.processed_events"]).fetchone()
             self._dedup_layout = (schema, bool(row and row[0]))
         return self._dedup_layout[1]
 

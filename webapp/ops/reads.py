@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from ..readmodel import state
+from ..readmodel import accounts as accounts_readmodel
 from ..readmodel import verdict as verdict_module
 from ..readmodel.consumers import consumers
 from ..readmodel.group_health import group_health
@@ -43,8 +43,8 @@ def get_state(ctx: Context, args: StateArgs) -> dict:
         return {
             "lab": lab.name, "topic": lab.topic,
             "accounts": [{**line.__dict__, "difference": line.difference}
-                         for line in state.accounts(session, lab, exact=args.exact)],
-            "verdict": state.verdict(session, lab, exact=args.exact).as_dict(),
+                         for line in accounts_readmodel.accounts(session, lab.schema, exact=args.exact)],
+            "verdict": verdict_module.verdict(session, lab.schema, exact=args.exact).as_dict(),
             "producer_duplicates": producer_duplicates(session, lab, exact=args.exact),
             # Each group with its health (readmodel/group_health.py): stable, rebalancing, stalled,
             # recovering or empty, and the sentence the status bar shows.

@@ -43,7 +43,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from ..domain.lab import Lab
 from ..readmodel import group_health as group_health_readmodel
 from ..readmodel import service_health as service_health_readmodel
-from ..readmodel import state
+from ..readmodel import verdict as verdict_readmodel
 from ..scenarios import ScenarioError, built_in, load
 from ..scenarios.loader import Scenario
 from ..scenarios.runner import RunState
@@ -108,7 +108,7 @@ def read_lab_part(lab: Lab, graded_lane: str | None) -> LabPart:
             stalled_groups = group_health_readmodel.stalled(session_, lab)
             if graded_lane:
                 enter(session_.connection(), lab.lane_schema(graded_lane))
-            verdict = state.verdict(session_, lab, explain=False)  # a card shows counts, not the whys
+            verdict = verdict_readmodel.verdict(session_, lab.schema, explain=False)  # a card shows counts, not the whys
     except SQLAlchemyError:
         return LabPart("unavailable", None, None, [], None if idle is None else read_at - idle, read_at)
     return LabPart(verdict.status, verdict.duplicates_applied, verdict.effects_lost, stalled_groups,

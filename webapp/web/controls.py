@@ -23,7 +23,7 @@ from .. import ops, strategies
 from ..domain import events
 from ..domain.vocabulary import Limits
 from ..ops.publishing import template_event
-from ..readmodel import state
+from ..readmodel import accounts as accounts_readmodel
 from .access import current_lab, home_lab, lab_db
 from .api import ops_context
 from .panels import duration_label, render_panel
@@ -108,7 +108,7 @@ def group_controls_renderer(status: int = 200, **context: Any) -> tuple[str, int
 
 def lab_accounts():
     with lab_db() as (lab, session):
-        return state.accounts(session, lab)
+        return accounts_readmodel.accounts(session, lab.schema)
 
 
 # --- publish -------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from .. import ops, strategies
 from ..domain.vocabulary import DEFAULT_OUTSIDE_LANE
-from ..readmodel import state
+from ..readmodel import accounts as accounts_readmodel
 from ..readmodel.drilldown import event_drilldown
 from .access import current_lab, lab_db, own_lab, viewing
 from .db import db
@@ -67,7 +67,7 @@ def index():
     try:
         with lab_db() as (lab, session):
             contexts = page_contexts(lab, session)
-            accounts = state.accounts(session, lab)
+            accounts = accounts_readmodel.accounts(session, lab.schema)
             ttl = ops.call("get_ttl", ops.Context(db.engine, lab), {})
     except SQLAlchemyError as error:
         return render_template("errors/error.html", code=503, message=(

@@ -25,12 +25,13 @@ from sqlalchemy.exc import OperationalError
 from .. import ops, strategies
 from ..domain.group_health import SESSION_TIMEOUT_MS
 from ..domain.vocabulary import EXACT_COUNT_BELOW
+from ..readmodel import accounts as accounts_readmodel
 from ..readmodel import consumers as consumers_readmodel
 from ..readmodel import fingerprints as fingerprints_readmodel
 from ..readmodel import group_health as group_health_readmodel
 from ..readmodel import notifications as notifications_readmodel
 from ..readmodel import service_health as service_health_readmodel
-from ..readmodel import state
+from ..readmodel import verdict as verdict_readmodel
 from ..readmodel.chart import chart_series
 from ..readmodel.dedup import dedup_tables
 from ..readmodel.groups import groups_kafka_settings, groups_list
@@ -100,7 +101,7 @@ def duration_label(seconds: float | None) -> str:
 
 @panel("accounts", depends=("journal", "effects"))
 def accounts_panel(lab, session, args) -> dict[str, Any]:
-    return {"accounts": state.accounts(session, lab)}
+    return {"accounts": accounts_readmodel.accounts(session, lab.schema)}
 
 
 @panel("partitions", depends=("journal", "effects", "offsets", "consumers", "groups"))
@@ -130,7 +131,7 @@ def consumers_panel(lab, session, args) -> dict[str, Any]:
 
 @panel("verdict", depends=("journal", "effects", "offsets", "groups"))
 def verdict_panel(lab, session, args) -> dict[str, Any]:
-    return {"verdict": state.verdict(session, lab)}
+    return {"verdict": verdict_readmodel.verdict(session, lab.schema)}
 
 
 @panel("timeline", depends=("timeline", "effects"))
