@@ -6,9 +6,11 @@ teardown. Waits are on conditions with deadlines.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import uuid
+from typing import Iterator
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -33,28 +35,35 @@ def credit_json(account: str = "acc-1", cents: int = 100, transaction_id: str | 
                        "occurred_at": "2026-12-01T00:00:00+00:00"})
 
 
-@pytest.fixture
-def bare_lab(services, lab_name):
+@contextlib.contextmanager
+def made_lab(services, lab: Lab) -> Iterator[Lab]:
     """A lab's schema and topics, made directly (no agent): what the reader needs and nothing else."""
-    lab = Lab(lab_name)
     engine = create_engine(sqlalchemy_url(services.database_url), poolclass=NullPool)
     with engine.begin() as conn:
         create_database_state(conn, lab, 3)
     admin = admin_client(services.bootstrap_servers)
     ensure_topics(admin, {lab.topic: 3, lab.dlq_topic: 1})
-    yield lab
-    # The topics stay (the broker lives for the session): deleting a topic that another reader
-    # (a lab agent's) has assigned crashes librdkafka 2.16 on the embedded broker.
-    with engine.begin() as conn:
-        conn.execute(text(f'DROP SCHEMA IF EXISTS "{lab.schema}" CASCADE'))
-    engine.dispose()
+    try:
+        yield lab
+    finally:
+        # The topics stay (the broker lives for the session): deleting a topic that another reader
+        # (a lab agent's) has assigned crashes librdkafka 2.16 on the embedded broker.
+        with engine.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA IF EXISTS "{lab.schema}" CASCADE'))
+        engine.dispose()
+
+
+@pytest.fixture
+def bare_lab(services, lab_name):
+    with made_lab(services, Lab(lab_name)) as lab:
+        yield lab
 
 
 class RunningReader:
-    """A LogReader on a thread of its own, limited to one lab; stopped by ``stop()``."""
+    """A LogReader on a thread of its own, limited to the given labs; stopped by ``stop()``."""
 
-    def __init__(self, services, lab: Lab):
-        self.reader = LogReader(services.database_url, services.bootstrap_servers, labs=lambda conn: [lab])
+    def __init__(self, services, *labs: Lab):
+        self.reader = LogReader(services.database_url, services.bootstrap_servers, labs=lambda conn: list(labs))
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self.reader.run, args=(self.stop_event,), daemon=True)
         self.thread.start()
@@ -69,8 +78,8 @@ class RunningReader:
 def start_reader(services):
     running: list[RunningReader] = []
 
-    def start(lab: Lab) -> RunningReader:
-        running.append(RunningReader(services, lab))
+    def start(*labs: Lab) -> RunningReader:
+        running.append(RunningReader(services, *labs))
         return running[-1]
     yield start
     for item in running:
@@ -266,3 +275,47 @@ def test_a_hold_asked_again_right_after_a_release_is_answered_again():
         reader.release()
         waiting.join(timeout=5)
     assert not waiting.is_alive(), "released, the reader did not leave its wait"
+
+
+def mirrored_count(services, lab: Lab) -> int:
+    with connect(services.database_url, schema=lab.schema) as conn:
+        return conn.execute("SELECT count(*) FROM log_records").fetchone()[0]
+
+
+# Fewer than librdkafka's default prefetch (100,000 records or 64 MB queued): with the defaults the
+# consumer has the whole backlog queued before the quiet lab's record, which is mirrored last.
+BUSY_BACKLOG = 90_000
+
+
+def test_a_quiet_labs_record_is_mirrored_while_a_busy_labs_backlog_is_still_being_read(services, bare_lab,
+                                                                                       start_reader):
+    """One reader serves every lab: a lab with one new record does not wait behind everything the
+    reader has already fetched of another lab's large backlog."""
+    with made_lab(services, Lab(f"{bare_lab.name}q")) as quiet_lab:
+        producer = outside_producer(services, **{"linger.ms": 20})
+        for n in range(BUSY_BACKLOG):
+            while True:
+                try:
+                    producer.produce(bare_lab.topic, key=b"acc-1", value=credit_json(cents=n + 1).encode(),
+                                     partition=n % 3)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        assert producer.flush(60) == 0
+        start_reader(bare_lab, quiet_lab)
+        # Reading the backlog is well under way (the consumer has had time to fetch far ahead).
+        wait_until(lambda: mirrored_count(services, bare_lab) >= 5_000, timeout=60,
+                   message=lambda: f"the busy lab's mirror never reached 5,000: {mirrored_count(services, bare_lab)}")
+
+        producer.produce(quiet_lab.topic, key=b"acc-1", value=credit_json().encode(), partition=0)
+        assert producer.flush(30) == 0
+        del producer  # destroyed now, not after the session's broker has stopped
+        busy_when_produced = mirrored_count(services, bare_lab)
+        wait_until(lambda: mirrored_count(services, quiet_lab) == 1, timeout=60,
+                   message="the quiet lab's record was never mirrored")
+        # Counted after the quiet record was seen: the busy mirror only grows, so it was at most this then.
+        busy_when_mirrored = mirrored_count(services, bare_lab)
+
+        assert busy_when_mirrored < BUSY_BACKLOG, \
+            (f"the quiet lab's record was mirrored only after the busy lab's whole backlog of {BUSY_BACKLOG:,} "
+             f"(the busy lab's mirror held {busy_when_produced:,} when the record was produced)")

@@ -56,6 +56,22 @@ POLL_TIMEOUT = 0.2
 REFRESH_EVERY = 1.0  # seconds between looks for new, reset or removed labs
 METADATA_TIMEOUT = 5.0
 
+# A shallow, fair prefetch. The reader is one consumer for every lab, and librdkafka fills one local
+# queue for all its partitions: with the defaults (up to 100,000 records or 64 MB queued, 1 MB per
+# partition per Fetch) a quiet lab's new record lands behind everything already prefetched of a
+# busy lab's backlog, up to 100,000 records. Here the fetcher stops once a batch is queued, and a
+# Fetch asks 64 KB of each partition. The broker still answers at least one whole producer batch
+# per partition (Tansu, like Kafka: up to ~1 MB, ~5,000 of the lab's events), so every Fetch
+# carries every lab's new records and at most one producer batch of each busy partition: a new
+# record waits behind about that much plus a batch or two queued. fetch.max.bytes stays large: a
+# small one fills each Fetch with the first partition's batch, and a quiet partition then waits
+# its turn round every assigned partition (measured: docs/concepts/broker.md).
+FETCH_CONFIG = {
+    "queued.min.messages": BATCH,
+    "queued.max.messages.kbytes": 1024,
+    "max.partition.fetch.bytes": 64 * 1024,
+}
+
 # Labs the reader serves by default: every lab schema (lanes are copies of the accounts, not labs).
 KNOWN_LABS_SQL = """
 SELECT n.nspname, n.oid::bigint FROM pg_namespace n
@@ -248,6 +264,7 @@ class LogReader:
                 "auto.offset.reset": "earliest",
                 "enable.partition.eof": False,
                 "fetch.wait.max.ms": 100,
+                **FETCH_CONFIG,
                 "log_level": 3,
             })
         return self._consumer
