@@ -60,12 +60,12 @@ METADATA_TIMEOUT = 5.0
 # queue for all its partitions: with the defaults (up to 100,000 records or 64 MB queued, 1 MB per
 # partition per Fetch) a quiet lab's new record lands behind everything already prefetched of a
 # busy lab's backlog, up to 100,000 records. Here the fetcher stops once a batch is queued, and a
-# Fetch asks 64 KB of each partition. The broker still answers at least one whole producer batch
-# per partition (Tansu, like Kafka: up to ~1 MB, ~5,000 of the lab's events), so every Fetch
-# carries every lab's new records and at most one producer batch of each busy partition: a new
-# record waits behind about that much plus a batch or two queued. fetch.max.bytes stays large: a
-# small one fills each Fetch with the first partition's batch, and a quiet partition then waits
-# its turn round every assigned partition (measured: docs/concepts/broker.md).
+# Fetch asks 64 KB of each partition: the first partition of a Fetch still answers a whole
+# producer batch (Tansu, like Kafka; up to ~1.9 MB of the lab's events), others about 64 KB, and
+# librdkafka starts each Fetch one partition further round, so a quiet lab's new record comes in
+# one of the next Fetches, not after the prefetched backlog. fetch.max.bytes stays large: a small
+# one fills each Fetch with the first partition's batch, and a quiet partition waits its turn
+# round every assigned partition (measured: docs/concepts/broker.md, "How much a Fetch returns").
 FETCH_CONFIG = {
     "queued.min.messages": BATCH,
     "queued.max.messages.kbytes": 1024,
