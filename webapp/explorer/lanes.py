@@ -7,7 +7,8 @@ no crash points inside it. The faults it can apply are the ones outside that pro
 - ``source-duplicate``: the same business transaction again under a new event id;
 - ``commits-blocked``: the fault proxy keeps the consumer's offset commits from the broker (its
   fetches flow) while a credit arrives and is applied; they stay blocked until the schedule's end
-  (or the next fault: a cut connection then makes the consumer fetch from the old committed offset);
+  (a later fault that makes the consumer lose its assignment then has it resume from the old
+  committed offset);
 - ``connections-cut``: the fault proxy closes the consumer's broker connections (it reconnects);
 - ``sessions-terminated``: ``pg_terminate_backend`` of the lane role's sessions (an open
   transaction rolls back).
