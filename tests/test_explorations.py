@@ -70,13 +70,23 @@ def test_bad_input_is_a_400_naming_the_field(client, lab, body, field, says):
     assert explorations(lab) == [], "nothing was queued"
 
 
-def test_a_lane_is_refused_until_the_explorer_can_explore_your_own_consumer(client, lab):
+@pytest.mark.long
+def test_a_lane_is_offered_and_explored_in_this_lab_and_with_no_consumer_running_says_what_to_start(exploring):
+    lab = exploring
+    client = lab.client
     missing = client.post("/api/v1/explorations", json={"lane": "mine", "runs": 1})
     assert missing.status_code == 404 and "has no lane mine" in missing.get_json()["error"], missing.get_json()
-    lab.post("/yours", {"lane": "mine"})
-    refused = client.post("/api/v1/explorations", json={"lane": "mine", "runs": 1})
-    assert refused.status_code == 400, refused.get_json()
-    assert refused.get_json()["field"] == "lane" and "runs outside the lab" in refused.get_json()["error"]
+    assert 'value="mine"' not in client.get("/").get_data(as_text=True)
+    info = lab.post("/yours", {"lane": "mine"})
+    # The form offers the lab's lanes for your consumer.
+    form = client.get("/").get_data(as_text=True)
+    assert '<option value="mine"' in form and "your consumer&#39;s lane" in form, form[-3000:]
+    started = lab.post("/explorations", {"lane": "mine", "runs": 1, "seed": 2}, expect=201)
+    assert started["lane"] == "mine" and started["strategy"] is None, started
+    # No consumer runs on the lane: the probe's credit is never applied, and the row says what to start.
+    ended = wait_exploration(lab, started["id"], lambda r: r["state"] not in store.ACTIVE_STATES, "never ended")
+    assert ended["state"] == "failed", ended
+    assert "start your consumer" in ended["error"] and info["group_id"] in ended["error"], ended
 
 
 def test_in_a_class_a_budget_above_the_caps_is_refused_naming_them(app_factory, lab_name, lab):

@@ -128,7 +128,7 @@ def test_shrinking_ends_at_the_smallest_schedule_that_still_fails():
 
 def test_a_target_it_cannot_explore_is_refused_with_the_reason():
     ctx = ops.Context(engine=None, lab=Lab("x"))
-    for target, budget, words in [(Target(lane="mine"), Budget(runs=1), "lane"),
+    for target, budget, words in [(Target(lane="mine"), Budget(), "give a budget"),
                                   (Target(), Budget(runs=1), "name a strategy"),
                                   (Target(strategy="nope"), Budget(runs=1), "no strategy 'nope'"),
                                   (Target(strategy="none"), Budget(), "give a budget"),

@@ -33,6 +33,7 @@ from ..scenarios.loader import loads
 from ..scenarios.observe import observe
 from ..scenarios.runner import Runner, RunState, broker_kind
 from ..store import command_channel
+from . import lanes
 from . import schedule as schedules
 from .schedule import Schedule
 
@@ -105,9 +106,6 @@ class Outcome:
 
 
 def _strategy(target: Target):
-    if target.lane is not None:
-        raise InvalidTarget("exploring a lane is not possible yet: the explorer crashes and freezes the consumers "
-                            "it starts, and a learner's own consumer runs outside the lab, where it cannot")
     if not target.strategy:
         raise InvalidTarget("name a strategy to explore")
     if target.strategy not in strategies.NAMES:
@@ -289,11 +287,26 @@ def _settled(snap):
     return snap if verdict and not verdict.get("pending") and not verdict.get("not_yet_applied") else None
 
 
+def _explore_lane(ctx: ops.Context, lane: str, budget: Budget, seed: int, on_progress: Callable[[Progress], None],
+                  should_stop: Callable[[], bool], reproduce: int) -> Exploration:
+    """A lane (a learner's own consumer), explored in ``ctx.lab`` itself by lanes.py."""
+    _check_budget(budget)
+    try:
+        found = lanes.explore(ctx, lane, budget, seed, reproduce=reproduce, max_shrink_runs=MAX_SHRINK_RUNS,
+                              on_progress=lambda *fields: on_progress(Progress(*fields)), should_stop=should_stop)
+    except lanes.NotExplorable as refused:
+        raise InvalidTarget(str(refused)) from None
+    return Exploration(**found)
+
+
 def explore(ctx: ops.Context, target: Target, budget: Budget, seed: int, *,
             on_progress: Callable[[Progress], None] = lambda p: None, should_stop: Callable[[], bool] = lambda: False,
             reproduce: int = REPRODUCE_ATTEMPTS) -> Exploration:
     """Search for a failing fault schedule against ``target`` within ``budget``, shrink it, reproduce it.
-    Raises InvalidTarget for a target or budget it cannot explore (the message says why)."""
+    Raises InvalidTarget for a target or budget it cannot explore (the message says why). A lane
+    (a learner's own consumer) is explored in ``ctx.lab`` itself, by lanes.py."""
+    if target.lane is not None:
+        return _explore_lane(ctx, target.lane, budget, seed, on_progress, should_stop, reproduce)
     strategy = _strategy(target)
     _check_budget(budget)
     explorer = Explorer(ctx, strategy, budget, seed, reproduce=reproduce, on_progress=on_progress,

@@ -1,6 +1,6 @@
 """The explorer as operations: queue a search for the shortest fault schedule that breaks a strategy,
-follow it, cancel it. A lane (a learner's own consumer) is a target of the explorer's interface, and
-refused here until the search can fault code that runs outside the lab.
+or a lane (a learner's own consumer, explored in this lab with the faults outside its process),
+follow it, cancel it.
 
 ``explore`` writes a queued row (store/explorations.py: one queued or running exploration per lab)
 and asks a lab agent to start its process (``python -m webapp.explorer``, webapp/agent/explorations.py),
@@ -55,8 +55,9 @@ class ExploreArgs(Args):
     strategy: Literal[EXPLORABLE] | None = Field(
         None, description="the strategy to explore: each run starts consumers using it, in a fresh lab of its "
                           "own (give this or lane)")
-    lane: str | None = named("or: the lane of your own consumer (refused for now: the explorer crashes and freezes "
-                             "the consumers it starts, and yours runs outside the lab)")
+    lane: str | None = named("or: the lane of your own consumer, running: explored in this lab with the faults "
+                             "outside its process (resends, source duplicates, commits blocked, connections cut, "
+                             "database sessions terminated); its runs add credits to the lab and the lane")
     runs: Whole = within(RUNS, "budget: at most this many runs (give runs, minutes or both)")
     minutes: Number = within(MINUTES, "budget: stop searching after this long",
                                     unit=" min")
@@ -111,20 +112,17 @@ def _check_lane(ctx: Context, lane: str) -> None:
 
 
 @operation("explore", path="/explorations", status=201, cli="explore", tags=("explorer",),
-           summary="Search for a fault schedule that breaks a strategy, shrink it to the shortest that still "
+           summary="Search for a fault schedule that breaks a strategy (or your consumer's lane), shrink it to the shortest that still "
                    "does, and hand it back as a scenario; runs in the background on a lab agent, its progress in "
                    "GET /explorations and the Explorer panel")
 def explore(ctx: Context, args: ExploreArgs) -> dict:
     runs, minutes = _budget(ctx, args)
     if args.lane is not None:
         _check_lane(ctx, args.lane)
-        # The search arms crash points and freezes on consumers it starts itself; a learner's own
-        # consumer runs outside the lab, where it can do neither.
-        raise InvalidRequest("lane", "the explorer cannot explore your own consumer yet: it crashes and freezes "
-                                     "the consumers it starts, and yours runs outside the lab; explore a strategy")
     with ctx.engine.begin() as conn:
-        refused = lab_count_limit_reached(conn, ctx.config)
-        if refused:  # each run makes a lab of its own (dropped after it)
+        # A strategy's runs each make a lab of their own (dropped after it); a lane's run in this lab.
+        refused = lab_count_limit_reached(conn, ctx.config) if args.lane is None else None
+        if refused:
             raise Busy(f"the explorer runs each schedule in a fresh lab, and {refused}")
         store.end_stale(conn, ctx.lab.name)
         try:

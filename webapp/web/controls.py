@@ -26,6 +26,7 @@ from ..ops.publishing import template_event
 from ..readmodel import accounts as accounts_readmodel
 from .access import current_lab, home_lab, lab_db
 from .api import ops_context
+from .explorations import your_lanes
 from .panels import duration_label, render_panel
 
 bp = Blueprint("controls", __name__, url_prefix="/controls")
@@ -56,7 +57,9 @@ def control_choices() -> dict[str, Any]:
     except HTTPException:  # the page of a refused request (a change while viewing read-only): no lab
         topic = home_lab().topic
     return {"poison_kinds": [(kind, kind.replace("-", " ")) for kind in events.POISON_PILLS],
-            "strategy_names": strategies.NAMES, "lab_topic": topic, "limits": Limits}
+            "strategy_names": strategies.NAMES, "lab_topic": topic, "limits": Limits,
+            # Called by the explorer's form only: a query of the lab's groups, not on every page.
+            "your_lanes": lambda: your_lanes(current_lab())}
 
 
 def run_op(name: str, body: dict[str, Any]) -> dict:

@@ -6,8 +6,16 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
+
+from ..domain.lab import Lab
+from ..domain.vocabulary import OUTSIDE_STRATEGY
 from ..scenarios import ScenarioError
 from ..scenarios.loader import loads
+from ..store import schema
+from ..store.tables import consumer_groups
+from .db import db
 
 
 def _seconds_since(iso: str | None, until: str | None = None) -> float | None:
@@ -41,3 +49,15 @@ def panel_data(explorations: list[dict[str, Any]]) -> dict[str, Any]:
     shown["progress"] = min(1.0, done / runs) if runs else None
     shown["steps"], shown["steps_error"] = scenario_steps(result.get("scenario_yaml"))
     return {"shown": shown, "result": result, "earlier": explorations[1:]}
+
+
+def your_lanes(lab: Lab) -> list[str]:
+    """The lab's lanes for a learner's own consumer (the explorer's form offers them); none when
+    the lab's tables cannot be read (a lab not set up yet)."""
+    try:
+        with schema.connect_in(db.engine, lab.schema) as conn:
+            schemas = conn.execute(select(consumer_groups.c.effects_schema)
+                                   .where(consumer_groups.c.strategy == OUTSIDE_STRATEGY)).scalars().all()
+    except SQLAlchemyError:
+        return []
+    return sorted({lane for lane in map(lab.lane_of, schemas) if lane})

@@ -47,7 +47,7 @@ def _operation(op: ops.Operation, components: dict[str, Any]) -> dict[str, Any]:
     if op.name == "explore":
         spec["responses"]["409"] = _answer("the lab runs an exploration already (one at a time per lab; the error "
                                            "says which and how to cancel it), or the server holds as many labs as "
-                                           "it allows (LAB_MAX_LABS): each run needs one of its own", ERROR)
+                                           "it allows (LAB_MAX_LABS): each run against a strategy needs one of its own", ERROR)
     if op.step:
         spec["x-scenario-step"] = op.step
     if parameters:
