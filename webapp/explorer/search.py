@@ -59,9 +59,11 @@ class Target:
 
 @dataclass(frozen=True)
 class Budget:
-    """How much to spend searching: runs, minutes, or both (whichever runs out first)."""
+    """How much to spend searching: runs, minutes, or both (whichever runs out first); and the
+    fault kinds its schedules may use (None: every kind, schedule.FAULT_KINDS)."""
     runs: int | None = None
     minutes: float | None = None
+    faults: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -122,6 +124,11 @@ def _check_budget(budget: Budget) -> None:
         raise InvalidTarget("the budget's runs must be at least 1")
     if budget.minutes is not None and budget.minutes <= 0:
         raise InvalidTarget("the budget's minutes must be more than 0")
+    if budget.faults is not None and not budget.faults:
+        raise InvalidTarget(f"choose at least one fault kind: {', '.join(schedules.FAULT_KINDS)}")
+    if budget.faults and (unknown := schedules.unknown_kinds(budget.faults)):
+        raise InvalidTarget(f"no fault kind {', '.join(map(repr, unknown))}: some of "
+                            f"{', '.join(schedules.FAULT_KINDS)}")
 
 
 class Explorer:
@@ -134,6 +141,7 @@ class Explorer:
         self.plan = schedules.plan_of(strategy)
         self.points = strategy.points
         self.budget = budget
+        self.kinds = tuple(budget.faults or schedules.FAULT_KINDS)
         self.seed = seed
         self.reproduce = reproduce
         self.on_progress = on_progress
@@ -225,7 +233,7 @@ class Explorer:
         while self.budget.runs is None or self.runs < self.budget.runs:
             if self.out_of_time() or self.stop_requested():
                 return None
-            schedule = schedules.generate(rng, self.points)
+            schedule = schedules.generate(rng, self.points, kinds=self.kinds)
             if self.run(schedule).failed:
                 return schedule
         return None
@@ -254,7 +262,7 @@ class Explorer:
     # --- what it says -----------------------------------------------------------------------
 
     def tried(self) -> str:
-        kinds = ", ".join(schedules.FAULT_KINDS)
+        kinds = ", ".join(self.kinds)
         points = ", ".join(self.points)
         stopped = " (cancelled)" if self.cancelled else ""
         unfinished = (f"; {self.not_run_as_written} of them did not run as written, so were not judged "
