@@ -96,8 +96,10 @@ def test_in_a_class_a_budget_above_the_caps_is_refused_naming_them(app_factory, 
 
 def test_an_exploration_runs_in_its_own_process_and_ends_with_what_it_tried(exploring):
     lab = exploring
-    started = lab.post("/explorations", {"strategy": "eventid-atomic", "runs": 1, "seed": 5}, expect=201)
+    started = lab.post("/explorations", {"strategy": "eventid-atomic", "runs": 1, "seed": 5,
+                                         "faults": "crash, resend"}, expect=201)
     assert started["state"] == "queued" and started["budget_runs"] == 1 and started["pid"], started
+    assert started["faults"] == ["crash", "resend"], started
     ended = wait_exploration(lab, started["id"], lambda r: r["state"] not in store.ACTIVE_STATES,
                              "never ended")
     # eventid-atomic keeps its dedup key and its effect in one transaction: no schedule breaks it.
@@ -106,6 +108,7 @@ def test_an_exploration_runs_in_its_own_process_and_ends_with_what_it_tried(expl
     result = ended["result"]
     assert result["found"] is False and result["runs"] == 1 and result["scenario_yaml"] is None, result
     assert "1 run(s) of schedules from seed 5 against eventid-atomic" in result["tried"], result
+    assert "among crash, resend, at the crash points" in result["tried"], result
     wait_until(lambda: process_gone(started["pid"]), timeout=10, message=f"process {started['pid']} still there")
     page = lab.client.get("/panels/explorer").get_data(as_text=True)
     assert f'data-exploration="{started["id"]}"' in page and 'data-state="nothing-found"' in page
@@ -220,6 +223,9 @@ def test_the_dashboard_has_the_explorer_form_and_panel_and_the_form_says_what_is
     refused = lab.client.post("/controls/op/explore", data={"strategy": "none", "runs": "0"})
     assert refused.status_code == 422, refused.get_data(as_text=True)
     assert "must be a whole number from 1 to 10000" in refused.get_data(as_text=True)
+    melt = lab.client.post("/controls/op/explore", data={"strategy": "none", "runs": "1", "faults": "kill, melt"})
+    assert melt.status_code == 422 and "&#39;join&#39; or &#39;async-commit&#39;" in melt.get_data(as_text=True), melt.get_data(as_text=True)
+    assert 'name="faults"' in page and "empty: every kind (crash, resend, restart, freeze-join, kill, join" in page
     nothing = lab.client.post("/controls/op/cancel_exploration", data={})
     assert nothing.status_code == 422 and "no exploration is queued or running" in nothing.get_data(as_text=True)
 

@@ -37,15 +37,15 @@ from typing import Any, Callable
 
 import yaml
 
-from ..domain.vocabulary import CRASH_POINTS
+from ..domain.vocabulary import CRASH_POINTS, EXPLORER_FAULT_KINDS
 
 GROUP = "payments"
 ACCOUNTS = ("acc-1", "acc-2")
 AMOUNTS_CENTS = (10000, 2500)
 # The kinds of the explorer's first pass come first, in their order: a seed draws the same schedules
 # from them as it did then (FIRST_PASS_KINDS), and the kinds added since come after.
-FIRST_PASS_KINDS = ("crash", "resend", "restart", "freeze-join")
-FAULT_KINDS = (*FIRST_PASS_KINDS, "kill", "join", "async-commit")
+FAULT_KINDS = EXPLORER_FAULT_KINDS
+FIRST_PASS_KINDS = FAULT_KINDS[:4]
 # Faults after which the group has two members and either may hold the partition: the schedule's last.
 HAND_OVER_KINDS = ("freeze-join", "join")
 EPISODE_KINDS = ("publish", *FAULT_KINDS)

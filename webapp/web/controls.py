@@ -21,7 +21,7 @@ from werkzeug.exceptions import HTTPException
 
 from .. import ops, strategies
 from ..domain import events
-from ..domain.vocabulary import Limits
+from ..domain.vocabulary import EXPLORER_FAULT_KINDS, Limits
 from ..ops.publishing import template_event
 from ..readmodel import state
 from .access import current_lab, home_lab, lab_db
@@ -56,7 +56,8 @@ def control_choices() -> dict[str, Any]:
     except HTTPException:  # the page of a refused request (a change while viewing read-only): no lab
         topic = home_lab().topic
     return {"poison_kinds": [(kind, kind.replace("-", " ")) for kind in events.POISON_PILLS],
-            "strategy_names": strategies.NAMES, "lab_topic": topic, "limits": Limits}
+            "strategy_names": strategies.NAMES, "lab_topic": topic, "limits": Limits,
+            "explorer_fault_kinds": EXPLORER_FAULT_KINDS}
 
 
 def run_op(name: str, body: dict[str, Any]) -> dict:
