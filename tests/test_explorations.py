@@ -61,6 +61,8 @@ def exploring(lab):
     ({"strategy": "none", "minutes": 0}, "minutes", "must be a number from 0.1 to 1440.0"),
     ({"strategy": "none", "minutes": "soon"}, "minutes", "must be a number from 0.1 to 1440.0"),
     ({"strategy": "none"}, "runs", "give a budget: runs, minutes, or both"),
+    ({"strategy": "eventid-atomic", "runs": 1, "faults": ["kill", "source-duplicate"]}, "faults",
+     "source-duplicate is judged only against business-key and payload-hash"),
     ({"runs": 1}, "strategy", "give a strategy to explore, or the lane of your own consumer"),
     ({"strategy": "none", "lane": "mine", "runs": 1}, "strategy", "(one of them)"),
     ({"strategy": "none", "runs": 1, "seed": -1}, "seed", "must be a whole number from 0 to 2147483647"),

@@ -113,6 +113,17 @@ def test_kill_join_and_async_commit_compile_to_the_lab_operations():
     assert [step.action for step in scenario.steps][:2] == ["throughput", "start"]
 
 
+def test_a_source_duplicate_is_drawn_only_against_a_strategy_keyed_on_the_transaction():
+    from webapp.explorer.search import _kinds
+    assert "source-duplicate" in _kinds("business-key", None) and "source-duplicate" in _kinds("payload-hash", None)
+    assert "source-duplicate" not in _kinds("eventid-atomic", None) and "kill" in _kinds("eventid-atomic", None)
+    ctx = ops.Context(engine=None, lab=Lab("x"))
+    with pytest.raises(InvalidTarget, match="source-duplicate cannot be judged against eventid-atomic"):
+        explore(ctx, Target(strategy="eventid-atomic"), Budget(runs=1, faults=("source-duplicate",)), seed=1)
+    steps = schedules.compile_steps((Episode("publish"), Episode("source-duplicate")), NONE_PLAN).steps
+    assert steps[3]["publish"] == {"mode": "source-duplicate"}
+
+
 def test_an_unknown_or_empty_fault_list_is_refused_naming_the_kinds():
     ctx = ops.Context(engine=None, lab=Lab("x"))
     with pytest.raises(InvalidTarget, match="no fault kind 'melt': some of crash, resend"):
@@ -272,3 +283,20 @@ def test_kill_join_and_async_commit_run_as_written_on_real_consumers(explore_ctx
     outcome = explorer.run(schedule)
     assert outcome.ran, outcome.reason
     assert outcome.anomalies == {} and outcome.accounts == {}, outcome
+
+
+@pytest.mark.long
+def test_a_source_duplicate_is_absorbed_by_business_key_and_counted_against_none(explore_ctx):
+    """The verdict counts a source duplicate's second credit by its transaction: a strategy keyed on
+    the transaction absorbs it, one that keys on nothing credits twice (exercise 5's lesson)."""
+    from webapp.explorer.search import Explorer
+    _, ctx = explore_ctx
+    schedule = (Episode("publish"), Episode("source-duplicate"))
+    outcomes = {}
+    for strategy in ("business-key", "none"):
+        explorer = Explorer(ctx, strategies.get(strategy), Budget(runs=1), 1, reproduce=0,
+                            on_progress=lambda p: None, should_stop=lambda: False)
+        outcomes[strategy] = explorer.run(schedule)
+        assert outcomes[strategy].ran, (strategy, outcomes[strategy].reason)
+    assert outcomes["business-key"].anomalies == {}, outcomes
+    assert outcomes["none"].anomalies == {"duplicates_applied": 1}, outcomes

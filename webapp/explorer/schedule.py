@@ -24,7 +24,12 @@ scenario that runs: that is what lets the shrinker drop episodes freely.
   schedule holds one of the two at most);
 - ``async-commit``: the group commits offsets asynchronously (a group setting, set before the first
   consumer starts, wherever the episode stands): a member killed right after a record may lose a
-  commit that was sent and never acknowledged.
+  commit that was sent and never acknowledged;
+- ``source-duplicate``: the source sends the newest transaction again under a new event id (a
+  producer that retried at the application level). Only strategies that key on the transaction
+  (SOURCE_DUPLICATE_STRATEGIES) claim to absorb it; the verdict counts its second credit as applied
+  twice (by the transaction id), so against an event-id strategy every such schedule "fails" by
+  design, as exercise 5 shows: the search offers it against those strategies only.
 
 Everything here is pure: no database, no broker. ``compile_scenario`` writes the scenario file's
 text in the format of docs/reference/scenario-format.md, which the loader checks and the runner runs.
@@ -37,7 +42,7 @@ from typing import Any, Callable
 
 import yaml
 
-from ..domain.vocabulary import CRASH_POINTS, EXPLORER_FAULT_KINDS
+from ..domain.vocabulary import CRASH_POINTS, EXPLORER_FAULT_KINDS, EXPLORER_SOURCE_DUPLICATE_STRATEGIES
 
 GROUP = "payments"
 ACCOUNTS = ("acc-1", "acc-2")
@@ -46,6 +51,13 @@ AMOUNTS_CENTS = (10000, 2500)
 # from them as it did then (FIRST_PASS_KINDS), and the kinds added since come after.
 FAULT_KINDS = EXPLORER_FAULT_KINDS
 FIRST_PASS_KINDS = FAULT_KINDS[:4]
+# The strategies whose dedup key is the transaction, not the event id: against them a source
+# duplicate applied twice is a bug in what they claim.
+SOURCE_DUPLICATE_STRATEGIES = EXPLORER_SOURCE_DUPLICATE_STRATEGIES
+# Faults that repeat the newest event: they need one published before them.
+REPEAT_KINDS = ("resend", "source-duplicate")
+# Episodes that publish a credit of their own.
+CREDITING_KINDS = ("publish", "crash", "freeze-join")
 # Faults after which the group has two members and either may hold the partition: the schedule's last.
 HAND_OVER_KINDS = ("freeze-join", "join")
 EPISODE_KINDS = ("publish", *FAULT_KINDS)
@@ -76,6 +88,7 @@ class Episode:
                 "kill": "kill the active consumer (SIGKILL) between records, then restart it",
                 "join": "a second member joins the group (a rebalance)",
                 "async-commit": "the group commits offsets asynchronously",
+                "source-duplicate": "the source sends the newest transaction again (new event id)",
                 }[self.kind]
 
 
@@ -107,7 +120,8 @@ def generate(rng: random.Random, points: tuple[str, ...], max_faults: int = 2,
         faults = [k for k in faults if k not in HAND_OVER_KINDS] + [hand_over]
     episodes: list[Episode] = []
     for kind in faults:
-        if rng.random() < 0.5 or (kind == "resend" and not episodes):
+        published = any(e.kind in CREDITING_KINDS for e in episodes)
+        if rng.random() < 0.5 or (kind in REPEAT_KINDS and not published):
             episodes.append(Episode("publish", account=rng.choice(ACCOUNTS), cents=rng.choice(AMOUNTS_CENTS)))
         point = None
         if kind == "crash":
@@ -146,7 +160,7 @@ def simpler_credits(schedule: Schedule) -> list[Schedule]:
     plain = Episode("publish")
     candidates = []
     for i, episode in enumerate(schedule):
-        if episode.kind != "resend" and (episode.account, episode.cents) != (plain.account, plain.cents):
+        if episode.kind not in REPEAT_KINDS and (episode.account, episode.cents) != (plain.account, plain.cents):
             candidates.append(schedule[:i] + (replace(episode, account=plain.account, cents=plain.cents),)
                               + schedule[i + 1:])
     return candidates
@@ -253,6 +267,10 @@ def compile_steps(schedule: Schedule, plan: tuple[tuple[str, str], ...],
             if not last:
                 steps.append({"wait": {"consumer": active, "state": "running", "assigned": True,
                                        "timeout": ASSIGNED_TIMEOUT}})
+        elif episode.kind == "source-duplicate":
+            steps.append({"publish": {"mode": "source-duplicate"},
+                          "note": "The source sends the newest transaction again under a new event id: a new "
+                                  "event to an event-id key, the same transaction to a business key."})
         elif episode.kind == "kill":
             steps += [
                 {"kill": active, "note": "SIGKILL, between records: no offset commit past what it sent, no group "

@@ -131,6 +131,19 @@ def _check_budget(budget: Budget) -> None:
                             f"{', '.join(schedules.FAULT_KINDS)}")
 
 
+def _kinds(strategy: str, chosen: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The fault kinds to draw from: the ones chosen, or every kind the strategy is judged on."""
+    judged = strategy in schedules.SOURCE_DUPLICATE_STRATEGIES
+    if chosen is None:
+        return tuple(k for k in schedules.FAULT_KINDS if judged or k != "source-duplicate")
+    if "source-duplicate" in chosen and not judged:
+        raise InvalidTarget(f"source-duplicate cannot be judged against {strategy}: its key is the event id, so the "
+                            "same transaction under a new event id is a new event to it, credited again by design "
+                            "(exercise 5); only " + " and ".join(schedules.SOURCE_DUPLICATE_STRATEGIES)
+                            + " key on the transaction")
+    return tuple(dict.fromkeys(chosen))
+
+
 class Explorer:
     """One exploration's state: the runs it made and the schedules' outcomes it remembers."""
 
@@ -141,7 +154,7 @@ class Explorer:
         self.plan = schedules.plan_of(strategy)
         self.points = strategy.points
         self.budget = budget
-        self.kinds = tuple(budget.faults or schedules.FAULT_KINDS)
+        self.kinds = _kinds(strategy.name, budget.faults)
         self.seed = seed
         self.reproduce = reproduce
         self.on_progress = on_progress
@@ -304,6 +317,7 @@ def explore(ctx: ops.Context, target: Target, budget: Budget, seed: int, *,
     Raises InvalidTarget for a target or budget it cannot explore (the message says why)."""
     strategy = _strategy(target)
     _check_budget(budget)
+    _kinds(strategy.name, budget.faults)
     explorer = Explorer(ctx, strategy, budget, seed, reproduce=reproduce, on_progress=on_progress,
                         should_stop=should_stop)
     failing = explorer.search()

@@ -22,7 +22,7 @@ from pydantic import Field, field_validator, model_validator
 from .. import strategies
 from ..domain import verbs
 from ..domain.lab import NAME_RULE, InvalidLabName
-from ..domain.vocabulary import EXPLORER_FAULT_KINDS, OUTSIDE_STRATEGY
+from ..domain.vocabulary import EXPLORER_FAULT_KINDS, EXPLORER_SOURCE_DUPLICATE_STRATEGIES, OUTSIDE_STRATEGY
 from ..domain.waits import WaitTimeout, wait_until
 from ..store import explorations as store
 from ..store import labdata, schema
@@ -84,6 +84,11 @@ class ExploreArgs(Args):
                                              "(one of them)")
         if self.runs is None and self.minutes is None:
             raise InvalidRequest("runs", "give a budget: runs, minutes, or both")
+        if (self.faults and "source-duplicate" in self.faults and self.strategy is not None
+                and self.strategy not in EXPLORER_SOURCE_DUPLICATE_STRATEGIES):
+            raise InvalidRequest("faults", f"source-duplicate is judged only against "
+                                           f"{' and '.join(EXPLORER_SOURCE_DUPLICATE_STRATEGIES)}, which key on "
+                                           f"the transaction: to {self.strategy} it is a new event")
         return self
 
 
