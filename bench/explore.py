@@ -1,6 +1,6 @@
 """The explorer against each strategy: how many runs, how long to the first failure and to shrink it.
 
-    .venv/bin/python bench/explore.py [--runs 30] [--seed 1] [--reproduce 3] [--strategy none ...]
+    .venv/bin/python bench/explore.py [--runs 30] [--seed 1] [--reproduce 3] [--faults crash,kill] [--strategy none ...]
 
 One embedded stack (PostgreSQL, the Tansu broker, a lab agent), started fresh. Per strategy, one
 exploration (webapp/explorer/search.py) with the same budget and seed, printed as:
@@ -35,7 +35,7 @@ def make_app(stack: Stack, data_dir: Path):
     })
 
 
-def explore_one(app, strategy: str, runs: int, seed: int, reproduce: int) -> dict:
+def explore_one(app, strategy: str, runs: int, seed: int, reproduce: int, faults: tuple[str, ...] | None = None) -> dict:
     from webapp import ops
     from webapp.domain.lab import Lab
     from webapp.explorer.search import Budget, Target, explore
@@ -58,7 +58,7 @@ def explore_one(app, strategy: str, runs: int, seed: int, reproduce: int) -> dic
 
     with app.app_context():
         ctx = ops.Context(db.engine, Lab("bench"), app.config)
-        result = explore(ctx, Target(strategy=strategy), Budget(runs=runs), seed, reproduce=reproduce,
+        result = explore(ctx, Target(strategy=strategy), Budget(runs=runs, faults=faults), seed, reproduce=reproduce,
                          on_progress=note)
     return {"strategy": strategy, "result": result, "exercise_steps": len(load(find(EXERCISES[strategy])).steps),
             "to_first_failure": marks.get("found"),
@@ -69,6 +69,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=30, help="the search's budget in runs, per strategy")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--faults", default=None,
+                        help="the fault kinds, comma-separated (default: every kind the strategy is judged on)")
     parser.add_argument("--reproduce", type=int, default=3, help="how often the final schedule is run again")
     parser.add_argument("--strategy", action="append", choices=tuple(EXERCISES), default=[])
     args = parser.parse_args()
@@ -79,7 +81,8 @@ def main() -> int:
         app = make_app(stack, Path(tmp) / "data")
         for strategy in args.strategy or list(EXERCISES):
             print(f"{strategy}: seed {args.seed}, at most {args.runs} run(s) searching", flush=True)
-            rows.append(explore_one(app, strategy, args.runs, args.seed, args.reproduce))
+            faults = tuple(k.strip() for k in args.faults.split(",") if k.strip()) if args.faults else None
+            rows.append(explore_one(app, strategy, args.runs, args.seed, args.reproduce, faults))
             result = rows[-1]["result"]
             print("    " + (result.why or result.tried), flush=True)
         from webapp.web.db import db

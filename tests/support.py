@@ -141,11 +141,20 @@ def run_guided(app, exercise: Path, after_prepare: Callable[[], None] | None = N
     starts their own consumer then. ``pause``: seconds between a click's end and the next click,
     a person reading the page (bench/guided_pace.py runs every exercise so)."""
     from webapp.scenarios import load
+    return run_guided_from(app, f"/scenarios/{exercise.stem}/runs", len(load(exercise).steps), after_prepare, pause)
+
+
+def run_guided_from(app, start_url: str, step_count: int, after_prepare: Callable[[], None] | None = None,
+                    pause: float = 0.0) -> Any:
+    """Run the guided run ``start_url`` starts (an exercise's, or an exploration's replay) click by
+    click, as :func:`run_guided` does, and return its final RunState."""
     from webapp.scenarios.runner import RunState
     from webapp.web.db import db
 
     client = app.test_client()
-    run_page = client.post(f"/scenarios/{exercise.stem}/runs").headers["Location"]
+    started = client.post(start_url)
+    assert started.status_code == 303, started.get_data(as_text=True)
+    run_page = started.headers["Location"]
     run_id = int(run_page.rstrip("/").rsplit("/", 1)[1])
 
     def progress() -> tuple[bool, RunState]:
@@ -155,12 +164,12 @@ def run_guided(app, exercise: Path, after_prepare: Callable[[], None] | None = N
         return busy, RunState.from_dict(saved)
 
     run = progress()[1]
-    for click in range(len(load(exercise).steps) + 3):
+    for click in range(step_count + 3):
         if click and pause:
             time.sleep(pause)  # a learner's reading time between two clicks: what the test is about, not a wait
         assert client.post(run_page + "/next", headers={"HX-Request": "true"}).status_code == 200
         wait_until(lambda: not progress()[0], timeout=120, interval=WAIT_INTERVAL,
-                   message=f"{exercise.stem}: a guided step never finished")
+                   message=f"{start_url}: a guided step never finished")
         run = progress()[1]
         if after_prepare is not None and run.prepared:
             after_prepare()

@@ -9,11 +9,14 @@ import signal
 from pathlib import Path
 
 import pytest
+import sqlalchemy
 from sqlalchemy import insert
 
+import support
 from webapp import strategies
 from webapp.domain.waits import wait_until
 from webapp.explorer import schedule as schedules
+from webapp.scenarios.loader import loads
 from webapp.store import explorations as store
 from webapp.store.tables import explorations as table
 from webapp.web.db import db
@@ -58,6 +61,8 @@ def exploring(lab):
     ({"strategy": "none", "minutes": 0}, "minutes", "must be a number from 0.1 to 1440.0"),
     ({"strategy": "none", "minutes": "soon"}, "minutes", "must be a number from 0.1 to 1440.0"),
     ({"strategy": "none"}, "runs", "give a budget: runs, minutes, or both"),
+    ({"strategy": "eventid-atomic", "runs": 1, "faults": ["kill", "source-duplicate"]}, "faults",
+     "source-duplicate is judged only against business-key and payload-hash"),
     ({"runs": 1}, "strategy", "give a strategy to explore, or the lane of your own consumer"),
     ({"strategy": "none", "lane": "mine", "runs": 1}, "strategy", "(one of them)"),
     ({"strategy": "none", "runs": 1, "seed": -1}, "seed", "must be a whole number from 0 to 2147483647"),
@@ -103,8 +108,10 @@ def test_in_a_class_a_budget_above_the_caps_is_refused_naming_them(app_factory, 
 
 def test_an_exploration_runs_in_its_own_process_and_ends_with_what_it_tried(exploring):
     lab = exploring
-    started = lab.post("/explorations", {"strategy": "eventid-atomic", "runs": 1, "seed": 5}, expect=201)
+    started = lab.post("/explorations", {"strategy": "eventid-atomic", "runs": 1, "seed": 5,
+                                         "faults": "crash, resend"}, expect=201)
     assert started["state"] == "queued" and started["budget_runs"] == 1 and started["pid"], started
+    assert started["faults"] == ["crash", "resend"], started
     ended = wait_exploration(lab, started["id"], lambda r: r["state"] not in store.ACTIVE_STATES,
                              "never ended")
     # eventid-atomic keeps its dedup key and its effect in one transaction: no schedule breaks it.
@@ -113,6 +120,7 @@ def test_an_exploration_runs_in_its_own_process_and_ends_with_what_it_tried(expl
     result = ended["result"]
     assert result["found"] is False and result["runs"] == 1 and result["scenario_yaml"] is None, result
     assert "1 run(s) of schedules from seed 5 against eventid-atomic" in result["tried"], result
+    assert "among crash, resend, at the crash points" in result["tried"], result
     wait_until(lambda: process_gone(started["pid"]), timeout=10, message=f"process {started['pid']} still there")
     page = lab.client.get("/panels/explorer").get_data(as_text=True)
     assert f'data-exploration="{started["id"]}"' in page and 'data-state="nothing-found"' in page
@@ -227,5 +235,54 @@ def test_the_dashboard_has_the_explorer_form_and_panel_and_the_form_says_what_is
     refused = lab.client.post("/controls/op/explore", data={"strategy": "none", "runs": "0"})
     assert refused.status_code == 422, refused.get_data(as_text=True)
     assert "must be a whole number from 1 to 10000" in refused.get_data(as_text=True)
+    melt = lab.client.post("/controls/op/explore", data={"strategy": "none", "runs": "1", "faults": "kill, melt"})
+    assert melt.status_code == 422 and "&#39;join&#39; or &#39;async-commit&#39;" in melt.get_data(as_text=True), melt.get_data(as_text=True)
+    assert 'name="faults"' in page and "empty: every kind (crash, resend, restart, freeze-join, kill, join" in page
     nothing = lab.client.post("/controls/op/cancel_exploration", data={})
     assert nothing.status_code == 422 and "no exploration is queued or running" in nothing.get_data(as_text=True)
+
+
+def _double_credit_result() -> dict:
+    """What an exploration of ``none`` hands back: the crash after the effect and before the offset
+    commit, compiled by the explorer with the anomaly its run saw as the file's expectation."""
+    strategy = strategies.get("none")
+    schedule = (schedules.Episode("crash", point="after-effect-before-commit"),)
+    scenario = schedules.compile_scenario(
+        schedule, "none", schedules.plan_of(strategy), title="Explored: none — duplicates applied 1",
+        narrative="The explorer's shortest schedule.\n\n**Why:** P0@0 was applied again after the restart.",
+        expect={"verdict": {"duplicates_applied": 1}, "accounts": {"acc-1": {"actual": 20000, "expected": 10000}}})
+    return {**_found_result(), "schedule_length": 7, "scenario_yaml": scenario}
+
+
+@pytest.mark.long
+def test_a_found_explorations_scenario_replays_guided_to_the_same_verdict(app, app_factory, lab, lab_name):
+    exploration_id = _insert(app, lab_name, state="found", phase="done", runs_done=4, result=_double_credit_result())
+    panel = lab.client.get("/panels/explorer").get_data(as_text=True)
+    assert f'data-replay-guided="{exploration_id}"' in panel and "Replay guided" in panel, panel
+    assert f'action="/scenarios/explorations/{exploration_id}/runs"' in panel, panel
+    steps = len(loads(_double_credit_result()["scenario_yaml"]).steps)
+    run = support.run_guided_from(app, f"/scenarios/explorations/{exploration_id}/runs", steps)
+    try:
+        support.assert_passed(run)
+        # The lab's preparation, then every step of the file; its expectations (the double credit) held.
+        assert [step["status"] for step in run.steps] == ["ok"] * (steps + 1), run.steps
+        assert any("duplicates" in check["label"] and check["ok"] for check in run.checks), run.checks
+        with app.app_context(), db.engine.connect() as conn:
+            run_id = conn.execute(sqlalchemy.text("SELECT id FROM lab_control.scenario_runs WHERE lab = :lab"),
+                                  {"lab": run.lab}).scalar_one()
+        page = lab.client.get(f"/scenarios/runs/{run_id}").get_data(as_text=True)
+        assert f'data-explored-from="{exploration_id}"' in page and f"came from exploration {exploration_id}" in page
+        assert "Explored: none" in page and "data-docs-link" not in page
+    finally:
+        support.judge_and_drop_run(app_factory, app, run.lab)
+
+
+def test_a_guided_replay_of_an_exploration_without_a_scenario_is_refused_saying_why(app, lab, lab_name):
+    unknown = lab.client.post("/scenarios/explorations/999999999/runs")
+    assert unknown.status_code == 404
+    exploration_id = _insert(app, lab_name, state="nothing-found", phase="done", runs_done=10,
+                             result={**_found_result(), "found": False, "scenario_yaml": None})
+    refused = lab.client.post(f"/scenarios/explorations/{exploration_id}/runs")
+    assert refused.status_code == 409
+    assert f"exploration {exploration_id} handed back no scenario (it is nothing-found)" in refused.get_data(as_text=True)
+    assert "Replay guided" not in lab.client.get("/panels/explorer").get_data(as_text=True)

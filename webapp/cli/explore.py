@@ -17,6 +17,7 @@ from flask.cli import AppGroup
 
 from .. import ops, strategies
 from ..domain.lab import Lab
+from ..explorer import schedule as schedules
 from ..explorer.search import Budget, InvalidTarget, Progress, Target, explore
 from ..store import command_channel
 from ..store.classroom import lab_count_limit_reached
@@ -40,8 +41,11 @@ def _print_progress(progress: Progress) -> None:
               help="how often the scenario found is replayed")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="write the scenario file found here (default: print it)")
+@click.option("--faults", default=None, metavar="KIND,KIND",
+              help=f"the fault kinds the schedules may use, comma-separated (default: every kind: "
+                   f"{', '.join(schedules.FAULT_KINDS)})")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON (no progress lines)")
-def run_exploration(strategy, runs, minutes, seed, reproduce, out, as_json):
+def run_exploration(strategy, runs, minutes, seed, reproduce, faults, out, as_json):
     """Explore STRATEGY: seeded fault schedules, each run in a fresh lab (dropped after), judged by the
     verdict; the first that fails is shrunk and replayed."""
     if runs is None and minutes is None:
@@ -58,7 +62,8 @@ def run_exploration(strategy, runs, minutes, seed, reproduce, out, as_json):
         click.echo(f"exploring {strategy}: seed {seed}, " + ", ".join(
             part for part in (f"{runs} run(s)" if runs else "", f"{minutes:g} minute(s)" if minutes else "") if part))
     try:
-        result = explore(ctx, Target(strategy=strategy), Budget(runs=runs, minutes=minutes), seed,
+        kinds = tuple(kind.strip() for kind in faults.split(",") if kind.strip()) if faults is not None else None
+        result = explore(ctx, Target(strategy=strategy), Budget(runs=runs, minutes=minutes, faults=kinds), seed,
                          reproduce=reproduce, on_progress=(lambda p: None) if as_json else _print_progress)
     except InvalidTarget as error:
         click.echo(f"error: {error}", err=True)

@@ -41,6 +41,12 @@ CRASH_POINTS = ("before-effect", "between-check-and-act", "between-key-and-effec
 # not at all, inside the effect's transaction before its commit, or after it (before the offset commit).
 NOTIFY_MODES = ("off", "before-commit", "after-commit")
 FAULT_ACTIONS = ("crash", "freeze")
+# The fault kinds the explorer's schedules draw from (webapp/explorer/schedule.py says what each does).
+EXPLORER_FAULT_KINDS = ("crash", "resend", "restart", "freeze-join", "kill", "join", "async-commit",
+                        "source-duplicate")
+# The strategies whose dedup key is the transaction, not the event id: the only ones a source duplicate
+# (the same transaction under a new event id) is judged against; to the others it is a new event.
+EXPLORER_SOURCE_DUPLICATE_STRATEGIES = ("business-key", "payload-hash")
 # Crash points of the outbox relay (webapp/outbox): before it produces a batch of unsent rows, and
 # after their delivery reports, before the transaction that marks them sent.
 RELAY_CRASH_POINTS = ("relay-before-publish", "relay-after-publish-before-mark")

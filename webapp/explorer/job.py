@@ -86,7 +86,8 @@ def run(engine: Engine, config: dict[str, Any], exploration_id: int) -> str:
         return current["state"] if current else "missing"
     ctx = Context(engine=engine, lab=Lab(row["lab"]), config=config)
     target = Target(strategy=row["strategy"], lane=row["lane"])
-    budget = Budget(runs=row["budget_runs"], minutes=row["budget_minutes"])
+    budget = Budget(runs=row["budget_runs"], minutes=row["budget_minutes"],
+                    faults=tuple(row["faults"]) if row.get("faults") else None)
     with Reporter(engine, exploration_id) as reporter:
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: reporter.stop.set())
         try:

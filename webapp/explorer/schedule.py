@@ -17,6 +17,19 @@ scenario that runs: that is what lets the shrinker drop episodes freely.
   its late offset commit to fail. The second member is the active consumer afterwards. A schedule
   holds at most one, as its last fault: the thawed zombie rejoins the group and may take the
   partition back, so a fault armed after it could be armed on a member that never sees a record.
+- ``kill``: SIGKILL the active consumer between two records (no offset commit, no group leave: its
+  session must expire before the group rebalances), wait until it is seen killed, restart it;
+- ``join``: a second member joins the group with nothing frozen: a rebalance, and either member may
+  end up with the partition. Like ``freeze-join``, at most one per schedule, as its last fault (a
+  schedule holds one of the two at most);
+- ``async-commit``: the group commits offsets asynchronously (a group setting, set before the first
+  consumer starts, wherever the episode stands): a member killed right after a record may lose a
+  commit that was sent and never acknowledged;
+- ``source-duplicate``: the source sends the newest transaction again under a new event id (a
+  producer that retried at the application level). Only strategies that key on the transaction
+  (SOURCE_DUPLICATE_STRATEGIES) claim to absorb it; the verdict counts its second credit as applied
+  twice (by the transaction id), so against an event-id strategy every such schedule "fails" by
+  design, as exercise 5 shows: the search offers it against those strategies only.
 
 Everything here is pure: no database, no broker. ``compile_scenario`` writes the scenario file's
 text in the format of docs/reference/scenario-format.md, which the loader checks and the runner runs.
@@ -29,12 +42,24 @@ from typing import Any, Callable
 
 import yaml
 
-from ..domain.vocabulary import CRASH_POINTS
+from ..domain.vocabulary import CRASH_POINTS, EXPLORER_FAULT_KINDS, EXPLORER_SOURCE_DUPLICATE_STRATEGIES
 
 GROUP = "payments"
 ACCOUNTS = ("acc-1", "acc-2")
 AMOUNTS_CENTS = (10000, 2500)
-FAULT_KINDS = ("crash", "resend", "restart", "freeze-join")
+# The kinds of the explorer's first pass come first, in their order: a seed draws the same schedules
+# from them as it did then (FIRST_PASS_KINDS), and the kinds added since come after.
+FAULT_KINDS = EXPLORER_FAULT_KINDS
+FIRST_PASS_KINDS = FAULT_KINDS[:4]
+# The strategies whose dedup key is the transaction, not the event id: against them a source
+# duplicate applied twice is a bug in what they claim.
+SOURCE_DUPLICATE_STRATEGIES = EXPLORER_SOURCE_DUPLICATE_STRATEGIES
+# Faults that repeat the newest event: they need one published before them.
+REPEAT_KINDS = ("resend", "source-duplicate")
+# Episodes that publish a credit of their own.
+CREDITING_KINDS = ("publish", "crash", "freeze-join")
+# Faults after which the group has two members and either may hold the partition: the schedule's last.
+HAND_OVER_KINDS = ("freeze-join", "join")
 EPISODE_KINDS = ("publish", *FAULT_KINDS)
 # Points where freezing is pointless: the offset is committed, so the next member has nothing to redo.
 NOT_FREEZABLE = ("after-commit",)
@@ -60,6 +85,10 @@ class Episode:
                 "crash": f"crash at {self.point} on {credit}",
                 "restart": "restart the active consumer gracefully",
                 "freeze-join": f"freeze at {self.point} on {credit}, a second member takes over, thaw the zombie",
+                "kill": "kill the active consumer (SIGKILL) between records, then restart it",
+                "join": "a second member joins the group (a rebalance)",
+                "async-commit": "the group commits offsets asynchronously",
+                "source-duplicate": "the source sends the newest transaction again (new event id)",
                 }[self.kind]
 
 
@@ -76,15 +105,23 @@ def freezable(points: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(p for p in points if p not in NOT_FREEZABLE)
 
 
-def generate(rng: random.Random, points: tuple[str, ...], max_faults: int = 2) -> Schedule:
-    """One random schedule: one or two faults, each maybe after a credit of its own; at most one
-    freeze-join, always the last fault; a resend only after something was published."""
-    faults = [rng.choice(FAULT_KINDS) for _ in range(rng.randint(1, max_faults))]
-    if "freeze-join" in faults:
-        faults = [k for k in faults if k != "freeze-join"] + ["freeze-join"]
+def unknown_kinds(kinds: tuple[str, ...]) -> list[str]:
+    return [kind for kind in kinds if kind not in FAULT_KINDS]
+
+
+def generate(rng: random.Random, points: tuple[str, ...], max_faults: int = 2,
+             kinds: tuple[str, ...] = FAULT_KINDS) -> Schedule:
+    """One random schedule of faults among ``kinds``: one or two faults, each maybe after a credit
+    of its own; at most one freeze-join or join, always the last fault; a resend only after
+    something was published."""
+    faults = [rng.choice(kinds) for _ in range(rng.randint(1, max_faults))]
+    hand_over = next((k for k in faults if k in HAND_OVER_KINDS), None)
+    if hand_over is not None:
+        faults = [k for k in faults if k not in HAND_OVER_KINDS] + [hand_over]
     episodes: list[Episode] = []
     for kind in faults:
-        if rng.random() < 0.5 or (kind == "resend" and not episodes):
+        published = any(e.kind in CREDITING_KINDS for e in episodes)
+        if rng.random() < 0.5 or (kind in REPEAT_KINDS and not published):
             episodes.append(Episode("publish", account=rng.choice(ACCOUNTS), cents=rng.choice(AMOUNTS_CENTS)))
         point = None
         if kind == "crash":
@@ -123,7 +160,7 @@ def simpler_credits(schedule: Schedule) -> list[Schedule]:
     plain = Episode("publish")
     candidates = []
     for i, episode in enumerate(schedule):
-        if episode.kind != "resend" and (episode.account, episode.cents) != (plain.account, plain.cents):
+        if episode.kind not in REPEAT_KINDS and (episode.account, episode.cents) != (plain.account, plain.cents):
             candidates.append(schedule[:i] + (replace(episode, account=plain.account, cents=plain.cents),)
                               + schedule[i + 1:])
     return candidates
@@ -192,7 +229,12 @@ def compile_steps(schedule: Schedule, plan: tuple[tuple[str, str], ...],
     a moment after the consumer's commit)."""
     active = "c1"
     consumers = [active]
-    steps: list[dict[str, Any]] = [
+    steps: list[dict[str, Any]] = []
+    if any(episode.kind == "async-commit" for episode in schedule):
+        steps.append({"throughput": {"group": GROUP, "commit_mode": "async"},
+                      "note": "Asynchronous offset commits for the group: a member sends each commit and goes on "
+                              "without waiting for the broker's answer."})
+    steps += [
         {"start": {"consumer": active, "group": GROUP},
          "note": f"Start one consumer in group `{GROUP}`. Its first assignment takes about 3 seconds."},
         {"wait": {"consumer": active, "state": "running", "assigned": True, "timeout": ASSIGNED_TIMEOUT}},
@@ -225,6 +267,30 @@ def compile_steps(schedule: Schedule, plan: tuple[tuple[str, str], ...],
             if not last:
                 steps.append({"wait": {"consumer": active, "state": "running", "assigned": True,
                                        "timeout": ASSIGNED_TIMEOUT}})
+        elif episode.kind == "source-duplicate":
+            steps.append({"publish": {"mode": "source-duplicate"},
+                          "note": "The source sends the newest transaction again under a new event id: a new "
+                                  "event to an event-id key, the same transaction to a business key."})
+        elif episode.kind == "kill":
+            steps += [
+                {"kill": active, "note": "SIGKILL, between records: no offset commit past what it sent, no group "
+                                         "leave."},
+                {"wait": {"consumer": active, "state": "killed", "timeout": FAULT_TIMEOUT}},
+                {"restart": active, "note": "Restart it: it rejoins once the group has removed the killed member "
+                                            "(its session expires) and resumes from the committed offset."},
+            ]
+            if not last:
+                steps.append({"wait": {"consumer": active, "state": "running", "assigned": True,
+                                       "timeout": ASSIGNED_TIMEOUT}})
+        elif episode.kind == "join":
+            successor = f"c{len(consumers) + 1}"
+            consumers.append(successor)
+            steps += [
+                {"start": {"consumer": successor, "group": GROUP},
+                 "note": "A second member joins: the group rebalances, and one of the two holds the partition."},
+                {"wait": {"consumer": successor, "state": "running", "timeout": TAKEOVER_TIMEOUT}},
+            ]
+            active = successor
         elif episode.kind == "freeze-join":
             successor = f"c{len(consumers) + 1}"
             consumers.append(successor)

@@ -60,9 +60,11 @@ class Target:
 
 @dataclass(frozen=True)
 class Budget:
-    """How much to spend searching: runs, minutes, or both (whichever runs out first)."""
+    """How much to spend searching: runs, minutes, or both (whichever runs out first); and the
+    fault kinds its schedules may use (None: every kind, schedule.FAULT_KINDS)."""
     runs: int | None = None
     minutes: float | None = None
+    faults: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -120,6 +122,24 @@ def _check_budget(budget: Budget) -> None:
         raise InvalidTarget("the budget's runs must be at least 1")
     if budget.minutes is not None and budget.minutes <= 0:
         raise InvalidTarget("the budget's minutes must be more than 0")
+    if budget.faults is not None and not budget.faults:
+        raise InvalidTarget(f"choose at least one fault kind: {', '.join(schedules.FAULT_KINDS)}")
+    if budget.faults and (unknown := schedules.unknown_kinds(budget.faults)):
+        raise InvalidTarget(f"no fault kind {', '.join(map(repr, unknown))}: some of "
+                            f"{', '.join(schedules.FAULT_KINDS)}")
+
+
+def _kinds(strategy: str, chosen: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The fault kinds to draw from: the ones chosen, or every kind the strategy is judged on."""
+    judged = strategy in schedules.SOURCE_DUPLICATE_STRATEGIES
+    if chosen is None:
+        return tuple(k for k in schedules.FAULT_KINDS if judged or k != "source-duplicate")
+    if "source-duplicate" in chosen and not judged:
+        raise InvalidTarget(f"source-duplicate cannot be judged against {strategy}: its key is the event id, so the "
+                            "same transaction under a new event id is a new event to it, credited again by design "
+                            "(exercise 5); only " + " and ".join(schedules.SOURCE_DUPLICATE_STRATEGIES)
+                            + " key on the transaction")
+    return tuple(dict.fromkeys(chosen))
 
 
 class Explorer:
@@ -132,6 +152,7 @@ class Explorer:
         self.plan = schedules.plan_of(strategy)
         self.points = strategy.points
         self.budget = budget
+        self.kinds = _kinds(strategy.name, budget.faults)
         self.seed = seed
         self.reproduce = reproduce
         self.on_progress = on_progress
@@ -223,7 +244,7 @@ class Explorer:
         while self.budget.runs is None or self.runs < self.budget.runs:
             if self.out_of_time() or self.stop_requested():
                 return None
-            schedule = schedules.generate(rng, self.points)
+            schedule = schedules.generate(rng, self.points, kinds=self.kinds)
             if self.run(schedule).failed:
                 return schedule
         return None
@@ -252,7 +273,7 @@ class Explorer:
     # --- what it says -----------------------------------------------------------------------
 
     def tried(self) -> str:
-        kinds = ", ".join(schedules.FAULT_KINDS)
+        kinds = ", ".join(self.kinds)
         points = ", ".join(self.points)
         stopped = " (cancelled)" if self.cancelled else ""
         unfinished = (f"; {self.not_run_as_written} of them did not run as written, so were not judged "
@@ -309,6 +330,7 @@ def explore(ctx: ops.Context, target: Target, budget: Budget, seed: int, *,
         return _explore_lane(ctx, target.lane, budget, seed, on_progress, should_stop, reproduce)
     strategy = _strategy(target)
     _check_budget(budget)
+    _kinds(strategy.name, budget.faults)
     explorer = Explorer(ctx, strategy, budget, seed, reproduce=reproduce, on_progress=on_progress,
                         should_stop=should_stop)
     failing = explorer.search()

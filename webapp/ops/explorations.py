@@ -17,12 +17,12 @@ from __future__ import annotations
 import random
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .. import strategies
 from ..domain import verbs
 from ..domain.lab import NAME_RULE, InvalidLabName
-from ..domain.vocabulary import OUTSIDE_STRATEGY
+from ..domain.vocabulary import EXPLORER_FAULT_KINDS, EXPLORER_SOURCE_DUPLICATE_STRATEGIES, OUTSIDE_STRATEGY
 from ..domain.waits import WaitTimeout, wait_until
 from ..store import explorations as store
 from ..store import labdata, schema
@@ -36,7 +36,7 @@ from .registry import Args, Busy, Context, InvalidRequest, NoArgs, NotFound, ope
 # (seconds to a minute; its agent stops it by force after three); past that it answers with the row
 # still running, cancel requested ("cancelling" on the panel).
 CANCEL_WAIT = 10.0
-ROW_KEYS = ("id", "lab", "strategy", "lane", "budget_runs", "budget_minutes", "seed", "state", "phase",
+ROW_KEYS = ("id", "lab", "strategy", "lane", "budget_runs", "budget_minutes", "seed", "faults", "state", "phase",
             "runs_done", "schedule_length", "result", "error", "cancel_requested", "agent_id", "pid")
 TIMES = ("created_at", "started_at", "updated_at", "finished_at")
 # The strategies the explorer can judge: every one the lab runs, not the learner's own code (a lane).
@@ -65,6 +65,18 @@ class ExploreArgs(Args):
                         description="the random seed the schedules are drawn from: the same seed draws the same "
                                     f"schedules ({SEEDS[0]}-{SEEDS[1]}; drawn when "
                                     "omitted)")
+    faults: list[Literal[EXPLORER_FAULT_KINDS]] | None = Field(
+        None, min_length=1, max_length=len(EXPLORER_FAULT_KINDS) * 4,
+        description="the fault kinds its schedules may use, a list or comma-separated (default: every kind): "
+                    + ", ".join(EXPLORER_FAULT_KINDS))
+
+    @field_validator("faults", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        # Forms and the CLI send one text: "kill, join"; left empty, every kind.
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()] or None
+        return value
 
     @model_validator(mode="after")
     def _one_target_and_a_budget(self) -> "ExploreArgs":
@@ -73,6 +85,11 @@ class ExploreArgs(Args):
                                              "(one of them)")
         if self.runs is None and self.minutes is None:
             raise InvalidRequest("runs", "give a budget: runs, minutes, or both")
+        if (self.faults and "source-duplicate" in self.faults and self.strategy is not None
+                and self.strategy not in EXPLORER_SOURCE_DUPLICATE_STRATEGIES):
+            raise InvalidRequest("faults", f"source-duplicate is judged only against "
+                                           f"{' and '.join(EXPLORER_SOURCE_DUPLICATE_STRATEGIES)}, which key on "
+                                           f"the transaction: to {self.strategy} it is a new event")
         return self
 
 
@@ -127,7 +144,8 @@ def explore(ctx: Context, args: ExploreArgs) -> dict:
         store.end_stale(conn, ctx.lab.name)
         try:
             row = store.create(conn, ctx.lab.name, strategy=args.strategy, lane=args.lane, budget_runs=runs,
-                               budget_minutes=minutes, seed=args.seed)
+                               budget_minutes=minutes, seed=args.seed,
+                               faults=list(dict.fromkeys(args.faults)) if args.faults else None)
         except store.AlreadyExploring as busy:
             raise Busy(f"exploration {busy.row['id']} is {busy.row['state']} in this lab, and a lab runs one "
                        "exploration at a time: cancel it (POST /api/v1/explorations/cancel, the Explorer "

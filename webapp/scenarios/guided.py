@@ -9,6 +9,7 @@ releases the run; the page polls that row until it is free.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from typing import Any, Mapping
@@ -17,17 +18,53 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..settings import load_config
-from ..store import command_channel, scenario_runs
+from ..store import command_channel, explorations, scenario_runs
 from . import built_in, journal
-from .loader import Scenario, load
+from .loader import Scenario, ScenarioError, load, loads
 from .runner import OPERATION_ERRORS, Runner, RunState, broker_kind
 from .takeaways import takeaways  # noqa: F401 - the guided page's, re-exported
 
 log = logging.getLogger("idempotency_lab.scenarios")
 
 
+# A guided run of an exploration's scenario names it so in ``scenario_runs.scenario``: the file is
+# the exploration's result, read from its row at every click, never a file on the server's disk.
+EXPLORED_NAME = re.compile(r"exploration-(\d+)")
 
-def scenario_named(name: str) -> Scenario | None:
+
+def explored_name(exploration_id: int) -> str:
+    """The name a guided run of exploration ``exploration_id``'s scenario goes by."""
+    return f"exploration-{exploration_id}"
+
+
+def exploration_of(name: str) -> int | None:
+    """The exploration a guided run's scenario name comes from; None for a built-in exercise."""
+    match = EXPLORED_NAME.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def explored_scenario(engine: Engine, exploration_id: int) -> tuple[Scenario | None, str | None, str | None]:
+    """(the scenario an exploration handed back, the lab it explored, why there is none): the
+    scenario is None when the exploration does not exist, found no anomaly, or its file does not load."""
+    with engine.connect() as conn:
+        row = explorations.get(conn, exploration_id)
+    if row is None:
+        return None, None, f"there is no exploration {exploration_id}"
+    scenario_yaml = (row.get("result") or {}).get("scenario_yaml")
+    if not scenario_yaml:
+        return None, row["lab"], f"exploration {exploration_id} handed back no scenario (it is {row['state']})"
+    try:
+        scenario = loads(scenario_yaml, source=f"exploration {exploration_id}", name=explored_name(exploration_id))
+    except ScenarioError as error:
+        return None, row["lab"], f"exploration {exploration_id}'s scenario file does not load: {error}"
+    return scenario, row["lab"], None
+
+
+def scenario_named(engine: Engine, name: str) -> Scenario | None:
+    """The scenario a guided run goes by ``name``: a built-in exercise, or an exploration's result."""
+    exploration_id = exploration_of(name)
+    if exploration_id is not None:
+        return explored_scenario(engine, exploration_id)[0]
     path = next((p for p in built_in() if p.stem == name), None)
     return load(path) if path else None
 
@@ -82,7 +119,7 @@ def run_guided_step(engine: Engine, run_id: int, config: Mapping[str, Any] | Non
     try:
         with engine.connect() as conn:
             row = scenario_runs.get(conn, run_id)
-        scenario = scenario_named(row["scenario"]) if row else None
+        scenario = scenario_named(engine, row["scenario"]) if row else None
         if scenario is None:
             return {"run_id": run_id, "error": "no such run or scenario"}
         run = RunState.from_dict(row["progress"])

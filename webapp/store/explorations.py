@@ -34,13 +34,14 @@ class AlreadyExploring(Exception):
 
 
 def create(conn: Connection, lab: str, *, strategy: str | None, lane: str | None, budget_runs: int | None,
-           budget_minutes: float | None, seed: int) -> dict[str, Any]:
-    """Queue an exploration of ``lab``; AlreadyExploring when one is queued or running there."""
+           budget_minutes: float | None, seed: int, faults: list[str] | None = None) -> dict[str, Any]:
+    """Queue an exploration of ``lab`` (``faults``: the fault kinds it may use, None for every kind);
+    AlreadyExploring when one is queued or running there."""
     try:
         with conn.begin_nested():
             return dict(conn.execute(insert(explorations).values(
                 lab=lab, strategy=strategy, lane=lane, budget_runs=budget_runs, budget_minutes=budget_minutes,
-                seed=seed, state=QUEUED).returning(*explorations.c)).mappings().one())
+                seed=seed, faults=faults, state=QUEUED).returning(*explorations.c)).mappings().one())
     except IntegrityError:
         row = active(conn, lab)
         if row is None:  # it ended between the insert and this read: the caller may try again

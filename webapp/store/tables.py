@@ -798,6 +798,7 @@ explorations = Table(
     Column("budget_runs", Integer()),
     Column("budget_minutes", Double()),
     Column("seed", BigInteger, nullable=False),
+    Column("faults", JSONB),  # the fault kinds its schedules may use, a list; NULL: every kind
     # queued | running | found | nothing-found | cancelled | failed
     Column("state", String(16), default="queued", server_default="queued", nullable=False),
     Column("phase", String(32)),

@@ -21,7 +21,7 @@ from werkzeug.exceptions import HTTPException
 
 from .. import ops, strategies
 from ..domain import events
-from ..domain.vocabulary import Limits
+from ..domain.vocabulary import EXPLORER_FAULT_KINDS, Limits
 from ..ops.publishing import template_event
 from ..readmodel import accounts as accounts_readmodel
 from .access import current_lab, home_lab, lab_db
@@ -58,6 +58,7 @@ def control_choices() -> dict[str, Any]:
         topic = home_lab().topic
     return {"poison_kinds": [(kind, kind.replace("-", " ")) for kind in events.POISON_PILLS],
             "strategy_names": strategies.NAMES, "lab_topic": topic, "limits": Limits,
+            "explorer_fault_kinds": EXPLORER_FAULT_KINDS,
             # Called by the explorer's form only: a query of the lab's groups, not on every page.
             "your_lanes": lambda: your_lanes(current_lab())}
 

@@ -79,10 +79,11 @@ def cannot_run_here(scenario: Scenario) -> str | None:
 
 
 def _scenario(name: str) -> Scenario:
-    path = next((p for p in built_in() if p.stem == name), None)
-    if path is None:
+    """A guided run's scenario by the name it goes by: a built-in exercise or an exploration's result."""
+    scenario = guided.scenario_named(db.engine, name)
+    if scenario is None:
         abort(404)
-    return load(path)
+    return scenario
 
 
 def _run_row(run_id: int) -> dict:
@@ -107,10 +108,29 @@ def index():
 
 @bp.post("/<name>/runs")
 def start(name: str):
-    scenario = _scenario(name)
+    path = next((p for p in built_in() if p.stem == name), None)
+    if path is None:
+        abort(404)
+    return _start_guided(load(path))
+
+
+@bp.post("/explorations/<int:exploration_id>/runs")
+def start_explored(exploration_id: int):
+    """Replay an exploration's scenario guided, click by click, as an exercise is run."""
+    scenario, explored_lab, missing = guided.explored_scenario(db.engine, exploration_id)
+    if explored_lab is None:
+        abort(404)
+    require_readable(explored_lab)
+    if scenario is None:
+        abort(409, missing)
+    return _start_guided(scenario)
+
+
+def _start_guided(scenario: Scenario):
+    """Start a guided run of ``scenario`` in the lab a guided run of this session works in."""
     refused = cannot_run_here(scenario)
     if refused:
-        abort(409, f"this lab cannot run {name}: {refused}")
+        abort(409, f"this lab cannot run {scenario.name}: {refused}")
     lab = guided_run_lab()
     if lab is None and scenario.outside_lane:
         # A grading exercise grades the learner's consumer, which connects to this session's lab
@@ -143,6 +163,7 @@ def run_context(row: dict) -> dict:
                   and not run.finished else "Check the expectations" if not run.finished else None)
     watch, story = what_to_watch(scenario.narrative)
     return {"row": row, "scenario": scenario, "run": run, "done": done, "next_label": next_label,
+            "explored_from": guided.exploration_of(scenario.name),
             "busy": bool(row["busy"]), "markdown": markdown, "seeds": SEEDS, "watch": watch, "story": story,
             "help": guided.failure_help(run), "takeaway": guided.takeaways().get(scenario.name),
             "next_exercise": guided.next_exercise(scenario.name) if run.finished else None}
@@ -167,7 +188,11 @@ def site_nav() -> dict:
 
 
 def exercise_title(name: str) -> str:
-    """An exercise's title for a person ("1 · A naive consumer credits twice"), its file's name if unknown."""
+    """An exercise's title for a person ("1 · A naive consumer credits twice"), its file's name if unknown;
+    an exploration's scenario by its exploration ("Replay of exploration 4")."""
+    exploration_id = guided.exploration_of(name)
+    if exploration_id is not None:
+        return f"Replay of exploration {exploration_id}"
     path = next((p for p in built_in() if p.stem == name), None)
     try:
         return load(path).title if path else name
