@@ -227,6 +227,7 @@ class Agent:
         self.housekeeping.conn = conn
         broken.close()
         self.fail_interrupted()
+        self.workers.wake(every=True)  # what was announced while the connection was down was told to nobody
         log.info("database connection back")
 
     def _open_listening(self) -> psycopg.Connection:
