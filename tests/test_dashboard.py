@@ -104,13 +104,14 @@ def test_viewers_polling_at_once_share_one_fingerprint_computation_and_one_panel
     changed panel is loaded once for all of them (the others wait for that load), on real PostgreSQL."""
     import threading
 
-    from webapp.readmodel import fingerprints, state
+    from webapp.readmodel import fingerprints
+    from webapp.readmodel import verdict as verdict_module
     from webapp.web import panel_cache
 
     lab.credit("acc-1", 100)
     app = app_factory(LAB_NAME=lab_name, LIVE_CACHE_SECONDS=30)
     counted = {"fingerprints": 0, "verdict": 0}
-    real_parts, real_verdict = fingerprints.fingerprint_parts, state.verdict
+    real_parts, real_verdict = fingerprints.fingerprint_parts, verdict_module.verdict
 
     def counting(name, real):
         def call(*args, **kwargs):
@@ -118,7 +119,7 @@ def test_viewers_polling_at_once_share_one_fingerprint_computation_and_one_panel
             return real(*args, **kwargs)
         return call
     monkeypatch.setattr(fingerprints, "fingerprint_parts", counting("fingerprints", real_parts))
-    monkeypatch.setattr(state, "verdict", counting("verdict", real_verdict))
+    monkeypatch.setattr(verdict_module, "verdict", counting("verdict", real_verdict))
     panel_cache.fingerprint_cache.clear()
     panel_cache.load_cache.clear()
 

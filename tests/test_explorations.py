@@ -236,7 +236,7 @@ def test_the_dashboard_has_the_explorer_form_and_panel_and_the_form_says_what_is
     assert refused.status_code == 422, refused.get_data(as_text=True)
     assert "must be a whole number from 1 to 10000" in refused.get_data(as_text=True)
     melt = lab.client.post("/controls/op/explore", data={"strategy": "none", "runs": "1", "faults": "kill, melt"})
-    assert melt.status_code == 422 and "&#39;join&#39; or &#39;async-commit&#39;" in melt.get_data(as_text=True), melt.get_data(as_text=True)
+    assert melt.status_code == 422 and "&#39;async-commit&#39; or &#39;source-duplicate&#39;" in melt.get_data(as_text=True), melt.get_data(as_text=True)
     assert 'name="faults"' in page and "empty: every kind (crash, resend, restart, freeze-join, kill, join" in page
     nothing = lab.client.post("/controls/op/cancel_exploration", data={})
     assert nothing.status_code == 422 and "no exploration is queued or running" in nothing.get_data(as_text=True)

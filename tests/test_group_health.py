@@ -85,7 +85,8 @@ def test_a_group_wedged_by_a_member_that_heartbeats_without_polling_is_shown_sta
     lab.wait(lambda s: next(g["health"] for g in s["groups"])["state"] == "stable", "never stable again", 15)
     wait_until(lambda: timeline_kinds(app, lab, "group-stalled", "group-recovered")
                == ["group-stalled", "group-recovered"], timeout=10,
-               message="the recovery was not written to the timeline once")
+               message=lambda: "the recovery was not written to the timeline once: "
+               f"{timeline_kinds(app, lab, 'group-stalled', 'group-recovered')}")
     assert timeline_kinds(app, lab, "recovery")[:1] == ["recovery"]
 
 

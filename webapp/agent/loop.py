@@ -22,6 +22,7 @@ from confluent_kafka import KafkaException
 from sqlalchemy import create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from ..domain import verbs
 from ..domain.lab import Lab
 from ..kafka import producer
 from ..kafka.admin import admin_client
@@ -164,7 +165,12 @@ class Agent:
         threshold, so a broker that refuses the group again is not hammered). The recovery is a
         command of this agent's, carried out by a worker in the lab's turn: it restarts members and
         waits for their assignment, which the tick must not wait for."""
+        recovering = self.workers.labs_carrying_out(verbs.GROUP_RECOVER)
         for lab in self.housekeeping.known_labs():
+            if lab.name in recovering:
+                # Its members are being restarted, the group perhaps moved: it is recovering, not
+                # stalled again. Its next state is written once the recovery has ended.
+                continue
             try:
                 stalled = group_health.write_transitions(self.conn.execute, lab)
                 for health, row in stalled if self.auto_recover else ():
@@ -186,7 +192,7 @@ class Agent:
             with self.engine.connect() as conn:
                 if command_rows.outcome(conn, earlier)[0] in (command_rows.PENDING, command_rows.RUNNING):
                     return
-        self._recoveries[key] = command_channel.enqueue(self.engine, lab.name, "group.recover",
+        self._recoveries[key] = command_channel.enqueue(self.engine, lab.name, verbs.GROUP_RECOVER,
                                                         {"group": group_id, "automatic": True}, self.id)
 
     def run(self) -> int:

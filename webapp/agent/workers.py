@@ -173,6 +173,11 @@ class CommandWorkers:
         with self._lock:
             return set(self._held)
 
+    def labs_carrying_out(self, verb: str) -> set[str]:
+        """The labs whose command ``verb`` a worker is carrying out at this moment."""
+        with self._lock:
+            return {command.lab for command in self._held.values() if command.verb == verb}
+
     def stop(self, timeout: float | None = None) -> list[str]:
         """No more claims; wait for the commands being carried out to end. The names of the threads
         still busy after ``timeout`` seconds (None: wait for them all)."""
@@ -204,6 +209,14 @@ class CommandWorkers:
                     self._sleep_unless_announced(seen)
                     continue
                 self.wake()  # another lab's command may be waiting too: the next idle worker looks
+                try:
+                    conn = self._alive(conn)
+                except psycopg.OperationalError as error:  # PostgreSQL still away: the command cannot run
+                    log.warning("command %s %s: no connection: %s", command.id, command.verb,
+                                str(error).splitlines()[0])
+                    conn = None
+                    self._fail_interrupted(command)
+                    continue
                 with self._lock:
                     self._held[command.id] = command
                 try:
@@ -222,6 +235,17 @@ class CommandWorkers:
         finally:
             if conn is not None:
                 conn.close()
+
+    def _alive(self, conn: psycopg.Connection) -> psycopg.Connection:
+        """The worker's connection, opened again if PostgreSQL ended it since the worker's last
+        command (a restart, or a session terminated): psycopg learns that only when it is used, and
+        the command would fail on it with "terminating connection due to administrator command"."""
+        try:
+            conn.execute("SELECT 1")
+            return conn
+        except psycopg.OperationalError:
+            conn.close()
+            return self._connect()
 
     def _reopen(self, broken: psycopg.Connection | None) -> psycopg.Connection | None:
         if broken is not None:
