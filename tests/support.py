@@ -346,3 +346,10 @@ def in_process_fault_proxy(base: Path, observer: Callable | None = None,
             loop.run_until_complete(proxy.close())
         loop.close()
         broker.stop()
+
+
+def sessions_blocked_by(engine, pid: int) -> int:
+    """How many PostgreSQL sessions wait for a lock the session ``pid`` holds."""
+    with engine.connect() as other:
+        return other.execute(text("SELECT count(*) FROM pg_stat_activity WHERE :mine = ANY(pg_blocking_pids(pid))"),
+                             {"mine": pid}).scalar_one()

@@ -25,7 +25,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from support import ROOT, service_env
+from support import ROOT, service_env, sessions_blocked_by
 from webapp.agent.processes import stop_process
 from webapp.domain.vocabulary import AGENT_FRESH_SECONDS
 from webapp.domain.waits import wait_until
@@ -277,12 +277,8 @@ def account_locked(engine, lab, account_id: str = "acc-1") -> Iterator[Callable[
         conn.execute(text(f'SELECT 1 FROM "{lab.lab.schema}".accounts WHERE id = :a FOR UPDATE'), {"a": account_id})
         mine = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
 
-        def waiting() -> int:
-            with engine.connect() as other:
-                return other.execute(text("SELECT count(*) FROM pg_stat_activity WHERE :mine = ANY(pg_blocking_pids(pid))"),
-                                     {"mine": mine}).scalar_one()
         try:
-            yield waiting
+            yield lambda: sessions_blocked_by(engine, mine)
         finally:
             conn.rollback()
 

@@ -45,12 +45,8 @@ def journal_held(engine, schema: str) -> Iterator[Callable[[], int]]:
         conn.execute(text(f'LOCK TABLE "{schema}".published_events IN SHARE MODE'))
         mine = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
 
-        def waiting() -> int:
-            with engine.connect() as other:
-                return other.execute(text("SELECT count(*) FROM pg_stat_activity WHERE :mine = ANY(pg_blocking_pids(pid))"),
-                                     {"mine": mine}).scalar_one()
         try:
-            yield waiting
+            yield lambda: support.sessions_blocked_by(engine, mine)
         finally:
             conn.rollback()
 

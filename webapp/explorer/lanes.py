@@ -178,38 +178,20 @@ def compile_scenario(schedule: Schedule, lane: str, *, title: str, narrative: st
     return yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=100)
 
 
-class LaneExplorer:
+class LaneExplorer(schedules.Runs):
     """One exploration of a lane in the lab that asked: its runs and the schedules' outcomes."""
 
     def __init__(self, ctx: ops.Context, lane: str, budget, seed: int, *, reproduce: int, max_shrink_runs: int,
                  on_progress: OnProgress, should_stop: Callable[[], bool]):
         self.ctx = ctx
         self.lab: Lab = ctx.lab
+        super().__init__(budget, should_stop)
         self.lane = lane
-        self.budget = budget
         self.seed = seed
         self.reproduce = reproduce
         self.max_shrink_runs = max_shrink_runs
         self.on_progress = on_progress
-        self.should_stop = should_stop
         self.broker = broker_kind(ctx.config)[0]
-        self.started = time.monotonic()
-        self.runs = 0
-        self.not_run_as_written = 0
-        self.first_unfinished: str | None = None
-        self.first_failure_run: int | None = None
-        self.phase = "searching"
-        self.found = False
-        self.cancelled = False
-        self.outcomes: dict[Schedule, Outcome] = {}
-
-    def out_of_time(self) -> bool:
-        return self.budget.minutes is not None and time.monotonic() - self.started >= self.budget.minutes * 60
-
-    def stop_requested(self) -> bool:
-        if not self.cancelled and self.should_stop():
-            self.cancelled = True
-        return self.cancelled
 
     def length(self, schedule: Schedule) -> int:
         return len(compile_steps(schedule, self.lane))

@@ -37,6 +37,7 @@ text in the format of docs/reference/scenario-format.md, which the loader checks
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -350,3 +351,29 @@ def plan_of(strategy) -> tuple[tuple[str, str], ...]:
 
 def points_in_order(points: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(p for p in CRASH_POINTS if p in points)
+
+
+class Runs:
+    """What one exploration keeps while it runs, whatever it explores: the budget, how many runs it
+    made, the phase, the outcomes of the schedules it ran, and whether it was asked to stop."""
+
+    def __init__(self, budget, should_stop: Callable[[], bool]):
+        self.budget = budget  # anything with ``minutes`` (None: no limit in time)
+        self.should_stop = should_stop
+        self.started = time.monotonic()
+        self.runs = 0
+        self.not_run_as_written = 0
+        self.first_unfinished: str | None = None  # why the first run that did not run as written did not
+        self.first_failure_run: int | None = None
+        self.phase = "searching"
+        self.found = False
+        self.cancelled = False
+        self.outcomes: dict[Schedule, Any] = {}
+
+    def out_of_time(self) -> bool:
+        return self.budget.minutes is not None and time.monotonic() - self.started >= self.budget.minutes * 60
+
+    def stop_requested(self) -> bool:
+        if not self.cancelled and self.should_stop():
+            self.cancelled = True
+        return self.cancelled

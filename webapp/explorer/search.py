@@ -142,41 +142,21 @@ def _kinds(strategy: str, chosen: tuple[str, ...] | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(chosen))
 
 
-class Explorer:
+class Explorer(schedules.Runs):
     """One exploration's state: the runs it made and the schedules' outcomes it remembers."""
 
     def __init__(self, ctx: ops.Context, strategy, budget: Budget, seed: int, *, reproduce: int,
                  on_progress: Callable[[Progress], None], should_stop: Callable[[], bool]):
         self.ctx = ctx
+        super().__init__(budget, should_stop)
         self.strategy = strategy
         self.plan = schedules.plan_of(strategy)
         self.points = strategy.points
-        self.budget = budget
         self.kinds = _kinds(strategy.name, budget.faults)
         self.seed = seed
         self.reproduce = reproduce
         self.on_progress = on_progress
-        self.should_stop = should_stop
         self.broker = broker_kind(ctx.config)[0]
-        self.started = time.monotonic()
-        self.runs = 0
-        self.not_run_as_written = 0
-        self.phase = "searching"
-        self.found = False
-        self.first_failure_run: int | None = None
-        self.first_unfinished: str | None = None   # why the first run that did not run as written did not
-        self.cancelled = False
-        self.outcomes: dict[Schedule, Outcome] = {}
-
-    # --- limits -----------------------------------------------------------------------------
-
-    def out_of_time(self) -> bool:
-        return self.budget.minutes is not None and time.monotonic() - self.started >= self.budget.minutes * 60
-
-    def stop_requested(self) -> bool:
-        if not self.cancelled and self.should_stop():
-            self.cancelled = True
-        return self.cancelled
 
     # --- one run ----------------------------------------------------------------------------
 
