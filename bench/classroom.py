@@ -33,8 +33,8 @@ from pathlib import Path
 import psutil
 import requests
 
-from webapp.dev.stack import ROOT, Stack
-from webapp.domain.waits import free_port, port_open, wait_until
+from webapp.dev.stack import Stack
+from webapp.domain.waits import free_port
 
 EXERCISE = "16_last_batch_redelivered"
 PSS_GOAL_MB = 40
@@ -255,13 +255,6 @@ class Meter(threading.Thread):
         return sum(total - baseline.get(pid, 0.0) for pid, total in self.cpu[name].items())
 
 
-def healthy(url: str) -> bool:
-    try:
-        return requests.get(url + "/healthz", timeout=10).status_code == 200
-    except requests.RequestException:
-        return False
-
-
 def postgres_pid(data_dir: Path) -> int:
     return int((data_dir / "postmaster.pid").read_text().split()[0])
 
@@ -281,15 +274,13 @@ def main() -> int:
     with Stack(base, env={"LAB_CLASS_CODE": CLASS_CODE, "LAB_TOKEN": TOKEN, "LAB_PORT": str(port),
                           "LAB_MAX_LABS": str(options.attendees + 10), "WEB_WORKERS": str(options.web_workers),
                           "LAB_BROKER_KIND": "tansu"}) as stack:
-        web = stack.spawn("web", ["-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"), "app:app"], "web.log")
+        web = stack.start_web("127.0.0.1", port, "web.log")
         return run_class(options, base, port, stack.agent, web)
 
 
 def run_class(options: argparse.Namespace, base: Path, port: int, agent, web) -> int:
     """The attendees against the web app at ``port``; 0 when every run passed."""
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: port_open("127.0.0.1", port), timeout=60, message="the web app never listened")
-    wait_until(lambda: healthy(url), timeout=120, interval=0.5, message="the web app never became healthy")
 
     stop = threading.Event()
     meter = Meter({"agent": agent.pid, "web": web.pid, "postgres": postgres_pid(base / "postgres")}, stop)

@@ -22,15 +22,26 @@ def lab_env(**settings: str) -> dict[str, str]:
 
 
 def wait_healthy(process: subprocess.Popen, port: int, log: Path) -> None:
-    """Wait until /healthz answers 200; fail with the log if the process exits first."""
-    def healthy():
+    """Wait until the launcher says the dashboard is ready, then check /healthz answers 200; fail with
+    the log if the process exits first.
+
+    The launcher's own start waits for each service with its own timeout and exits saying which did
+    not come up; its readiness line is the condition. On a loaded machine (six test workers each
+    starting PostgreSQL and a broker) a start takes 40 s or more, so the guard here is generous.
+    """
+    def ready():
         assert process.poll() is None, log.read_text()
+        return "Dashboard: http://" in log.read_text()
+    wait_until(ready, timeout=240, interval=0.3, message=lambda: f"the lab did not say it is ready: {log.read_text()}")
+
+    def healthy():
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
                 return response.status == 200
         except OSError:
             return False
-    wait_until(healthy, timeout=60, interval=0.3, message=lambda: f"the lab did not become healthy: {log.read_text()}")
+    wait_until(healthy, timeout=10, interval=0.3,
+               message=lambda: f"the lab said it is ready but /healthz does not answer 200: {log.read_text()}")
 
 
 def test_make_run_serves_the_dashboard_and_sigterm_stops_everything(tmp_path):

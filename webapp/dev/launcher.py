@@ -19,10 +19,10 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 
 from ..domain.lab import Lab
-from ..domain.waits import free_port, port_open, wait_until
+from ..domain.waits import free_port, port_open
 from ..settings import RUNNING_FILE, ConfigError, database_url, load_config, running_services
 from .embedded import LOOPBACK
-from .stack import ROOT, Stack
+from .stack import Stack
 
 
 def say(what: str, where: str) -> None:
@@ -145,11 +145,10 @@ class Launcher:
         say("Notification service", f"{notify} from LAB_NOTIFY_URL" if notify
             else f"http://{env['LAB_NOTIFY_LISTEN']}  run by the lab agent")
         host, port = self.config["LAB_HOST"], self.config["LAB_PORT"]
-        web = stack.spawn("web", ["-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"), "app:app"], **env)
-        wait_until(lambda: port_open(host, port) or web.poll() is not None, timeout=30,
-                   message=f"the web app did not listen on {host}:{port}")
-        if web.poll() is not None:
-            print(f"the web app exited with {web.returncode}", file=sys.stderr)
+        try:
+            stack.start_web(host, port, **env)
+        except RuntimeError as error:
+            print(error, file=sys.stderr)
             return 1
         if self.stopping:
             return 0

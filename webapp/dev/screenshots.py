@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import sys
 import tempfile
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from ..domain.waits import free_port, port_open, wait_until
+from ..domain.waits import free_port
 from .stack import ROOT, Stack
 
 IMAGES = ROOT / "docs" / "images"
@@ -32,14 +30,6 @@ CLASS_CODE = "docs-class"
 TOKEN = "docs-screenshots-token"   # a private stack on loopback, gone when the script ends
 FINISHED = ("passed", "failed", "not-run", "error")
 STEP_TIMEOUT_MS = 120_000
-
-
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/healthz", timeout=10) as answer:
-            return answer.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def click_next_step(page) -> str:
@@ -106,11 +96,8 @@ def main() -> int:
     port = free_port()
     with Stack(base, env={"LAB_CLASS_CODE": CLASS_CODE, "LAB_TOKEN": TOKEN, "LAB_PORT": str(port),
                           "LAB_BROKER_KIND": "tansu"}) as stack:
-        stack.spawn("web", ["-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"), "app:app"], "web.log")
-        url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: port_open("127.0.0.1", port), timeout=60, message="the web app never listened")
-        wait_until(lambda: healthy(url), timeout=120, interval=0.5, message="the web app never became healthy")
-        take(base, url)
+        stack.start_web("127.0.0.1", port, "web.log")
+        take(base, f"http://127.0.0.1:{port}")
     return 0
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -40,6 +41,10 @@ SERVICE_SETTINGS = ("DATABASE_URL", "KAFKA_", "LAB_")
 AGENT_TIMEOUT = 60.0
 STOP_TIMEOUT = 20.0  # SIGTERM, then SIGKILL after this long (PostgreSQL and the broker: their own)
 FAULT_PROXY_TIMEOUT = 20.0
+# gunicorn's master listens at once; its workers answer once each has imported the app, which on a
+# loaded machine (six test workers each starting their own services) has taken over 30 s.
+WEB_TIMEOUT = 120.0
+WEB_APP = ["-m", "gunicorn", "-c", str(Path(__file__).resolve().parents[2] / "gunicorn.conf.py"), "app:app"]
 
 
 def service_env(services, **extra: str) -> dict[str, str]:
@@ -71,6 +76,15 @@ def _tail(log_path: Path | None) -> str:
     if log_path is None or not log_path.exists():
         return ""
     return f"; log {log_path}:\n{log_path.read_text(errors='replace')[-3000:]}"
+
+
+def healthz_answers(url: str) -> bool:
+    """True when ``url``/healthz answers 200: a web worker has booted and serves."""
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=10) as answer:
+            return answer.status == 200
+    except OSError:  # refused, reset, timed out, or an HTTP error status
+        return False
 
 
 def wait_for_agent(database_url: str, process: subprocess.Popen, log: Path | None,
@@ -209,6 +223,21 @@ class Stack:
         self.children.append((name, process))
         self._stops.append(lambda: stop_process(process, timeout=self.stop_timeout))
         return process
+
+    def start_web(self, host: str, port: int, log: str | None = None, **env: str) -> subprocess.Popen:
+        """The web app under gunicorn on host:port, returned once /healthz answers 200; RuntimeError
+        when gunicorn exits first (a setting it refused, the port taken: its output says)."""
+        web = self.spawn("web", WEB_APP, log, **{**env, "LAB_HOST": host, "LAB_PORT": str(port)})
+        log_path = self.base_dir / log if log else None
+        url = f"http://{host}:{port}"
+
+        def serving() -> bool:
+            if web.poll() is not None:
+                raise RuntimeError(f"the web app exited with {web.returncode}{_tail(log_path)}")
+            return healthz_answers(url)
+        wait_until(serving, timeout=WEB_TIMEOUT, interval=0.3,
+                   message=lambda: f"the web app did not answer {url}/healthz{_tail(log_path)}")
+        return web
 
     def start_fault_proxy(self) -> subprocess.Popen:
         """The fault proxy in front of the broker, listening on the address the broker advertises;

@@ -342,7 +342,7 @@ def _header(c: StepChecker, top: LocatedDict, scenario: Scenario) -> None:
         if not isinstance(requires, list):
             c.fail(top.line_of("requires"), "requires must be a list of broker capabilities")
         for i, capability in enumerate(requires):
-            if capability not in CAPABILITIES:
+            if not isinstance(capability, str) or capability not in CAPABILITIES:
                 c.fail(requires.line_of(i), f"requires: unknown broker capability {capability!r} "
                        f"(known: {', '.join(CAPABILITIES)})")
             scenario.requires.append(capability)
