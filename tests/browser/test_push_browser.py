@@ -31,6 +31,14 @@ def expected(page, account: str):
     return page.locator(f'#panel-accounts tr[data-account="{account}"] [data-expected]')
 
 
+def credited(lab, account: str, cents: int) -> None:
+    """Publish a credit and wait until the lab's data expects it (the log reader read it back from
+    the topic, 30 s on a loaded machine at most): what a page must then show is the push's doing."""
+    lab.credit(account, cents)
+    lab.wait(lambda state: next(a for a in state["accounts"] if a["id"] == account)["expected"] == cents,
+             f"the lab never expected {cents} cents on {account}")
+
+
 def test_two_pages_see_a_publish_pushed_reconnect_after_the_stream_ends_and_poll_when_refused(
         serve_app, lab, browser_page):
     from playwright.sync_api import expect
@@ -47,7 +55,7 @@ def test_two_pages_see_a_publish_pushed_reconnect_after_the_stream_ends_and_poll
 
     for page in (first, second):
         expect(page.locator("#panel-chart .chart-empty")).to_be_visible()
-    lab.credit("acc-2", 1234)
+    credited(lab, "acc-2", 1234)
     for page in (first, second):
         expect(expected(page, "acc-2")).to_have_text("12.34", timeout=5_000)
         # The chart's series comes in its event: the page fetched it once, on load, with nothing in it.
@@ -57,7 +65,7 @@ def test_two_pages_see_a_publish_pushed_reconnect_after_the_stream_ends_and_poll
     with first.expect_request("**/stream", timeout=15_000), second.expect_request("**/stream", timeout=15_000):
         assert hub(app).drop(lab.lab.name) == 2
     assert seen[0]["streams"] == seen[1]["streams"] == 2
-    lab.credit("acc-3", 4321)
+    credited(lab, "acc-3", 4321)
     expect(expected(first, "acc-3")).to_have_text("43.21", timeout=5_000)
     expect(first.locator("#live-indicator")).to_have_attribute("data-mode", "push")
     assert [s["polls"] for s in seen] == [0, 0], "a pushed page polled /live"
@@ -74,6 +82,6 @@ def test_two_pages_see_a_publish_pushed_reconnect_after_the_stream_ends_and_poll
     expect(third.locator("#live-indicator")).to_have_attribute("data-mode", "poll")
     expect(third.locator("#live-note")).to_be_visible()
     expect(third.locator("#live-note")).to_contain_text("LIVE_STREAMS_PER_WORKER")
-    lab.credit("acc-4", 500)
+    credited(lab, "acc-4", 500)
     expect(expected(third, "acc-4")).to_have_text("5.00", timeout=5_000)
     assert seen_third["polls"] > 0
