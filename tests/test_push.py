@@ -205,6 +205,13 @@ def test_a_cards_lab_part_is_read_again_when_its_lab_changed_and_not_before(clas
         cards = {card["lab"]: card for card in the_board.cards(read_changed=True)}
         assert ana_lab in reads and cards[ana_lab]["verdict"] == "pending", (reads, cards[ana_lab])
         assert all(the_hub.stamp(lab) != stamps[lab] for lab in reads), "a lab was read again unchanged"
+        # Starting an exercise gives the card another run, not the lab other data: a request still
+        # reads no lab part (thirty attendees starting at once would hold it behind thirty verdicts).
+        assert ana.post("/scenarios/01_naive_double_credit/runs").status_code == 303
+        reads.clear()
+        cards = {card["lab"]: card for card in the_board.cards()}
+        assert cards[ana_lab]["exercise"] == "1 · A naive consumer credits twice", cards[ana_lab]
+        assert reads == [], "a request read the lab part of a lab whose exercise started"
     stop_hub(class_app)
 
 

@@ -7,7 +7,8 @@ Thirty labs' verdicts on every request made the board the slowest page of a clas
 the costly part is kept per lab and read again only when it may have changed:
 
 - the lab was announced on the change feed since it was read (web/push.py's stamps: every writer
-  of a lab's data announces it at commit), or its guided run is another, or was prepared since;
+  of a lab's data announces it at commit), or it was read for another lane (a grading exercise,
+  once prepared, is judged on the learner's lane);
 - or it is older than CORE_MAX_AGE_SECONDS: a group stalls with time alone, which writes nothing.
 
 A part younger than CORE_FRESH_SECONDS is used as it is, changed or not: a class in full swing
@@ -15,7 +16,7 @@ announces every lab every second, and the board would read them all at every loo
 
 Who reads: the hub's pusher, at each look at the board (once a second while a board is open or was
 asked for in the last IDLE_SECONDS). A request for the page or its polling fallback uses the
-parts as the pusher last read them and reads only a lab it has none of yet (or whose run changed):
+parts as the pusher last read them and reads only a lab it has none of yet (or whose graded lane changed):
 it answers as fast as the cheap queries, never behind thirty verdicts. So a card may be a look
 behind its lab; one whose lab changed since its part was read more than BEHIND_SHOWN_SECONDS ago
 says how old its verdict is (``behind_seconds``: the board reads slower than the class changes).
@@ -33,7 +34,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Hashable
+from typing import Any
 
 from flask import render_template
 from markupsafe import Markup
@@ -143,7 +144,7 @@ class ClassBoard(push.Source):
             progress = RunState.from_dict(run["progress"]) if run else None
             # A grading exercise judges the learner's own consumer: its lane's verdict, once prepared.
             graded_lane = scenario.outside_lane if scenario and progress and progress.prepared else None
-            part, since = self._lab_part(Lab(person.lab), (run["id"] if run else None, graded_lane), read_changed)
+            part, since = self._lab_part(Lab(person.lab), graded_lane, read_changed)
             quiet = [t for t in (None if part.active_at is None else now - part.active_at,
                                  person.seen_seconds_ago) if t is not None]
             behind = 0.0 if since == UNCHANGED else now - part.read_at
@@ -165,23 +166,27 @@ class ClassBoard(push.Source):
             })
         return result
 
-    def _lab_part(self, lab: Lab, run: Hashable, read_changed: bool) -> tuple[LabPart, str]:
-        """The lab's part, read again if it is missing, its run changed, or (``read_changed``) it
-        may be out of date; and what is known of the lab since it was read: UNCHANGED, CHANGED or
-        UNKNOWN (the listener does not listen)."""
+    def _lab_part(self, lab: Lab, graded_lane: str | None, read_changed: bool) -> tuple[LabPart, str]:
+        """The lab's part, read again if it is missing, it was read for another lane, or
+        (``read_changed``) it may be out of date; and what is known of the lab since it was read:
+        UNCHANGED, CHANGED or UNKNOWN (the listener does not listen).
+
+        Not keyed on the run: the part is the lab's data (or the graded lane's), which starting a
+        run does not change. Thirty attendees starting an exercise at once would otherwise make
+        the next board request read thirty verdicts before it answers."""
         stamp = self.hub.stamp(lab.name)  # before the read: a change committed meanwhile moves it
 
         def valid(kept) -> bool:
-            kept_stamp, kept_run, part = kept
+            kept_stamp, kept_lane, part = kept
             age = time.time() - part.read_at
-            if kept_run != run:
+            if kept_lane != graded_lane:
                 return False
             return not read_changed or age < CORE_FRESH_SECONDS or (
                 stamp is not None and kept_stamp == stamp and age < CORE_MAX_AGE_SECONDS)
         def read() -> tuple[tuple, tuple]:
-            kept = (stamp, run, read_lab_part(lab, run[1]))
+            kept = (stamp, graded_lane, read_lab_part(lab, graded_lane))
             return kept, kept  # (what validity is judged on, the value): the same here
-        kept_stamp, _run, part = self.parts.get(lab.name, valid, read)
+        kept_stamp, _lane, part = self.parts.get(lab.name, valid, read)
         if stamp is None or kept_stamp is None:
             return part, UNKNOWN
         return part, UNCHANGED if kept_stamp == stamp else CHANGED
