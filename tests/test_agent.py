@@ -27,6 +27,7 @@ from sqlalchemy.pool import NullPool
 
 from support import ROOT, service_env, sessions_blocked_by
 from webapp.agent.processes import stop_process
+from webapp.dev.stack import AGENT_TIMEOUT
 from webapp.domain.vocabulary import AGENT_FRESH_SECONDS
 from webapp.domain.waits import wait_until
 from webapp.store import command_channel
@@ -245,7 +246,9 @@ def wait_reported(engine, process: subprocess.Popen, log: Path, pid: int | None 
     def reported():
         assert process.poll() is None, f"the agent exited with {process.returncode}: {log.read_text()[-3000:]}"
         return next(iter(agent_ids(engine, pid or process.pid) - besides), None)
-    return wait_until(reported, timeout=30, message=lambda: f"the agent never reported: {log.read_text()[-3000:]}")
+    # As long as `make run` gives an agent to start (its imports alone take seconds on a loaded machine).
+    return wait_until(reported, timeout=AGENT_TIMEOUT,
+                      message=lambda: f"the agent never reported: {log.read_text()[-3000:]}")
 
 
 def command_row(engine, command_id: int) -> dict:
