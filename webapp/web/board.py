@@ -30,13 +30,15 @@ request rarely waits for one. The instructor's pages stream it (``GET /class/str
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from flask import render_template
+from flask import current_app, render_template
 from markupsafe import Markup
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
@@ -55,6 +57,14 @@ from .db import db, lab_session
 from .singleflight import SingleFlight
 
 BOARD_LOCK_TIMEOUT = "200ms"
+# A look reads the labs' parts this many at once. A read is mostly waiting for PostgreSQL's answers
+# (bench/classroom.py at 30 attendees, py-spy: 96% of the pusher's look in psycopg's wait), so
+# thirty labs read one after the other made a look last about 30 s: the board changed twice a
+# minute. A few connections of the process's pool (5 + 10 overflow), never most of it. Only the
+# pusher's looks use them.
+BOARD_READERS = 4
+_readers: ThreadPoolExecutor | None = None
+_readers_lock = threading.Lock()
 CORE_FRESH_SECONDS = 2.0     # a lab's verdict this young is shown as it is
 CORE_MAX_AGE_SECONDS = 10.0  # ...and one this old is read again, changed or not (a group stalls with time)
 BEHIND_SHOWN_SECONDS = 3.0   # a card further behind its lab than this says so
@@ -93,6 +103,15 @@ class LabPart:
     stalled_groups: list[dict[str, Any]]
     active_at: float | None  # wall-clock time of the lab's newest timeline entry
     read_at: float           # wall-clock time it was read
+
+
+def readers() -> ThreadPoolExecutor:
+    """The process's board readers, created on first use (after gunicorn forked its worker)."""
+    global _readers
+    with _readers_lock:
+        if _readers is None:
+            _readers = ThreadPoolExecutor(max_workers=BOARD_READERS, thread_name_prefix="board-read")
+        return _readers
 
 
 def read_lab_part(lab: Lab, graded_lane: str | None) -> LabPart:
@@ -136,15 +155,25 @@ class ClassBoard(push.Source):
             labs = [person.lab for person in people]
             runs = classroom.latest_runs(conn, labs)
             consumers = classroom.live_consumers(conn, labs)
-        now = time.time()
-        result = []
+        guided = []  # per attendee: their newest run, its exercise, its progress, the lane it grades
         for person in people:
             run = runs.get(person.lab)
             scenario = exercise(run["scenario"]) if run else None
             progress = RunState.from_dict(run["progress"]) if run else None
             # A grading exercise judges the learner's own consumer: its lane's verdict, once prepared.
             graded_lane = scenario.outside_lane if scenario and progress and progress.prepared else None
-            part, since = self._lab_part(Lab(person.lab), graded_lane, read_changed)
+            guided.append((run, scenario, progress, graded_lane))
+        app = current_app._get_current_object()
+
+        def lab_part(person, graded_lane) -> tuple[LabPart, str]:
+            with app.app_context():  # a reader thread: Flask-SQLAlchemy's engine is the app's
+                return self._lab_part(Lab(person.lab), graded_lane, read_changed)
+        # The pusher's look reads on the readers; a request uses the parts it keeps (reading only a
+        # lab it has none of) in its own thread, never queued behind a look's reads.
+        parts = list((readers().map if read_changed else map)(lab_part, people, [lane for *_, lane in guided]))
+        now = time.time()
+        result = []
+        for person, (run, scenario, progress, graded_lane), (part, since) in zip(people, guided, parts):
             quiet = [t for t in (None if part.active_at is None else now - part.active_at,
                                  person.seen_seconds_ago) if t is not None]
             behind = 0.0 if since == UNCHANGED else now - part.read_at
@@ -221,6 +250,5 @@ def cards_html(board: ClassBoard, read_changed: bool = False) -> Markup:
 
 def class_board() -> ClassBoard:
     """This process's board of the configured class, kept warm a while longer by this request."""
-    from flask import current_app
     the_hub = push.hub()
     return the_hub.keep(ClassBoard(classroom.class_code(current_app.config), the_hub))
