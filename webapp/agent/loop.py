@@ -22,7 +22,7 @@ from confluent_kafka import KafkaException
 from sqlalchemy import create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..domain import verbs
+from ..domain import commands, verbs
 from ..domain.lab import Lab
 from ..kafka import producer
 from ..kafka.admin import admin_client
@@ -192,8 +192,9 @@ class Agent:
             with self.engine.connect() as conn:
                 if command_rows.outcome(conn, earlier)[0] in (command_rows.PENDING, command_rows.RUNNING):
                     return
+        recovery = commands.GroupRecover(group=group_id, automatic=True)
         self._recoveries[key] = command_channel.enqueue(self.engine, lab.name, verbs.GROUP_RECOVER,
-                                                        {"group": group_id, "automatic": True}, self.id)
+                                                        commands.encode(verbs.GROUP_RECOVER, recovery), self.id)
 
     def run(self) -> int:
         try:
