@@ -37,7 +37,7 @@ from ..settings import load_config
 from ..store import command_channel, consumer_groups, group_health, outside
 from ..store import consumers as consumer_rows
 from ..store.schema import quoted
-from . import chaos, setup
+from . import chaos_runner, setup
 from .context import AgentContext
 from .explorations import RUNS as EXPLORATION_RUNS
 from .explorations import start_exploration
@@ -489,7 +489,7 @@ HANDLERS: dict[str, Handler] = {
     verbs.LAB_ENSURE: ensure_lab,
     verbs.LAB_DROP: drop_lab,
     verbs.LANE_KAFKA_PRINCIPAL: grant_lane_principal,
-    verbs.CHAOS_START: chaos.start,
+    verbs.CHAOS_START: chaos_runner.start,
     verbs.LOAD_START: start_load,
     verbs.DEDUP_WARMUP: start_warmup,
     verbs.EXPLORATION_START: start_exploration,

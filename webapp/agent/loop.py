@@ -33,7 +33,7 @@ from ..store import consumers as consumer_rows
 from ..store.commands import CHANNEL
 from ..store.connection import connect, sqlalchemy_url, with_reconnect_backoff
 from ..store.labs import ensure_control_schema
-from . import chaos, queue
+from . import chaos_runner, queue
 from .dedup_sampler import DedupSampler
 from .handlers import HANDLERS, Handler
 from .load import RUNS as LOAD_RUNS
@@ -274,7 +274,7 @@ class Agent:
             self.summary_folder.stop()
             self.log_mirror.stop()
             self.relays.stop_all()
-            chaos.stop_all()
+            chaos_runner.stop_all()
             self.pool.stop_all()
             self.reap_children()
             if self.notify_service is not None:

@@ -1,5 +1,5 @@
 """Chaos mode: seeded random kills, freezes, restarts, database session terminations and broker
-connection cuts on one group, while events flow (the agent carries them out: webapp/agent/chaos.py).
+connection cuts on one group, while events flow (the agent carries them out: webapp/agent/chaos_runner.py).
 
 The seed is part of the recorded arguments (drawn here when none is given), so an exported session
 replays the same chaos: the plan is a pure function of the seed and the group's members

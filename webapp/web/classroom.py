@@ -50,8 +50,7 @@ from .access import (
     session_was_revoked,
     viewing,
 )
-from .board import cards_html as board_cards_html
-from .board import class_board, exercise, exercises
+from .board import cards_html, class_board, exercise, exercises
 from .db import db
 from .markdown import markdown
 from .panels import panel_context
@@ -294,7 +293,7 @@ def _require_class() -> None:
 
 
 def _board_page(handed_over: dict | None = None) -> str:
-    return render_template("classroom/board.html", cards_html=board_cards_html(class_board()), exercises=exercises(),
+    return render_template("classroom/board.html", cards_html=cards_html(class_board()), exercises=exercises(),
                            notice=request.args.get("notice"), code=classroom.class_code(_config()),
                            handed_over=handed_over, push=bool(current_app.config.get("LIVE_PUSH")))
 
@@ -309,7 +308,7 @@ def board():
 def board_cards():
     """The cards alone, under the parts that are down: what the board polls when push is unavailable."""
     _require_class()
-    return board_cards_html(class_board())
+    return cards_html(class_board())
 
 
 @bp.get("/class/stream")
