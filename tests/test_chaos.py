@@ -1,4 +1,4 @@
-"""Chaos mode (webapp/domain/chaos_plan.py, webapp/agent/chaos.py, webapp/ops/chaos_mode.py): the plan is
+"""Chaos mode (webapp/domain/chaos_plan.py, webapp/agent/chaos_runner.py, webapp/ops/chaos_mode.py): the plan is
 a pure function of the seed and the members; the session agent carries it out on real consumer
 processes (SIGKILL, SIGSTOP/SIGCONT, restart, pg_terminate_backend), each action on the timeline
 with its seed and index; a stop undoes what chaos held down; the panel and the export say so."""

@@ -42,7 +42,7 @@ def test_bad_input_names_the_field_and_says_how_to_fix_it(name, body, field, wor
 
 def test_aliases_keep_the_scenario_files_words():
     args = ops.validate(ops.get("publish"), {"account": "acc-2", "amount": 12.5})
-    assert args.command_args()["account_id"] == "acc-2" and args.command_args()["amount_cents"] == 1250
+    assert args.command().account_id == "acc-2" and args.command().amount_cents == 1250
     assert ops.validate(ops.get("set_ttl"), {"seconds": 5}).ttl_seconds == 5
     assert ops.validate(ops.get("create_group"), {"name": "g2"}).group == "g2"
 

@@ -566,6 +566,7 @@ def test_the_agent_handler_runs_a_guided_step_on_a_thread_and_frees_the_run(scen
     release the run."""
     from sqlalchemy import text
 
+    from webapp.domain.commands import ScenarioStep
     from webapp.web.db import db
 
     with scenario_app.app_context():
@@ -577,7 +578,7 @@ def test_the_agent_handler_runs_a_guided_step_on_a_thread_and_frees_the_run(scen
                                   {"n": BUILT_IN[0].stem, "lab": lab_name,
                                    "p": json.dumps(RunState(BUILT_IN[0].stem, lab_name).as_dict())}).scalar_one()
         assert guided.claim(engine, run_id) and not guided.claim(engine, run_id)
-        answer = guided.agent_handler(SimpleNamespace(engine=engine), Lab(lab_name), {"run_id": run_id})
+        answer = guided.agent_handler(SimpleNamespace(engine=engine), Lab(lab_name), ScenarioStep(run_id=run_id))
         assert answer == {"run_id": run_id, "started": True}
 
         def freed():

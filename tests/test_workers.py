@@ -121,3 +121,20 @@ def test_the_guided_page_says_what_its_step_waits_for(engine, app_factory, agent
         assert 'data-step="1" data-status="ok"' in page, page
     finally:
         support.drop_lab(app, run_lab)
+
+
+@pytest.mark.parametrize("verb, args, field", [
+    ("consumer.kill", {}, "consumer_id"),
+    ("consumer.freeze", {"consumer_id": "1"}, "consumer_id"),
+    ("load.start", {"events": 10, "accounts": "five"}, "accounts"),
+    ("group.reset", {"group": "payments", "mode": "sideways"}, "mode"),
+])
+def test_a_malformed_command_is_rejected_naming_its_field(engine, lab, verb, args, field):
+    command_id = command_channel.enqueue(engine, lab.lab.name, verb, args)
+    with pytest.raises(command_channel.CommandError) as refused:
+        command_channel.wait_for(engine, command_id, timeout=20)
+    assert str(refused.value).startswith(f"{field}: "), refused.value
+    with engine.connect() as conn:
+        kind = conn.execute(text("SELECT result->>'kind' FROM lab_control.commands WHERE id = :id"),
+                            {"id": command_id}).scalar_one()
+    assert kind == "rejected"

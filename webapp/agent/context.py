@@ -1,7 +1,7 @@
 """What a command's handler may use of the agent that runs it (workers.WorkerContext: the agent's
 shared objects and the worker thread's own connection).
 
-Handlers (handlers.py, chaos.py) are typed against this protocol, not against the loop: the loop
+Handlers (handlers.py, chaos_runner.py) are typed against this protocol, not against the loop: the loop
 imports the handlers, never the other way round.
 """
 from __future__ import annotations

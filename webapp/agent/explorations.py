@@ -31,6 +31,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from ..domain import commands
 from ..domain.lab import Lab
 from ..store import explorations as rows
 from .processes import ROOT, die_with_parent, stop_process
@@ -176,11 +177,9 @@ def _exit(code: int | None) -> str:
 RUNS = Explorations()
 
 
-def start_exploration(agent, lab: Lab, args: dict) -> dict:
+def start_exploration(agent, lab: Lab, command: commands.ExplorationStart) -> dict:
     """The ``exploration.start`` command: start the queued exploration's process here; its pid, at once."""
-    exploration_id = args.get("exploration_id")
-    if not isinstance(exploration_id, int) or isinstance(exploration_id, bool):
-        raise ValueError("exploration_id must be a whole number")
+    exploration_id = command.exploration_id
     env = {**os.environ, "DATABASE_URL": agent.pool.database_url,
            "KAFKA_BOOTSTRAP_SERVERS": agent.pool.bootstrap_servers}
     log_dir = None if agent.pool.log_to_stdout else agent.pool.log_dir

@@ -1,26 +1,23 @@
 """Verb → handler: what the agent does for each command.
 
 Each handler takes the agent (its connections, Kafka clients and process pool), the lab and the
-command's arguments, and returns the command's result. ``CommandRejected`` (bad arguments, the
-message names the field) and ``LookupError`` (no such consumer or group) fail the command with
-that reason.
+command's typed arguments (domain/commands.py, parsed by the worker before the handler runs), and
+returns the command's result. ``CommandRejected`` (arguments the agent cannot act on, the message
+names the field) and ``LookupError`` (no such consumer or group) fail the command with that reason.
 """
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Callable
+from typing import Callable
 
 from confluent_kafka import KafkaException
 
 from .. import strategies
-from ..domain import verbs
+from ..domain import commands, verbs
 from ..domain.group_health import SESSION_TIMEOUT_MS
 from ..domain.lab import Lab
 from ..domain.vocabulary import (
-    CRASH_POINTS,
     DEFAULT_GROUP,
     DEFAULT_STRATEGY,
-    FAULT_ACTIONS,
     OUTSIDE_STRATEGY,
     SCRAM_LEARNERS,
 )
@@ -40,7 +37,7 @@ from ..settings import load_config
 from ..store import command_channel, consumer_groups, group_health, outside
 from ..store import consumers as consumer_rows
 from ..store.schema import quoted
-from . import chaos, setup
+from . import chaos_runner, setup
 from .context import AgentContext
 from .explorations import RUNS as EXPLORATION_RUNS
 from .explorations import start_exploration
@@ -60,20 +57,11 @@ class CommandRejected(ValueError):
     """A command with bad arguments; the message names the field."""
 
 
-Handler = Callable[[AgentContext, Lab, dict], dict]
+Handler = Callable[[AgentContext, Lab, commands.Command], dict]
 
 
-def _partitions(args: dict) -> int:
-    try:
-        return int(args.get("partitions") or DEFAULT_PARTITIONS)
-    except (TypeError, ValueError):
-        raise CommandRejected("partitions must be a whole number") from None
-
-
-def _own_consumer(agent: AgentContext, lab: Lab, args: dict) -> consumer_rows.Row:
-    consumer_id = args.get("consumer_id")
-    if not isinstance(consumer_id, int) or isinstance(consumer_id, bool):
-        raise CommandRejected("consumer_id must be a whole number")
+def _own_consumer(agent: AgentContext, lab: Lab, command: commands.ConsumerRef) -> consumer_rows.Row:
+    consumer_id = command.consumer_id
     with agent.engine.connect() as conn:
         row = consumer_rows.get(conn, consumer_id)
     if row is None or row.lab != lab.name:
@@ -97,9 +85,9 @@ def _set_state(agent: AgentContext, consumer_id: int, state: str) -> None:
 
 # --- the lab ------------------------------------------------------------------------------
 
-def ensure_lab(agent: AgentContext, lab: Lab, args: dict) -> dict:
+def ensure_lab(agent: AgentContext, lab: Lab, command: commands.LabSetup) -> dict:
     """Create the lab's schema, seed accounts, topics and default group if missing."""
-    return setup.ensure(agent.engine, agent.admin, lab, _partitions(args))
+    return setup.ensure(agent.engine, agent.admin, lab, command.partitions or DEFAULT_PARTITIONS)
 
 
 def quiesce(agent: AgentContext, lab: Lab) -> None:
@@ -119,9 +107,9 @@ def quiesce(agent: AgentContext, lab: Lab) -> None:
     agent.publisher.forget(lab)
 
 
-def reset_lab(agent: AgentContext, lab: Lab, args: dict) -> dict:
+def reset_lab(agent: AgentContext, lab: Lab, command: commands.LabSetup) -> dict:
     """Stop the lab's consumers, delete its topics and schemas, start it fresh."""
-    partitions = _partitions(args)
+    partitions = command.partitions or DEFAULT_PARTITIONS
     _forget_outside_offsets(agent, lab)
     quiesce(agent, lab)
     # librdkafka crashes a consumer whose assigned topic is deleted (docs/concepts/broker.md): the log reader is
@@ -130,10 +118,10 @@ def reset_lab(agent: AgentContext, lab: Lab, args: dict) -> dict:
         return setup.recreate(agent.engine, agent.admin, lab, partitions)
 
 
-def set_topic_retention(agent: AgentContext, lab: Lab, args: dict) -> dict:
+def set_topic_retention(agent: AgentContext, lab: Lab, command: commands.TopicRetention) -> dict:
     """The lab's topic's retention.ms and/or segment.ms, as the broker then has them."""
-    configs = {name: str(int(args[key])) for key, name in (("retention_ms", "retention.ms"),
-                                                             ("segment_ms", "segment.ms")) if args.get(key) is not None}
+    configs = {name: str(value) for name, value in (("retention.ms", command.retention_ms),
+                                                     ("segment.ms", command.segment_ms)) if value is not None}
     try:
         set_topic_configs(agent.admin, lab.topic, configs)
     except KafkaException as error:
@@ -156,7 +144,7 @@ def _forget_outside_offsets(agent: AgentContext, lab: Lab) -> None:
                               "then reset (the topic is re-created empty, and its committed offsets with it)")
 
 
-def drop_lab(agent: AgentContext, lab: Lab, args: dict) -> dict:
+def drop_lab(agent: AgentContext, lab: Lab, command: commands.NoArguments) -> dict:
     """The agent's ``lab.drop``: stop the lab's consumers and load, hold the log reader off, drop it."""
     quiesce(agent, lab)
     # librdkafka crashes a reader whose assigned topic is deleted (docs/concepts/broker.md): hold it off meanwhile.
@@ -164,13 +152,13 @@ def drop_lab(agent: AgentContext, lab: Lab, args: dict) -> dict:
         return drop(agent.engine, agent.admin, lab)
 
 
-def grant_lane_principal(agent: AgentContext, lab: Lab, args: dict) -> dict:
+def grant_lane_principal(agent: AgentContext, lab: Lab, command: commands.LanePrincipal) -> dict:
     """The agent's ``lane.kafka_principal``: on Apache Kafka's SCRAM listener for learners, the lane's
     SCRAM user (its role's name, its Kafka password) and ACLs: its lab's topic, its group."""
     config = load_config()
     if config.get("KAFKA_LEARNER_SASL_MECHANISM") != SCRAM_LEARNERS:
         return {"created": False}  # the embedded broker's gateway reads the lane's principal itself
-    lane = str(args.get("lane") or "")
+    lane = command.lane
     with agent.engine.connect() as conn:
         issued = outside.credentials_of(conn, config["SECRET_KEY"], lab.lane_role(lane))
     if issued is None:
@@ -180,28 +168,27 @@ def grant_lane_principal(agent: AgentContext, lab: Lab, args: dict) -> dict:
     return {"created": True, "username": issued.role}
 
 
-def publish(agent: AgentContext, lab: Lab, args: dict) -> dict:
+def publish(agent: AgentContext, lab: Lab, command: commands.Publish) -> dict:
     with agent.in_lab(lab):
         try:
-            result = producer.publish(agent.conn, agent.publisher, lab, args)
+            result = producer.publish(agent.conn, agent.publisher, lab, command)
         except producer.PublishError as error:
             raise CommandRejected(str(error)) from None
     return result  # the requester waits for the log reader's mirror (ops/publishing.py), not the agent
 
 
-def produce_raw(agent: AgentContext, lab: Lab, args: dict) -> dict:
+def produce_raw(agent: AgentContext, lab: Lab, command: commands.ProduceRaw) -> dict:
     """One record exactly as typed, to the lab's topic, like any other Kafka client would write it."""
-    config = producer_config(agent.producer_bootstrap_servers, bool(args.get("idempotent", True)),
-                             client_id=lab.producer_client_id)
+    config = producer_config(agent.producer_bootstrap_servers, command.idempotent, client_id=lab.producer_client_id)
     try:
-        record = producer.produce_raw(config, lab.topic, args.get("key"), args.get("value"),
-                                      headers=args.get("headers"), partition=args.get("partition"),
-                                      aborted_transaction=args.get("transaction") == "abort")
+        record = producer.produce_raw(config, lab.topic, command.key, command.value,
+                                      headers=command.headers, partition=command.partition,
+                                      aborted_transaction=command.transaction == "abort")
     except producer.PublishError as error:
         raise CommandRejected(str(error)) from None
     aborted = " in a Kafka transaction, then aborted" if record.get("aborted") else ""
     agent.say(lab, "published", f"raw record to P{record['partition']}@{record['offset']}{aborted} "
-              f"(key {args.get('key')!r}, {len(str(args.get('value') or ''))} characters)", records=[record])
+              f"(key {command.key!r}, {len(command.value or '')} characters)", records=[record])
     return {"topic": lab.topic, **record}
 
 
@@ -221,9 +208,9 @@ def _ensure_group(agent: AgentContext, lab: Lab, group: str, strategy: str | Non
     return group_id
 
 
-def start_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
-    group = args.get("group") or DEFAULT_GROUP
-    strategy = args.get("strategy")
+def start_consumer(agent: AgentContext, lab: Lab, command: commands.ConsumerStart) -> dict:
+    group = command.group or DEFAULT_GROUP
+    strategy = command.strategy
     if strategy is not None:
         try:
             strategies.get(strategy)
@@ -235,12 +222,9 @@ def start_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
     if current == OUTSIDE_STRATEGY:
         raise CommandRejected(f"group: {group_id} is your consumer's group: your own code consumes in it, "
                               "not one of the lab's consumers")
-    point, action = args.get("point"), args.get("action") or "crash"
-    if point is not None and (point not in CRASH_POINTS or action not in FAULT_ACTIONS):
-        raise CommandRejected(f"point: {point!r} with action {action!r}: one of {', '.join(CRASH_POINTS)} "
-                              f"with one of {', '.join(FAULT_ACTIONS)}")
+    point, action = command.point, command.action
     with agent.engine.begin() as conn:
-        name = args.get("name") or consumer_rows.next_name(conn, lab.name)
+        name = command.name or consumer_rows.next_name(conn, lab.name)
         consumer_id = consumer_rows.create(conn, lab.name, name, group_id, agent.id)
         if point is not None:  # before the process exists: the first record it is handed meets the fault
             consumer_rows.arm(conn, consumer_id, point=point, action=action, always=False)
@@ -251,16 +235,16 @@ def start_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
     return {"consumer_id": consumer_id, "name": name, "group_id": group_id, "pid": pid}
 
 
-def kill_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
-    row = _own_consumer(agent, lab, args)
+def kill_consumer(agent: AgentContext, lab: Lab, command: commands.ConsumerRef) -> dict:
+    row = _own_consumer(agent, lab, command)
     _running(agent, row.id)
     agent.pool.kill(row.id)  # SIGKILL: no commit, no group leave, even when frozen
     agent.reap_children()
     return {"consumer_id": row.id, "name": row.name, "state": "killed"}
 
 
-def _pause_or_resume(agent: AgentContext, lab: Lab, args: dict, frozen: bool) -> dict:
-    row = _own_consumer(agent, lab, args)
+def _pause_or_resume(agent: AgentContext, lab: Lab, command: commands.ConsumerRef, frozen: bool) -> dict:
+    row = _own_consumer(agent, lab, command)
     _running(agent, row.id)
     if frozen:
         agent.pool.freeze(row.id)
@@ -273,23 +257,23 @@ def _pause_or_resume(agent: AgentContext, lab: Lab, args: dict, frozen: bool) ->
     return {"consumer_id": row.id, "name": row.name, "state": state}
 
 
-def freeze_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
-    return _pause_or_resume(agent, lab, args, frozen=True)
+def freeze_consumer(agent: AgentContext, lab: Lab, command: commands.ConsumerRef) -> dict:
+    return _pause_or_resume(agent, lab, command, frozen=True)
 
 
-def thaw_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
-    return _pause_or_resume(agent, lab, args, frozen=False)
+def thaw_consumer(agent: AgentContext, lab: Lab, command: commands.ConsumerRef) -> dict:
+    return _pause_or_resume(agent, lab, command, frozen=False)
 
 
-def stop_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
-    row = _own_consumer(agent, lab, args)
+def stop_consumer(agent: AgentContext, lab: Lab, command: commands.ConsumerRef) -> dict:
+    row = _own_consumer(agent, lab, command)
     agent.pool.stop(row.id)
     agent.reap_children()
     return {"consumer_id": row.id, "name": row.name, "state": "stopped"}
 
 
-def restart_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
-    row = _own_consumer(agent, lab, args)
+def restart_consumer(agent: AgentContext, lab: Lab, command: commands.ConsumerRef) -> dict:
+    row = _own_consumer(agent, lab, command)
     agent.pool.stop(row.id)
     agent.reap_children()
     pid = agent.spawn(lab, row.id, row.name)
@@ -300,25 +284,17 @@ def restart_consumer(agent: AgentContext, lab: Lab, args: dict) -> dict:
 def on_own_or_remote(agent: AgentContext, lab: Lab, row: consumer_rows.Row, verb: str) -> None:
     """Carry out a consumer command here, or through its owning agent and wait. A consumer of an
     agent that no longer beats is skipped: nothing can act on it (the reaper marks it gone)."""
+    command = commands.ConsumerRef(consumer_id=row.id)
     if row.agent_id == agent.id:
-        HANDLERS[verb](agent, lab, {"consumer_id": row.id})
+        HANDLERS[verb](agent, lab, command)
         return
     if row.agent_id not in command_channel.live_agents(agent.engine):
         return
-    command_id = command_channel.enqueue(agent.engine, lab.name, verb, {"consumer_id": row.id}, row.agent_id)
+    command_id = command_channel.enqueue(agent.engine, lab.name, verb, commands.encode(verb, command), row.agent_id)
     command_channel.wait_for(agent.engine, command_id, timeout=STOP_TIMEOUT + 10)
 
 
 # --- groups ---------------------------------------------------------------------------------
-
-def _parse_time(value: Any) -> datetime | None:
-    if value in (None, ""):
-        return None
-    try:
-        return datetime.fromisoformat(str(value))
-    except ValueError:
-        raise ValueError(f"timestamp must be ISO-8601, got {value!r}") from None
-
 
 def _live_members(agent: AgentContext, lab: Lab, group_id: str) -> list[consumer_rows.Row]:
     """The group's live consumers; LookupError when the lab has no such group."""
@@ -369,15 +345,12 @@ def _expire_offsets(agent: AgentContext, lab: Lab, group_id: str, kafka_group_id
     return {"group_id": group_id, "kafka_group_id": new_id, "offsets": {}, "restarted": [row.id for row in members]}
 
 
-def reset_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
+def reset_group(agent: AgentContext, lab: Lab, command: commands.GroupReset) -> dict:
     """Stop the group's consumers, move its committed offsets, restart them."""
-    group_id = lab.group_id(str(args.get("group") or ""))
+    group_id = lab.group_id(command.group)
     try:
-        reset = OffsetReset(
-            mode=args.get("mode", "earliest"),
-            offsets={int(p): int(o) for p, o in (args.get("offsets") or {}).items()} or None,
-            back=args.get("back"),
-            timestamp=_parse_time(args.get("timestamp")))
+        reset = OffsetReset(mode=command.mode, offsets=dict(command.offsets or {}) or None, back=command.back,
+                            timestamp=command.timestamp)
     except (TypeError, ValueError) as error:
         raise CommandRejected(str(error)) from None
     members = _live_members(agent, lab, group_id)
@@ -450,16 +423,16 @@ def _restart_members(agent: AgentContext, lab: Lab, members: list[consumer_rows.
         on_own_or_remote(agent, lab, row, verbs.CONSUMER_RESTART)
 
 
-def recover_group(agent: AgentContext, lab: Lab, args: dict) -> dict:
+def recover_group(agent: AgentContext, lab: Lab, command: commands.GroupRecover) -> dict:
     """Recover a group the broker does not assign: restart its members; if the broker still assigns
     them nothing within RECOVERY_ASSIGNMENT_WAIT, move the group to a fresh Kafka group id with its
     committed offsets (read from the wedged group, committed for the new id while it is empty, before
     any member starts), and start them there. Every step is said on the timeline and in the result."""
-    group_id = lab.group_id(str(args.get("group") or ""))
+    group_id = lab.group_id(command.group)
     members = _live_members(agent, lab, group_id)
     if not members:
         raise CommandRejected(f"group: group {group_id} has no live member to recover: start a consumer in it")
-    why = "automatically, stalled past its threshold" if args.get("automatic") else "on request"
+    why = "automatically, stalled past its threshold" if command.automatic else "on request"
     group_health.start_recovery(agent.conn.execute, lab, group_id)
     steps: list[str] = []
     _restart_members(agent, lab, members)
@@ -516,7 +489,7 @@ HANDLERS: dict[str, Handler] = {
     verbs.LAB_ENSURE: ensure_lab,
     verbs.LAB_DROP: drop_lab,
     verbs.LANE_KAFKA_PRINCIPAL: grant_lane_principal,
-    verbs.CHAOS_START: chaos.start,
+    verbs.CHAOS_START: chaos_runner.start,
     verbs.LOAD_START: start_load,
     verbs.DEDUP_WARMUP: start_warmup,
     verbs.EXPLORATION_START: start_exploration,

@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 from confluent_kafka import Producer
 
+from ..domain import commands
 from ..domain.lab import Lab
 from ..kafka.config import producer_config
 from ..store import heavy_jobs, schema, timeline
@@ -49,12 +50,10 @@ class LoadSpec:
     seed: int
 
     @classmethod
-    def of(cls, args: dict[str, Any]) -> "LoadSpec":
-        return cls(events=int(args["events"]), accounts=int(args["accounts"]),
-                   rate_per_second=int(args.get("rate_per_second") or 0),
-                   resend_ratio=float(args.get("resend_ratio") or 0.0),
-                   source_duplicate_ratio=float(args.get("source_duplicate_ratio") or 0.0),
-                   seed=int(args.get("seed") or 0))
+    def of(cls, command: commands.LoadStart) -> "LoadSpec":
+        return cls(events=command.events, accounts=command.accounts, rate_per_second=command.rate_per_second,
+                   resend_ratio=command.resend_ratio, source_duplicate_ratio=command.source_duplicate_ratio,
+                   seed=command.seed)
 
 
 def account_ids(accounts: int) -> list[str]:
@@ -206,11 +205,8 @@ class LoadRuns(HeavyRuns[LoadRun]):
 RUNS = LoadRuns()
 
 
-def start_load(agent, lab: Lab, args: dict) -> dict:
+def start_load(agent, lab: Lab, command: commands.LoadStart) -> dict:
     """The ``load.start`` command: start a run on this agent; its id, at once (it runs on)."""
-    try:
-        spec = LoadSpec.of(args)
-    except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"events: a load needs events and accounts as numbers ({error})") from None
+    spec = LoadSpec.of(command)
     run_id = RUNS.start(agent.conn, agent.pool.database_url, agent.producer_bootstrap_servers, lab, spec)
     return {"run_id": run_id, "state": "running", "events": spec.events, "accounts": spec.accounts}

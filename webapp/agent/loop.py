@@ -22,7 +22,7 @@ from confluent_kafka import KafkaException
 from sqlalchemy import create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..domain import verbs
+from ..domain import commands, verbs
 from ..domain.lab import Lab
 from ..kafka import producer
 from ..kafka.admin import admin_client
@@ -33,7 +33,7 @@ from ..store import consumers as consumer_rows
 from ..store.commands import CHANNEL
 from ..store.connection import connect, sqlalchemy_url, with_reconnect_backoff
 from ..store.labs import ensure_control_schema
-from . import chaos, queue
+from . import chaos_runner, queue
 from .dedup_sampler import DedupSampler
 from .handlers import HANDLERS, Handler
 from .load import RUNS as LOAD_RUNS
@@ -192,8 +192,9 @@ class Agent:
             with self.engine.connect() as conn:
                 if command_rows.outcome(conn, earlier)[0] in (command_rows.PENDING, command_rows.RUNNING):
                     return
+        recovery = commands.GroupRecover(group=group_id, automatic=True)
         self._recoveries[key] = command_channel.enqueue(self.engine, lab.name, verbs.GROUP_RECOVER,
-                                                        {"group": group_id, "automatic": True}, self.id)
+                                                        commands.encode(verbs.GROUP_RECOVER, recovery), self.id)
 
     def run(self) -> int:
         try:
@@ -273,7 +274,7 @@ class Agent:
             self.summary_folder.stop()
             self.log_mirror.stop()
             self.relays.stop_all()
-            chaos.stop_all()
+            chaos_runner.stop_all()
             self.pool.stop_all()
             self.reap_children()
             if self.notify_service is not None:

@@ -14,6 +14,7 @@ import time
 
 import psycopg
 
+from ..domain import commands
 from ..domain.lab import Lab
 from ..store import heavy_jobs, schema, timeline
 from ..strategies import dedup_layout
@@ -94,11 +95,8 @@ class WarmupRuns(HeavyRuns[WarmupRun]):
 RUNS = WarmupRuns()
 
 
-def start_warmup(agent, lab: Lab, args: dict) -> dict:
+def start_warmup(agent, lab: Lab, command: commands.DedupWarmup) -> dict:
     """The ``dedup.warmup`` command: start a warm-up on this agent; its id, at once (it runs on)."""
-    try:
-        keys, days = int(args["keys"]), int(args["days"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"keys: a warm-up needs keys and days as numbers ({error})") from None
+    keys, days = command.keys, command.days
     run_id = RUNS.start(agent.conn, agent.pool.database_url, lab, keys, days)
     return {"run_id": run_id, "state": "running", "keys": keys, "days": days}

@@ -20,6 +20,7 @@ from confluent_kafka import KafkaException
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from ..domain import commands
 from ..domain.lab import Lab
 from ..domain.waits import WaitTimeout
 from ..store import command_channel, schema, timeline
@@ -31,7 +32,7 @@ from .handlers import HANDLERS, CommandRejected
 log = logging.getLogger("idempotency_lab.agent")
 
 # Failures that fail the command (with their message) and leave the agent running.
-COMMAND_FAILURES = (CommandRejected, LookupError, ValueError, KafkaException, WaitTimeout, command_channel.CommandError,
+COMMAND_FAILURES = (CommandRejected, commands.MalformedCommand, LookupError, ValueError, KafkaException, WaitTimeout, command_channel.CommandError,
                     psycopg.Error, SQLAlchemyError)
 # A worker with nothing to claim looks again this often even when nothing woke it. A NOTIFY wakes one
 # worker at once, a worker that claimed a command wakes the next (another lab's may be waiting), and
@@ -113,12 +114,13 @@ class WorkerContext:
 
 
 def carry_out(context: WorkerContext, command: Claimed) -> None:
-    """Run the command's handler and write its result, or fail it with the reason."""
+    """Parse the command's arguments, run its handler and write its result, or fail it with the reason
+    (a malformed command is rejected, the message naming the field)."""
     try:
         handler = HANDLERS.get(command.verb)
         if handler is None:
             raise CommandRejected(f"unknown command {command.verb!r}")
-        result = handler(context, Lab(command.lab), command.args or {})
+        result = handler(context, Lab(command.lab), commands.parse(command.verb, command.args))
         queue.finish(context.engine, command.id, result)
     except COMMAND_FAILURES as error:
         kind = "not found" if isinstance(error, LookupError) else "rejected"

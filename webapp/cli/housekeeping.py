@@ -17,7 +17,7 @@ from flask import current_app
 from flask.cli import with_appcontext
 from sqlalchemy import Connection, text
 
-from ..domain import verbs
+from ..domain import commands, verbs
 from ..domain.lab import Lab
 from ..store import classroom, command_channel, scenario_runs
 from ..store.labs import lab_schemas
@@ -87,7 +87,8 @@ def drop_lab(lab: Lab) -> dict[str, Any]:
     """Drop one lab through an agent, or here when none runs."""
     config = current_app.config
     if command_channel.live_agents(db.engine):
-        return command_channel.run(db.engine, lab.name, verbs.LAB_DROP, {}, timeout=DROP_TIMEOUT)
+        return command_channel.run(db.engine, lab.name, verbs.LAB_DROP,
+                                   commands.encode(verbs.LAB_DROP, commands.NoArguments()), timeout=DROP_TIMEOUT)
     if not config.get("KAFKA_BOOTSTRAP_SERVERS"):
         raise click.UsageError("KAFKA_BOOTSTRAP_SERVERS is not set and no lab agent runs: the topics cannot be deleted")
     from ..agent.prune import drop

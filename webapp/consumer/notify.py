@@ -70,7 +70,9 @@ class Notifier:
 
     def __init__(self, process: Any, url: str | None = None):
         self.process = process
-        self.url = url if url is not None else os.environ.get("LAB_NOTIFY_URL") or None
+        # The agent puts the setting in the consumer's environment, resolved by the settings model:
+        # read as it is, since loading the model (pydantic) would be paid again at every consumer start.
+        self.url = url if url is not None else os.environ.get(URL_VARIABLE) or None
         self.settings = NotifySettings()
 
     def use(self, mode: str, idempotency_key: bool) -> NotifySettings:

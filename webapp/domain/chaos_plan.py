@@ -5,7 +5,7 @@ A chaos session draws three numbers per action from ``random.Random(seed)``, alw
 same order: the wait before it, the action, the target. The target is the draw mapped onto the
 group's members sorted by name, so the same seed on a group with the same members gives the same
 sequence, and a session exported with its seed replays the same chaos. Nothing here touches a
-process or a database (the agent carries the plan out: webapp/agent/chaos.py).
+process or a database (the agent carries the plan out: webapp/agent/chaos_runner.py).
 """
 from __future__ import annotations
 

@@ -20,13 +20,12 @@ from typing import Any
 import psycopg
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from ..domain import events
+from ..domain import commands, events
 from ..domain.lab import Lab
-from ..domain.vocabulary import PRODUCER_ACKS, Limits
+from ..domain.vocabulary import Limits
 from ..store import timeline
 from .config import producer_config
 
-MODES = ("normal", "burst", "resend", "source-duplicate", "poison")
 MAX_BURST = 10_000
 # The agent's producers kept at once (each a librdkafka instance with its threads and connections).
 MAX_PRODUCERS = 16
@@ -234,11 +233,8 @@ def refusal(error: KafkaException) -> str:
     return f"{named}: librdkafka refuses to create this producer: {reason.removeprefix('Failed to create producer: ')}"
 
 
-def _int(args: dict, name: str, low: int, high: int, default: int | None = None) -> int:
-    value = args.get(name, default)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+def _within(name: str, value: int, low: int, high: int) -> int:
+    if not low <= value <= high:
         raise PublishError(f"{name} must be a whole number from {low} to {high}")
     return value
 
@@ -254,35 +250,34 @@ def _journal_event(conn: psycopg.Connection, event_id: str | None) -> events.Pay
     return events.decode(row[0].encode())
 
 
-def build_records(conn: psycopg.Connection, args: dict[str, Any]) -> tuple[str, list[tuple[events.PaymentEvent | None, bytes]]]:
-    """Turn a publish request into (mode, [(event or None for poison, bytes)]). Raises PublishError."""
-    mode = args.get("mode", "normal")
-    if mode not in MODES:
-        raise PublishError(f"mode must be one of {', '.join(MODES)}")
+def build_records(conn: psycopg.Connection,
+                  command: commands.Publish) -> tuple[str, list[tuple[events.PaymentEvent | None, bytes]]]:
+    """Turn a publish command into (mode, [(event or None for poison, bytes)]). Raises PublishError."""
+    mode = command.mode
     if mode == "poison":
         try:
-            return mode, [(None, events.poison_pill(args.get("poison_kind", "not-json")))]
+            return mode, [(None, events.poison_pill(command.poison_kind))]
         except ValueError as error:
             raise PublishError(f"poison_kind: {error}") from None
     if mode in ("resend", "source-duplicate"):
-        original = _journal_event(conn, args.get("event_id"))
+        original = _journal_event(conn, command.event_id)
         event = original if mode == "resend" else original.as_source_duplicate()
         return mode, [(event, event.encode())]
 
-    account_id = args.get("account_id")
+    account_id = command.account_id
     exists = conn.execute("SELECT 1 FROM accounts WHERE id = %s", [account_id]).fetchone()
     if exists is None:
         raise PublishError(f"account_id: no account {account_id!r}")
-    count = _int(args, "count", 1, MAX_BURST, default=1) if mode == "burst" else 1
-    event_type = args.get("type", "credit")
+    count = _within("count", command.count, 1, MAX_BURST) if mode == "burst" else 1
+    event_type = command.type
     if event_type not in events.TYPE_FIELDS:
         raise PublishError(f"type must be one of {', '.join(events.EVENT_TYPES)}")
     field = events.TYPE_FIELDS[event_type]
     built = []
     for _ in range(count):
         try:
-            event = events.new_event(event_type, account_id, transaction_id=args.get("transaction_id") or None,
-                                     occurred_at=args.get("occurred_at") or None, **{field: args.get(field)})
+            event = events.new_event(event_type, account_id, transaction_id=command.transaction_id or None,
+                                     occurred_at=command.occurred_at or None, **{field: getattr(command, field)})
         except events.InvalidEvent as error:
             raise PublishError(error.reason) from None
         built.append((event, event.encode()))
@@ -296,15 +291,15 @@ VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 """
 
 
-def publish(conn: psycopg.Connection, publisher: Publisher, lab: Lab, args: dict[str, Any]) -> dict[str, Any]:
+def publish(conn: psycopg.Connection, publisher: Publisher, lab: Lab, command: commands.Publish) -> dict[str, Any]:
     """Validate, produce, journal. ``conn`` works in the lab's schema. Returns what was written."""
-    idempotent = bool(args.get("idempotent", True))
-    max_in_flight = _int(args, "max_in_flight", *Limits.MAX_IN_FLIGHT) if args.get("max_in_flight") is not None else None
-    retries = _int(args, "retries", *Limits.PRODUCER_RETRIES) if args.get("retries") is not None else None
-    acks = str(args.get("acks") or "all")
-    if acks not in PRODUCER_ACKS:
-        raise PublishError(f"acks must be one of {', '.join(PRODUCER_ACKS)}")
-    mode, built = build_records(conn, args)
+    idempotent = command.idempotent
+    max_in_flight = (_within("max_in_flight", command.max_in_flight, *Limits.MAX_IN_FLIGHT)
+                     if command.max_in_flight is not None else None)
+    retries = (_within("retries", command.retries, *Limits.PRODUCER_RETRIES)
+               if command.retries is not None else None)
+    acks = command.acks or "all"
+    mode, built = build_records(conn, command)
     built = publisher.producer(lab, idempotent, max_in_flight, acks, retries).stamp(built)
     reports = publisher.send(lab, lab.topic, [(e.key if e else None, value) for e, value in built], idempotent,
                              max_in_flight, acks, retries)
@@ -323,7 +318,7 @@ def publish(conn: psycopg.Connection, publisher: Publisher, lab: Lab, args: dict
         first = built[0][0]
         summary = (f"{len(built)} {mode} event(s)" if len(built) > 1 else
                    f"{mode} {first.type} {first.account_id} {getattr(first, events.TYPE_FIELDS[first.type])}" if first else
-                   f"poison pill ({args.get('poison_kind', 'not-json')})")
+                   f"poison pill ({command.poison_kind})")
         producer_kind = ("idempotent producer" if idempotent else "plain producer") + (
             f", {max_in_flight} request(s) in flight" if max_in_flight else "") + (
             f", acks={acks}" if acks != "all" else "") + (f", retries={retries}" if retries is not None else "")

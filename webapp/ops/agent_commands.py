@@ -2,8 +2,7 @@
 command channel (a row in PostgreSQL), never a Kafka client in this process."""
 from __future__ import annotations
 
-from typing import Any
-
+from ..domain.commands import Command, encode
 from ..store import command_channel
 from .registry import Busy, Context, InvalidRequest, NotFound
 
@@ -15,12 +14,13 @@ class AgentTimedOut(NoAgent):
     took it late and carries it out still. Not bad input: the API answers 503 with the reason."""
 
 
-def run_command(ctx: Context, verb: str, args: dict[str, Any], *, agent_id: str | None = None,
+def run_command(ctx: Context, verb: str, command: Command, *, agent_id: str | None = None,
                 field: str = "request", timeout: float = 30.0) -> dict:
-    """Carry out ``verb`` on an agent; its refusals become InvalidRequest naming their field."""
+    """Carry out ``verb`` with its typed ``command`` on an agent; its refusals become InvalidRequest
+    naming their field."""
     try:
-        return command_channel.run(ctx.engine, ctx.lab.name, verb, args, agent_id=agent_id, timeout=timeout,
-                                   waiting=ctx.waiting)
+        return command_channel.run(ctx.engine, ctx.lab.name, verb, encode(verb, command), agent_id=agent_id,
+                                   timeout=timeout, waiting=ctx.waiting)
     except command_channel.CommandNotFound as error:
         raise NotFound(str(error)) from None
     except command_channel.NoAgent:

@@ -1,5 +1,5 @@
 """Chaos mode: seeded random kills, freezes, restarts, database session terminations and broker
-connection cuts on one group, while events flow (the agent carries them out: webapp/agent/chaos.py).
+connection cuts on one group, while events flow (the agent carries them out: webapp/agent/chaos_runner.py).
 
 The seed is part of the recorded arguments (drawn here when none is given), so an exported session
 replays the same chaos: the plan is a pure function of the seed and the group's members
@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from sqlalchemy import select
 
-from ..domain import verbs
+from ..domain import commands, verbs
 from ..domain.chaos_plan import ACTIONS, DEFAULT_ACTIONS
 from ..domain.vocabulary import DEFAULT_GROUP, Limits
 from ..domain.waits import WaitTimeout, wait_until
@@ -93,9 +93,9 @@ def start_chaos(ctx: Context, args: StartChaosArgs) -> dict:
     if running:
         raise InvalidRequest("group", f"chaos already runs on {group_id} (session {running[0]['id']}, seed "
                                       f"{running[0]['seed']}): stop it first")
-    return run_command(ctx, verbs.CHAOS_START, {
-        "group_id": group_id, "seed": args.seed, "every_seconds": args.every_seconds, "actions": list(args.actions),
-        "down_seconds": args.down_seconds, "max_actions": args.max_actions}, field="group")
+    return run_command(ctx, verbs.CHAOS_START, commands.ChaosStart(
+        group_id=group_id, seed=args.seed, every_seconds=args.every_seconds, actions=list(args.actions),
+        down_seconds=args.down_seconds, max_actions=args.max_actions), field="group")
 
 
 @operation("stop_chaos", path="/chaos/stop", step="stop_chaos", cli="stop-chaos", tags=("faults",),

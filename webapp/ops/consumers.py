@@ -7,7 +7,7 @@ from typing import Callable, Literal
 from pydantic import Field
 
 from .. import strategies
-from ..domain import verbs
+from ..domain import commands, verbs
 from ..domain.vocabulary import CRASH_POINTS, DEFAULT_GROUP, FAULT_ACTIONS
 from ..store import consumers as store
 from ..store import schema
@@ -29,9 +29,17 @@ class StartConsumerArgs(Args):
                                          "its group")
     action: Literal[FAULT_ACTIONS] = Field("crash", description="with point: crash (os._exit) or freeze (SIGSTOP) there")
 
+    def command(self) -> commands.ConsumerStart:
+        """The agent's ``consumer.start`` for these arguments."""
+        return self.as_command(commands.ConsumerStart)
+
 
 class ConsumerRef(Args):
     consumer_id: Whole = consumer_id()
+
+    def command(self) -> commands.ConsumerRef:
+        """The agent's command on this consumer (stop, kill, freeze, thaw, restart)."""
+        return self.as_command(commands.ConsumerRef)
 
 
 class ArmArgs(ConsumerRef):
@@ -57,8 +65,7 @@ def consumer_row(ctx: Context, consumer_id: int) -> dict:
            tags=("consumers",), summary="Start a consumer process in a group")
 def start_consumer(ctx: Context, args: StartConsumerArgs) -> dict:
     limits.check_consumers(ctx)
-    return run_command(ctx, verbs.CONSUMER_START, {"group": args.group, "strategy": args.strategy, "name": args.name,
-                                               "point": args.point, "action": args.action})
+    return run_command(ctx, verbs.CONSUMER_START, args.command())
 
 
 @operation("get_consumer", method="GET", path="/consumers/<int:consumer_id>", cli="consumer", tags=("consumers",),
@@ -74,7 +81,7 @@ def _signal_operation(name: str, verb: str, summary: str) -> Callable[[Context, 
 
     def act(ctx: Context, args: ConsumerRef) -> dict:
         owner = consumer_row(ctx, args.consumer_id)["agent_id"]
-        return run_command(ctx, verb, {"consumer_id": args.consumer_id}, agent_id=owner)
+        return run_command(ctx, verb, args.command(), agent_id=owner)
     act.__name__ = name
     return operation(name, path=f"/consumers/<int:consumer_id>/{action}", step=action, cli=action,
                      tags=("consumers",), summary=summary)(act)

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .. import strategies
-from ..domain import verbs
+from ..domain import commands, verbs
 from ..domain.lab import NAME_RULE, InvalidLabName
 from ..domain.vocabulary import EXPLORER_FAULT_KINDS, EXPLORER_SOURCE_DUPLICATE_STRATEGIES, OUTSIDE_STRATEGY
 from ..domain.waits import WaitTimeout, wait_until
@@ -151,7 +151,8 @@ def explore(ctx: Context, args: ExploreArgs) -> dict:
                        "exploration at a time: cancel it (POST /api/v1/explorations/cancel, the Explorer "
                        "panel's Cancel button) or wait for it to end") from None
     try:
-        started = run_command(ctx, verbs.EXPLORATION_START, {"exploration_id": row["id"]}, field="strategy")
+        started = run_command(ctx, verbs.EXPLORATION_START, commands.ExplorationStart(exploration_id=row["id"]),
+                              field="strategy")
     except Exception as error:
         with ctx.engine.begin() as conn:
             store.finish(conn, row["id"], store.FAILED, error=f"no agent started it: {error}")

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .. import strategies
-from ..domain import verbs
+from ..domain import commands, verbs
 from ..domain.vocabulary import DEFAULT_STRATEGY, OFFSET_RESET_MODES, OUTSIDE_STRATEGY, Limits
 from ..store import labdata, schema
 from ..store.labs import ensure_schema, seed_accounts
@@ -75,6 +75,11 @@ class ResetOffsetsArgs(GroupRef):
             return datetime.fromisoformat(str(value))
         except ValueError:
             raise ValueError("must be an ISO-8601 date and time, like 2026-11-30T09:00:00+00:00") from None
+
+    def command(self) -> commands.GroupReset:
+        """The agent's ``group.reset``: the group, the mode and only what the mode uses."""
+        used = {"offset": "offsets", "back": "back", "timestamp": "timestamp"}.get(self.mode)
+        return commands.GroupReset(group=self.group, mode=self.mode, **({used: getattr(self, used)} if used else {}))
 
     @model_validator(mode="after")
     def _what_the_mode_needs(self) -> "ResetOffsetsArgs":
@@ -151,17 +156,11 @@ RECOVER_TIMEOUT = 90.0
            tags=("groups",), summary="Recover a stalled group: restart its members; if the broker still assigns "
                                      "them nothing, move it to a fresh Kafka group id with its committed offsets")
 def recover_group(ctx: Context, args: GroupRef) -> dict:
-    return run_command(ctx, verbs.GROUP_RECOVER, {"group": args.group}, field="group", timeout=RECOVER_TIMEOUT)
+    return run_command(ctx, verbs.GROUP_RECOVER, commands.GroupRecover(group=args.group), field="group",
+                       timeout=RECOVER_TIMEOUT)
 
 
 @operation("reset_offsets", path="/groups/<group>/reset-offsets", step="reset_offsets", tags=("groups",),
            summary="Stop the group's consumers, move its committed offsets, restart them (redelivery)")
 def reset_offsets(ctx: Context, args: ResetOffsetsArgs) -> dict:
-    command: dict[str, Any] = {"group": args.group, "mode": args.mode}
-    if args.mode == "offset":
-        command["offsets"] = args.offsets
-    elif args.mode == "back":
-        command["back"] = args.back
-    elif args.mode == "timestamp":
-        command["timestamp"] = args.timestamp.isoformat()
-    return run_command(ctx, verbs.GROUP_RESET, command, field="group")
+    return run_command(ctx, verbs.GROUP_RESET, args.command(), field="group")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
-from ..domain import verbs
+from ..domain import commands, verbs
 from ..domain.group_health import MAX_POLL_INTERVAL_SETTING, lock_timeout_ms, max_poll_interval_ms, statement_timeout_ms
 from ..domain.vocabulary import DEFAULT_TTL_SECONDS, Limits
 from ..store import labdata, schema
@@ -59,6 +59,10 @@ class TopicRetentionArgs(Args):
         if self.retention_ms is None and self.segment_ms is None:
             raise InvalidRequest("retention_ms", "give retention_ms and/or segment_ms")
         return self
+
+    def command(self) -> commands.TopicRetention:
+        """The agent's ``topic.retention`` for these arguments."""
+        return self.as_command(commands.TopicRetention)
 
 
 class ResetArgs(Args):
@@ -133,11 +137,11 @@ def set_database_settings(ctx: Context, args: DatabaseSettingsArgs) -> dict:
 @operation("set_topic_retention", path="/topic/retention", step="topic_retention", recorded=True, tags=("lab",),
            summary="Set the lab's topic's retention.ms and/or segment.ms (Apache Kafka's log retention)")
 def set_topic_retention(ctx: Context, args: TopicRetentionArgs) -> dict:
-    return run_command(ctx, verbs.TOPIC_RETENTION, args.model_dump(exclude_none=True), field="retention_ms")
+    return run_command(ctx, verbs.TOPIC_RETENTION, args.command(), field="retention_ms")
 
 
 @operation("reset_lab", path="/lab/reset", recorded=True, cli="", tags=("lab",),
            summary="Wipe the lab (tables and topics) and seed five accounts")
 def reset_lab(ctx: Context, args: ResetArgs) -> dict:
     partitions = args.partitions or ctx.config.get("LAB_PARTITIONS", 3)
-    return run_command(ctx, verbs.LAB_RESET, {"partitions": partitions}, field="partitions")
+    return run_command(ctx, verbs.LAB_RESET, commands.LabSetup(partitions=partitions), field="partitions")

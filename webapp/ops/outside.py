@@ -12,7 +12,7 @@ from __future__ import annotations
 from pydantic import Field
 from sqlalchemy.engine import make_url
 
-from ..domain import verbs
+from ..domain import commands, verbs
 from ..domain.lab import NAME_RULE, InvalidLabName
 from ..domain.vocabulary import (
     DEFAULT_OUTSIDE_LANE,
@@ -75,7 +75,7 @@ def _grant_on_kafka(ctx: Context, lane: str) -> None:
     """On Apache Kafka's SCRAM listener for learners, an agent makes (or refreshes) the lane's SCRAM
     user and ACLs; the embedded broker's gateway reads the lane's principal from PostgreSQL itself."""
     if ctx.config.get("KAFKA_LEARNER_SASL_MECHANISM") == SCRAM_LEARNERS:
-        run_command(ctx, verbs.LANE_KAFKA_PRINCIPAL, {"lane": lane}, field="lane")
+        run_command(ctx, verbs.LANE_KAFKA_PRINCIPAL, commands.LanePrincipal(lane=lane), field="lane")
 
 
 def _kafka_access(ctx: Context, role: str, password: str) -> dict:

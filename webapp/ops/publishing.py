@@ -9,7 +9,7 @@ from uuid import UUID
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
-from ..domain import events, verbs
+from ..domain import commands, events, verbs
 from ..domain.vocabulary import PRODUCER_ACKS, PUBLISH_MODES, Limits
 from ..store import labdata, schema
 from . import limits
@@ -73,7 +73,7 @@ class PublishArgs(Args):
             return self.amount_cents
         return int(Decimal(self.amount) * 100) if self.amount is not None else None
 
-    def command_args(self) -> dict[str, Any]:
+    def command(self) -> commands.Publish:
         """The agent's publish command: only what the mode uses."""
         args: dict[str, Any] = {"mode": self.mode, "idempotent": self.idempotent}
         if self.max_in_flight is not None:
@@ -84,11 +84,11 @@ class PublishArgs(Args):
             args["retries"] = self.retries
         if self.mode == "poison":
             args["poison_kind"] = self.poison_kind
-            return args
+            return commands.Publish(**args)
         if self.mode in ("resend", "source-duplicate"):
             if self.event_id:
                 args["event_id"] = str(self.event_id)
-            return args
+            return commands.Publish(**args)
         args.update(type=self.type, account_id=self.account_id)
         if self.type == "credit":
             args["amount_cents"] = self.cents
@@ -100,14 +100,14 @@ class PublishArgs(Args):
             args["transaction_id"] = self.transaction_id
         if self.occurred_at:
             args["occurred_at"] = self.occurred_at.isoformat()
-        return args
+        return commands.Publish(**args)
 
 
 @operation("publish", path="/publish", status=201, step="publish", tags=("events",),
            summary="Publish payment events through the agent's producer, and journal them")
 def publish(ctx: Context, args: PublishArgs) -> dict:
     limits.check_burst(ctx, args.count if args.mode == "burst" else None)
-    result = run_command(ctx, verbs.PUBLISH, args.command_args(), field="mode")
+    result = run_command(ctx, verbs.PUBLISH, args.command(), field="mode")
     _wait_mirrored(ctx, result.get("records") or [])
     return result
 
@@ -137,6 +137,10 @@ class ProduceRawArgs(Args):
     transaction: Literal["none", "abort"] = Field(
         "none", description="abort: write the record inside a Kafka transaction and abort it; the broker keeps "
                             "it in the log, and a read_committed consumer (the lab's, the log reader) skips it")
+
+    def command(self) -> commands.ProduceRaw:
+        """The agent's ``produce.raw`` for this record."""
+        return self.as_command(commands.ProduceRaw)
 
     @field_validator("headers", mode="before")
     @classmethod
@@ -183,7 +187,7 @@ def produce_raw(ctx: Context, args: ProduceRawArgs) -> dict:
             partitions = int(labdata.settings(conn).get("partitions") or 1)
         if args.partition >= partitions:
             raise InvalidRequest("partition", f"{ctx.lab.topic} has {partitions} partition(s): 0 to {partitions - 1}")
-    record = run_command(ctx, verbs.PRODUCE_RAW, args.model_dump(exclude_none=True), field="value")
+    record = run_command(ctx, verbs.PRODUCE_RAW, args.command(), field="value")
     if not record.get("aborted"):
         # An aborted record is never mirrored: the log reader reads read_committed, as consumers do.
         _wait_mirrored(ctx, [record])

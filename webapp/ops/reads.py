@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from ..readmodel import accounts as accounts_readmodel
-from ..readmodel import verdict as verdict_module
+from ..readmodel import accounts, verdict
 from ..readmodel.consumers import consumers
 from ..readmodel.group_health import group_health
 from ..readmodel.groups import effects_schemas, groups_list
@@ -43,8 +42,8 @@ def get_state(ctx: Context, args: StateArgs) -> dict:
         return {
             "lab": lab.name, "topic": lab.topic,
             "accounts": [{**line.__dict__, "difference": line.difference}
-                         for line in accounts_readmodel.accounts(session, lab.schema, exact=args.exact)],
-            "verdict": verdict_module.verdict(session, lab.schema, exact=args.exact).as_dict(),
+                         for line in accounts.accounts(session, lab.schema, exact=args.exact)],
+            "verdict": verdict.verdict(session, lab.schema, exact=args.exact).as_dict(),
             "producer_duplicates": producer_duplicates(session, lab, exact=args.exact),
             # Each group with its health (readmodel/group_health.py): stable, rebalancing, stalled,
             # recovering or empty, and the sentence the status bar shows.
@@ -85,7 +84,7 @@ def lane_states(session, lab, exact: bool = False) -> list[dict]:
             "groups": [{"group_id": g["group_id"], "strategy": g["strategy"]} for g in groups
                        if g["effects_schema"] == lane_schema],
             "accounts": [{**line.__dict__, "difference": line.difference}
-                         for line in verdict_module.accounts(session, lab.schema, exact=exact)],
-            "verdict": verdict_module.verdict(session, lab.schema, exact=exact).as_dict()})
+                         for line in verdict.accounts(session, lab.schema, exact=exact)],
+            "verdict": verdict.verdict(session, lab.schema, exact=exact).as_dict()})
     enter(session.connection(), lab.schema)
     return lanes

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from sqlalchemy import Engine
 
+from ..domain.commands import Command
 from ..domain.lab import Lab
 from ..store.settings_changes import settle
+
+CommandModel = TypeVar("CommandModel", bound=Command)
 
 
 class InvalidRequest(Exception):
@@ -57,6 +60,11 @@ class Args(BaseModel):
         if isinstance(data, Mapping):
             return {key: value for key, value in data.items() if value is not None and value != ""}
         return data
+
+    def as_command(self, model: type[CommandModel], **overrides: Any) -> CommandModel:
+        """The agent's command ``model`` carrying these arguments (the fields given, ``overrides``
+        replacing some): for an operation whose command has its fields, validated here already."""
+        return model.model_validate({**self.model_dump(exclude_none=True), **overrides})
 
 
 class NoArgs(Args):

@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from sqlalchemy import text
 
-from ..domain import verbs
+from ..domain import commands, verbs
 from ..domain.vocabulary import LIVE_STATES, Limits
 from ..store import heavy_jobs, labdata, schema
 from ..store.connection import CONTROL_SCHEMA
@@ -53,6 +53,10 @@ class LoadArgs(Args):
             raise InvalidRequest("source_duplicate_ratio", "resend_ratio + source_duplicate_ratio must be at most 1")
         return self
 
+    def command(self, rate_per_second: int) -> commands.LoadStart:
+        """The agent's ``load.start`` at the run's pace (the lab's ceiling may replace "as fast as possible")."""
+        return self.as_command(commands.LoadStart, rate_per_second=rate_per_second)
+
 
 class LayoutArgs(Args):
     layout: Literal[dedup_layout.LAYOUTS] = Field(
@@ -64,6 +68,10 @@ class WarmupArgs(Args):
     keys: Whole = within(Limits.WARMUP_KEYS, "synthetic keys to insert into processed_events", default=...)
     days: Whole = within(Limits.WARMUP_DAYS, "spread their event and processing times over the last N days",
                          default=10)
+
+    def command(self) -> commands.DedupWarmup:
+        """The agent's ``dedup.warmup`` for these arguments."""
+        return self.as_command(commands.DedupWarmup)
 
 
 # The operations that start a heavy job (the API documents their 409).
@@ -85,7 +93,7 @@ def start_load(ctx: Context, args: LoadArgs) -> dict:
     limits.check_ceiling(ctx, "events", "LAB_MAX_LOAD_EVENTS", args.events)
     limits.check_ceiling(ctx, "rate_per_second", "LAB_MAX_LOAD_RATE", args.rate_per_second)
     _lab_is_free(ctx)
-    return run_command(ctx, verbs.LOAD_START, {**args.model_dump(), "rate_per_second": _paced(ctx, args.rate_per_second)},
+    return run_command(ctx, verbs.LOAD_START, args.command(rate_per_second=_paced(ctx, args.rate_per_second)),
                        field="events")
 
 
@@ -160,7 +168,7 @@ def set_dedup_layout(ctx: Context, args: LayoutArgs) -> dict:
 def dedup_warmup(ctx: Context, args: WarmupArgs) -> dict:
     limits.check_ceiling(ctx, "keys", "LAB_MAX_WARMUP_KEYS", args.keys)
     _lab_is_free(ctx)
-    return run_command(ctx, verbs.DEDUP_WARMUP, args.model_dump(), field="keys")
+    return run_command(ctx, verbs.DEDUP_WARMUP, args.command(), field="keys")
 
 
 @operation("cancel_dedup_warmup", path="/dedup/warmup/cancel", step="cancel_dedup_warmup", tags=("dedup",),

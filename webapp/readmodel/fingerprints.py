@@ -14,11 +14,7 @@ from ..store import explorations
 from ..store.connection import CONTROL_SCHEMA
 from ..store.consumers import LIVE_STATES
 from ..store.schema import quoted
-from . import group_health as group_health_readmodel
-from . import notifications as notifications_readmodel
-from . import outbox as outbox_readmodel
-from . import scale as scale_readmodel
-from . import service_health as service_health_readmodel
+from . import group_health, notifications, outbox, scale, service_health
 from .consumers import commit_blocks
 from .groups import effects_schemas
 from .health import AGENT_STALE_SECONDS, agent_health
@@ -80,11 +76,11 @@ def fingerprint_parts(session: Session, lab: Lab) -> dict[str, Any]:
     oldest_age = session.execute(text(OLDEST_KEY_AGE_SQL)).scalar_one()
     parts["oldest_key_age"] = float(oldest_age) if oldest_age is not None else None
     # A group stalls when nothing changes for long enough: its health is a part of its own.
-    parts["group_health"] = group_health_readmodel.fingerprint(session, lab)
+    parts["group_health"] = group_health.fingerprint(session, lab)
     # Each part the lab depends on, up or down (the status bar).
-    parts["services"] = service_health_readmodel.fingerprint(service_health_readmodel.service_health(session, lab))
-    parts["outbox"] = outbox_readmodel.fingerprint(session)
-    parts["notifications"] = notifications_readmodel.fingerprint(session)
-    parts.update(scale_readmodel.fingerprint_parts(session))  # load runs, dedup tables at scale
+    parts["services"] = service_health.fingerprint(service_health.service_health(session, lab))
+    parts["outbox"] = outbox.fingerprint(session)
+    parts["notifications"] = notifications.fingerprint(session)
+    parts.update(scale.fingerprint_parts(session))  # load runs, dedup tables at scale
     parts["explorations"] = explorations.fingerprint(session.connection(), lab.name)  # the explorer's runs
     return parts

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from ..domain import commands
 from ..settings import load_config
 from ..store import command_channel, explorations, scenario_runs
 from . import built_in, journal
@@ -182,9 +183,9 @@ def failure_help(run: RunState) -> dict[str, str] | None:
     return {"what": run.reason or run.error or "The run stopped before its verdict.", "todo": again}
 
 
-def agent_handler(agent: Any, lab: Any, args: dict) -> dict:
+def agent_handler(agent: Any, lab: Any, command: commands.ScenarioStep) -> dict:
     """The lab agent's handler for ``scenario.step``: start the click on a thread and answer."""
-    run_id = int(args["run_id"])
+    run_id = command.run_id
     threading.Thread(target=run_guided_step, args=(agent.engine, run_id), name=f"scenario-run-{run_id}",
                      daemon=True).start()
     return {"run_id": run_id, "started": True}

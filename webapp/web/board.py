@@ -44,8 +44,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from ..domain.lab import Lab
-from ..readmodel import group_health as group_health_readmodel
-from ..readmodel import service_health as service_health_readmodel
+from ..readmodel import group_health, service_health
 from ..readmodel import verdict as verdict_readmodel
 from ..scenarios import ScenarioError, built_in, load
 from ..scenarios.loader import Scenario
@@ -125,7 +124,7 @@ def read_lab_part(lab: Lab, graded_lane: str | None) -> LabPart:
             # The board must never hold up (or deadlock with) a lab being reset or dropped: a
             # lock it cannot get at once makes the card say "unavailable" until the next look.
             session_.execute(text(f"SET LOCAL lock_timeout = '{BOARD_LOCK_TIMEOUT}'"))
-            stalled_groups = group_health_readmodel.stalled(session_, lab)
+            stalled_groups = group_health.stalled(session_, lab)
             if graded_lane:
                 enter(session_.connection(), lab.lane_schema(graded_lane))
             verdict = verdict_readmodel.verdict(session_, lab.schema, explain=False)  # a card shows counts, not the whys
@@ -233,17 +232,17 @@ def down_parts() -> list[dict[str, Any]]:
     header; PostgreSQL itself when it does not answer."""
     try:
         with db.engine.connect() as conn:
-            return service_health_readmodel.down(service_health_readmodel.service_health(conn, None))
+            return service_health.down(service_health.service_health(conn, None))
     except OperationalError as error:
-        return service_health_readmodel.down(
-            service_health_readmodel.database_unreachable(service_health_readmodel.driver_error(error)))
+        return service_health.down(
+            service_health.database_unreachable(service_health.driver_error(error)))
 
 
 def cards_html(board: ClassBoard, read_changed: bool = False) -> Markup:
     """The board's cards under the parts that are down, as HTML the board page includes. Without
     PostgreSQL, the header alone (the cards are read from it)."""
     down = down_parts()
-    database_down = any(part["part"] == service_health_readmodel.POSTGRES for part in down)
+    database_down = any(part["part"] == service_health.POSTGRES for part in down)
     return Markup(render_template("classroom/_cards.html",  # noqa: S704 (our own template's output)
                                   cards=[] if database_down else board.cards(read_changed), down=down))
 

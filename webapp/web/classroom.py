@@ -28,7 +28,7 @@ from flask import (
 from sqlalchemy.exc import SQLAlchemyError
 
 from .. import ops
-from ..domain import verbs
+from ..domain import commands, verbs
 from ..domain.lab import Lab
 from ..scenarios.runner import RunState
 from ..store import classroom, command_channel, scenario_runs
@@ -50,8 +50,7 @@ from .access import (
     session_was_revoked,
     viewing,
 )
-from .board import cards_html as board_cards_html
-from .board import class_board, exercise, exercises
+from .board import cards_html, class_board, exercise, exercises
 from .db import db
 from .markdown import markdown
 from .panels import panel_context
@@ -236,15 +235,17 @@ def _open_lab(code: str, name: str, typed_rejoin: str | None) -> tuple[classroom
         raise ops.NoAgent("no lab agent is running")
     try:
         # A whole class joining at once queues its labs at the agents: wait longer than for a click.
-        command_channel.run(db.engine, lab.name, verbs.LAB_ENSURE, {"partitions": _config()["LAB_PARTITIONS"]},
-                     timeout=JOIN_TIMEOUT)
+        ensure = commands.LabSetup(partitions=_config()["LAB_PARTITIONS"])
+        command_channel.run(db.engine, lab.name, verbs.LAB_ENSURE, commands.encode(verbs.LAB_ENSURE, ensure),
+                            timeout=JOIN_TIMEOUT)
     except command_channel.CommandError as error:
         raise classroom.ClassroomError("class", f"your lab could not be created ({error}): try again") from None
     try:
         return classroom.add_attendee(db.engine, code, name, lab.name)
     except classroom.NameTaken:
         # Someone joined under this name while the lab was being made: theirs is the name; this lab goes.
-        command_channel.enqueue(db.engine, lab.name, verbs.LAB_DROP, {})
+        command_channel.enqueue(db.engine, lab.name, verbs.LAB_DROP,
+                                commands.encode(verbs.LAB_DROP, commands.NoArguments()))
         raise
 
 
@@ -292,7 +293,7 @@ def _require_class() -> None:
 
 
 def _board_page(handed_over: dict | None = None) -> str:
-    return render_template("classroom/board.html", cards_html=board_cards_html(class_board()), exercises=exercises(),
+    return render_template("classroom/board.html", cards_html=cards_html(class_board()), exercises=exercises(),
                            notice=request.args.get("notice"), code=classroom.class_code(_config()),
                            handed_over=handed_over, push=bool(current_app.config.get("LIVE_PUSH")))
 
@@ -307,7 +308,7 @@ def board():
 def board_cards():
     """The cards alone, under the parts that are down: what the board polls when push is unavailable."""
     _require_class()
-    return board_cards_html(class_board())
+    return cards_html(class_board())
 
 
 @bp.get("/class/stream")
@@ -340,9 +341,9 @@ def _reset(labs: list[str]) -> None:
     """Ask the agents to reset these labs; they do it one after the other, the board shows it."""
     if not command_channel.live_agents(db.engine):
         abort(503, "no lab agent is running: nothing can be reset")
-    partitions = _config()["LAB_PARTITIONS"]
+    reset = commands.encode(verbs.LAB_RESET, commands.LabSetup(partitions=_config()["LAB_PARTITIONS"]))
     for lab in labs:
-        command_channel.enqueue(db.engine, lab, verbs.LAB_RESET, {"partitions": partitions})
+        command_channel.enqueue(db.engine, lab, verbs.LAB_RESET, reset)
 
 
 @bp.post("/class/labs/<name>/reset")

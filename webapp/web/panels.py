@@ -212,7 +212,7 @@ def status_without_database(error: OperationalError):
 @panel("chaos", depends=("timeline", "journal", "effects", "offsets", "groups", "agent"))
 def chaos_panel(lab, session, args) -> dict[str, Any]:
     """Chaos mode: the sessions, the actions so far, and whether the verdict holds."""
-    from ..readmodel.chaos import panel_data
+    from ..readmodel.chaos_panel import panel_data
     sessions = ops.call("get_chaos", ops.Context(db.engine, lab), {})["sessions"]
     return panel_data(session, lab, sessions)
 

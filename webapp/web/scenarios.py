@@ -20,7 +20,7 @@ from markdown_it import MarkdownIt
 from markupsafe import Markup
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..domain import verbs
+from ..domain import commands, verbs
 from ..domain.lab import Lab
 from ..readmodel.timeline import timeline
 from ..scenarios import ScenarioError, built_in, guided, load
@@ -260,7 +260,8 @@ def next_step(run_id: int):
         return _respond(run_id, error="No lab agent is running: start the lab with `make run` "
                                       "(or `flask --app app lab agent`).")
     try:
-        command_id = command_channel.enqueue(db.engine, row["lab"], verbs.SCENARIO_STEP, {"run_id": run_id})
+        step = commands.encode(verbs.SCENARIO_STEP, commands.ScenarioStep(run_id=run_id))
+        command_id = command_channel.enqueue(db.engine, row["lab"], verbs.SCENARIO_STEP, step)
         command_channel.wait_for(db.engine, command_id, HAND_OVER_SECONDS)
     except command_channel.CommandStillRunning:
         # A busy agent took the step late: it runs, and releases the run when it ends. Released

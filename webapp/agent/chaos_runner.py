@@ -30,7 +30,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..domain import chaos_plan, verbs
+from ..domain import chaos_plan, commands, verbs
 from ..domain.lab import Lab
 from ..domain.vocabulary import FAULT_PROXY_FRESH_SECONDS
 from ..domain.waits import WaitTimeout
@@ -156,8 +156,9 @@ class ChaosRunner(threading.Thread):
         """Carry out ``verb`` on the consumer's agent and wait for its outcome, across a PostgreSQL
         restart: a command enqueued before it may be carried out after it."""
         deadline = time.monotonic() + COMMAND_TIMEOUT
-        command_id = self._across_restart(lambda: command_channel.enqueue(self.engine, self.lab.name, verb,
-                                                                   {"consumer_id": consumer_id}, agent_id), deadline)
+        args = commands.encode(verb, commands.ConsumerRef(consumer_id=consumer_id))
+        command_id = self._across_restart(lambda: command_channel.enqueue(self.engine, self.lab.name, verb, args,
+                                                                          agent_id), deadline)
         return self._across_restart(lambda: command_channel.wait_for(self.engine, command_id,
                                                               timeout=max(0.5, deadline - time.monotonic())), deadline)
 
@@ -290,12 +291,11 @@ class ChaosRunner(threading.Thread):
 RUNNERS: dict[int, ChaosRunner] = {}
 
 
-def start(agent: AgentContext, lab: Lab, args: dict) -> dict:
+def start(agent: AgentContext, lab: Lab, command: commands.ChaosStart) -> dict:
     """Handler of ``chaos.start``: record the session as this agent's and start its thread."""
     with agent.engine.begin() as conn:
-        session = chaos_sessions.create(conn, lab.name, args["group_id"], int(args["seed"]), float(args["every_seconds"]),
-                                  list(args["actions"]), float(args["down_seconds"]), args.get("max_actions"),
-                                  agent.id)
+        session = chaos_sessions.create(conn, lab.name, command.group_id, command.seed, command.every_seconds,
+                                        list(command.actions), command.down_seconds, command.max_actions, agent.id)
     agent.say(lab, "chaos", f"chaos started on {lab.local_group(session['group_id'])}: seed {session['seed']}, "
               f"about every {session['every_seconds']:g} s, {', '.join(session['actions'])}; down for "
               f"{session['down_seconds']:g} s", session=session["id"], seed=session["seed"],

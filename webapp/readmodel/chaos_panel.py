@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from ..domain.lab import Lab
 from ..store.schema import enter
-from . import verdict as verdict_module
+from . import verdict
 
 RECENT_SQL = """
 SELECT at, summary, detail->>'action' AS action, detail->>'outcome' AS outcome
@@ -25,9 +25,9 @@ GROUP BY 1, 2 ORDER BY 1, 2
 EFFECTS_SCHEMA_SQL = "SELECT effects_schema FROM consumer_groups WHERE group_id = :group_id"
 
 
-def holds(verdict: verdict_module.Verdict) -> bool:
+def holds(judged: verdict.Verdict) -> bool:
     """The verdict holds while nothing was applied twice or lost (pending records are fine)."""
-    return verdict.status != "anomalies"
+    return judged.status != "anomalies"
 
 
 def panel_data(session: Session, lab: Lab, sessions: list[dict[str, Any]]) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def panel_data(session: Session, lab: Lab, sessions: list[dict[str, Any]]) -> di
         if effects_schema:
             enter(session.connection(), effects_schema)
             try:
-                judged = verdict_module.verdict(session, lab.schema, explain=False)
+                judged = verdict.verdict(session, lab.schema, explain=False)
             finally:
                 enter(session.connection(), lab.schema)
     recent = [dict(row) for row in session.execute(text(RECENT_SQL), {"limit": 8}).mappings()]
