@@ -71,7 +71,11 @@ class SingleFlight:
             tag, value = entry.kept
             if tag is not _MISSING and valid(tag):
                 return value  # computed while this thread waited
+            started = time.monotonic()
             entry.kept = compute()
+            # Kept with how long it took, as get_or_stale keeps its own: a value computed here and
+            # later found out of date there is answered stale only if its computation was slow.
+            entry.timing = (started, time.monotonic() - started)
             return entry.kept[1]
 
     def get_or_stale(self, key: Hashable, tag: Any, compute: Callable[[], Any], *, slow: float,
