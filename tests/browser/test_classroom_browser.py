@@ -86,8 +86,13 @@ def test_the_board_is_pushed_a_new_attendees_card_and_its_pushed_forms_work(clas
     # Read on a projector: at 1280 px the names, the exercise line and the verdict are 18 px or more,
     # and the instructor's header leads to the board.
     board.set_viewport_size({"width": 1280, "height": 720})
-    sizes = card.evaluate("""(card) => ['.name', '[data-exercise]', '.verdict-line', '.line.muted']
-        .map(s => [s, parseFloat(getComputedStyle(card.querySelector(s)).fontSize)])""")
+    # Found and measured in one script: a push may replace the card (its outer HTML) at any moment,
+    # and a card element held across two calls may be the detached one (no computed style: NaN).
+    sizes = board.evaluate("""(lab) => {
+        const card = document.querySelector(`.class-card[data-lab="${lab}"]`);
+        return ['.name', '[data-exercise]', '.verdict-line', '.line.muted']
+            .map(s => [s, parseFloat(getComputedStyle(card.querySelector(s)).fontSize)]);
+    }""", lab)
     assert all(size >= 18 for _, size in sizes), sizes
     expect(board.locator('.site-nav a[aria-current="page"]')).to_have_text("Board")
     assert card.locator('input[name="csrf_token"]').first.get_attribute("value") == ""
