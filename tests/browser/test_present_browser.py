@@ -219,7 +219,12 @@ def test_every_consumer_state_keeps_its_text_readable_and_notices_use_the_consum
         for state, consumer_id in ids.items():
             card = page.locator(f'[data-consumer="{consumer_id}"]')
             expect(card).to_have_attribute("data-state", state, timeout=SETTLE)
-            for item in card.evaluate(CONTRAST_JS):
+            # Found and measured in one script: a refresh may replace the card at any moment, and a
+            # detached one has no text on screen to measure (it would pass, having checked nothing).
+            measured = page.evaluate(f"(selector) => ({CONTRAST_JS})(document.querySelector(selector))",
+                                     f'[data-consumer="{consumer_id}"]')
+            assert measured, f"no text measured on the {state} consumer's card"
+            for item in measured:
                 if item["ratio"] < item["needed"]:
                     failures.append(f"{state}: {item['text']!r} {item['color']} on {item['background']} "
                                     f"= {item['ratio']:.2f} < {item['needed']}")
