@@ -174,8 +174,10 @@ class ConsumerProcess:
         """Read the settings again when a change was notified since the last look.
 
         The look costs no round trip: it takes what PostgreSQL already sent to the control
-        connection. A change committed before this look was sent at its commit; an operation
-        that made it waits for this read's acknowledgement (settings_changes.settle)."""
+        connection. An operation that made a change waits for this read's acknowledgement
+        (settings_changes.settle); a change made by hand is forwarded to this connection by the
+        listening backend after its commit, usually before the next record, at the latest seen on
+        the next heartbeat (consumer/settings.py)."""
         pgconn = self.control_conn.pgconn
         pgconn.consume_input()  # never blocks; raises OperationalError on a lost connection
         while (notify := pgconn.notifies()) is not None:

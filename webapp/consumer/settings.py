@@ -2,10 +2,15 @@
 group's settings (strategy, database settings, batch and commit mode, notification).
 
 Read when the consumer starts, on its heartbeat, and before a record whenever a change was
-notified (webapp/store/settings_changes.py): a fault armed, a strategy switched or a mode changed before
-a record was polled applies to it, without a read per record. The read is also the consumer's
-acknowledgement: it stamps ``settings_seen_at`` with the statement's time, which the operation
-that made the change waits for.
+notified (webapp/store/settings_changes.py), without a read per record. The read is also the
+consumer's acknowledgement: it stamps ``settings_seen_at`` with the statement's time, which the
+operation that made the change waits for, so a fault armed, a strategy switched or a mode changed
+by an operation applies to every record polled after the operation returned.
+
+A change made by hand (an UPDATE in psql) has no one waiting: PostgreSQL queues its notification at
+the commit and the listening session's backend forwards it to this consumer when it gets to it,
+usually within milliseconds, but not before the commit returns. So it applies to the first record
+polled after the consumer has read it: at the latest, after its next heartbeat.
 """
 from __future__ import annotations
 
